@@ -1,0 +1,95 @@
+"""The changelog client of one task (FLIP-158, StateChangelogClient).
+
+``ChangelogClient.open(base_path, node=None)`` writes straight to DFS in-process (the
+flat baseline); ``node="tcp://..."`` sends segments to the aggregator node of this
+executor, falling back to DFS when the node does not answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import fsspec
+
+from client.direct import DirectUploader
+from client.handle import ChangelogHandle
+from client.reader import iter_changes, read_changes
+from client.storage import ObjectStore
+from client.uploader import SegmentUploader
+from client.writer import ChangelogWriter
+
+DEFAULT_PREEMPTIVE_BYTES = 5 * 1024 * 1024  # Flink DSTL pre-emptive upload threshold
+
+
+class ChangelogClient:
+    """Creates writers and reads handles back. One per task (or per process)."""
+
+    def __init__(
+        self, store: ObjectStore, uploader: SegmentUploader, preemptive_bytes: int
+    ) -> None:
+        self.store = store
+        self.uploader = uploader
+        self._preemptive = preemptive_bytes
+        self._writers: list[ChangelogWriter] = []
+
+    @classmethod
+    def open(
+        cls,
+        base_path: str,
+        node: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        fs: fsspec.AbstractFileSystem | None = None,
+        persist_delay: float = 0.0,
+        target_object_bytes: int = 1,
+        preemptive_bytes: int = DEFAULT_PREEMPTIVE_BYTES,
+        ack_timeout: float = 10.0,
+    ) -> ChangelogClient:
+        """Open a client on ``base_path`` (fsspec URL).
+
+        ``node=None``: segments are written in-process; ``persist_delay`` (seconds) and
+        ``target_object_bytes`` batch the writers of this client into one object (the
+        defaults write one object per segment). ``node``: a ZeroMQ endpoint of the
+        aggregator node; a segment not acked within ``ack_timeout`` seconds is written
+        straight to DFS instead.
+        """
+        store = ObjectStore(base_path, storage_options, fs=fs)
+        uploader: SegmentUploader
+        if node is None:
+            uploader = DirectUploader(store, persist_delay, target_object_bytes)
+        else:
+            from client.node_uploader import NodeUploader
+
+            uploader = NodeUploader(node, store, ack_timeout=ack_timeout)
+        return cls(store, uploader, preemptive_bytes)
+
+    def create_writer(
+        self, log_id: str, key_groups: range, *, initial_sqn: int = 0
+    ) -> ChangelogWriter:
+        """A writer for ``key_groups``; ``log_id`` must be unique among live writers."""
+        w = ChangelogWriter(log_id, key_groups, self.uploader, initial_sqn, self._preemptive)
+        self._writers.append(w)
+        return w
+
+    def read_changes(self, handle: ChangelogHandle, key_group: int) -> Iterator[bytes]:
+        """Changes of ``key_group`` within the handle's SQN range, in SQN order."""
+        return read_changes(self.store, handle, key_group)
+
+    def iter_changes(
+        self, handle: ChangelogHandle, key_groups: Iterable[int] | None = None
+    ) -> Iterator[tuple[int, int, bytes]]:
+        """(sqn, key_group, change) in SQN order, each segment read once."""
+        return iter_changes(self.store, handle, key_groups)
+
+    def close(self) -> None:
+        """Close every writer and the uploader (waits for pending uploads)."""
+        for w in self._writers:
+            w.close()
+        self.uploader.close()
+
+    def __enter__(self) -> ChangelogClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,94 @@
+"""Pure batching rules shared by the in-process uploader and the aggregator node.
+
+A batch gathers persist items until one of (FLIP-158, Implementation notes):
+- ``size``: it holds at least ``target_bytes``;
+- ``all-persisted``: every writer expected here has asked to persist for one checkpoint;
+- ``delay``: ``persist_delay`` seconds passed since the first pending item.
+No I/O and no clock: callers pass ``now`` (seconds, monotonic).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.objectformat import Buffer, SegmentInput
+
+
+@dataclass
+class PersistItem:
+    """One writer's persist (or pre-emptive upload) request.
+
+    ``data`` is the encoded segment, or None for a marker that only says "this writer
+    persisted for ``checkpoint_id`` and had no new changes". ``token`` is opaque to the
+    batch: whoever must be acked (a future, a route).
+    """
+
+    log_id: str
+    sqn_from: int
+    sqn_to: int
+    checkpoint_id: int | None
+    key_groups: tuple[int, ...]
+    data: Buffer | None
+    crc32: int = 0
+    token: Any = None
+
+    @property
+    def size(self) -> int:
+        return 0 if self.data is None else len(self.data)
+
+    def segment_input(self) -> SegmentInput:
+        assert self.data is not None
+        return SegmentInput(
+            self.log_id, self.sqn_from, self.sqn_to, self.key_groups, self.data, self.crc32
+        )
+
+
+@dataclass
+class Batch:
+    """Items waiting to be written (or forwarded) together."""
+
+    target_bytes: int
+    persist_delay: float
+    items: list[PersistItem] = field(default_factory=list)
+    nbytes: int = 0
+    first_at: float | None = None
+    _persisted: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    def add(self, item: PersistItem, now: float) -> None:
+        if not self.items:
+            self.first_at = now
+        self.items.append(item)
+        self.nbytes += item.size
+        if item.checkpoint_id is not None:
+            self._persisted[item.checkpoint_id].add(item.log_id)
+
+    def due(self, now: float, expected_writers: int) -> str | None:
+        """Why the batch must be flushed now, or None."""
+        if not self.items:
+            return None
+        if self.nbytes >= self.target_bytes:
+            return "size"
+        if expected_writers > 0 and any(
+            len(w) >= expected_writers for w in self._persisted.values()
+        ):
+            return "all-persisted"
+        if self.first_at is not None and now - self.first_at >= self.persist_delay:
+            return "delay"
+        return None
+
+    def deadline(self) -> float | None:
+        """When the delay rule fires (None when empty)."""
+        return None if self.first_at is None else self.first_at + self.persist_delay
+
+    def take(self) -> list[PersistItem]:
+        items = self.items
+        self.items = []
+        self.nbytes = 0
+        self.first_at = None
+        self._persisted = defaultdict(set)
+        return items
+
+    def __len__(self) -> int:
+        return len(self.items)

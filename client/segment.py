@@ -1,0 +1,137 @@
+"""Segment encoding: the contiguous bytes of one writer's changesets inside an object.
+
+Layout (all integers big-endian)::
+
+    u32 header_length | header (msgpack) | body | u32 crc32(everything before)
+
+The header is ``{"v": 1, "log": log_id, "sqn": [from, to], "entries": [[sqn, key_group,
+count, body_offset, body_length], ...]}``; the body holds each entry's changes as
+``u32 length | raw change bytes``, entries in SQN order, then key-group order. Change
+payloads stay raw bytes (never msgpack-encoded).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import msgpack
+
+from client.errors import CorruptObjectError
+
+SEGMENT_VERSION = 1
+_U32 = struct.Struct("!I")
+
+# changesets: SQN -> key group -> changes, in append order
+Changesets = Mapping[int, Mapping[int, Sequence[bytes]]]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A decoded segment: ``entries`` maps (sqn, key_group) to its list of changes."""
+
+    log_id: str
+    sqn_from: int
+    sqn_to: int
+    entries: dict[tuple[int, int], list[bytes]]
+
+    def changes(self, key_group: int | None, sqn_from: int, sqn_to: int) -> Iterator[bytes]:
+        """Changes in SQN order for ``key_group`` (None: all) with sqn in [from, to)."""
+        for (sqn, kg), values in sorted(self.entries.items()):
+            if sqn_from <= sqn < sqn_to and (key_group is None or kg == key_group):
+                yield from values
+
+    def key_group_changes(self, sqn_from: int, sqn_to: int) -> Iterator[tuple[int, int, bytes]]:
+        """(sqn, key_group, change) in SQN order for sqn in [from, to)."""
+        for (sqn, kg), values in sorted(self.entries.items()):
+            if sqn_from <= sqn < sqn_to:
+                for v in values:
+                    yield sqn, kg, v
+
+
+def encode_segment(log_id: str, sqn_from: int, sqn_to: int, changesets: Changesets) -> bytes:
+    """Encode the changesets with SQN in [sqn_from, sqn_to) of one writer."""
+    body = bytearray()
+    entries = []
+    for sqn in sorted(changesets):
+        if not sqn_from <= sqn < sqn_to:
+            raise ValueError(f"changeset SQN {sqn} outside [{sqn_from}, {sqn_to})")
+        for kg in sorted(changesets[sqn]):
+            start = len(body)
+            values = changesets[sqn][kg]
+            for v in values:
+                body += _U32.pack(len(v))
+                body += v
+            entries.append([sqn, kg, len(values), start, len(body) - start])
+    header = msgpack.packb(
+        {"v": SEGMENT_VERSION, "log": log_id, "sqn": [sqn_from, sqn_to], "entries": entries}
+    )
+    out = bytearray(_U32.pack(len(header)))
+    out += header
+    out += body
+    out += _U32.pack(zlib.crc32(out))
+    return bytes(out)
+
+
+def segment_crc(data: bytes | memoryview) -> int:
+    """The CRC32 stored in a segment's trailer (no verification)."""
+    if len(data) < 8:
+        raise ValueError("segment shorter than its framing")
+    return int(_U32.unpack_from(data, len(data) - 4)[0])
+
+
+def segment_key_groups(changesets: Changesets) -> tuple[int, ...]:
+    return tuple(sorted({kg for per_kg in changesets.values() for kg in per_kg}))
+
+
+def decode_segment(data: bytes | memoryview, path: str = "<memory>", offset: int = 0) -> Segment:
+    """Verify and decode a segment. Raises CorruptObjectError naming ``path`` and the
+    ``offset`` of the segment (plus the position inside it) on any mismatch."""
+    buf = memoryview(data)
+    if len(buf) < 8:
+        raise CorruptObjectError(path, offset, f"segment of {len(buf)} bytes is truncated")
+    stored = _U32.unpack_from(buf, len(buf) - 4)[0]
+    actual = zlib.crc32(buf[:-4])
+    if stored != actual:
+        raise CorruptObjectError(
+            path, offset, f"segment checksum mismatch (stored {stored:#010x}, read {actual:#010x})"
+        )
+    hlen = _U32.unpack_from(buf, 0)[0]
+    if 4 + hlen > len(buf) - 4:
+        raise CorruptObjectError(path, offset, "segment header length exceeds segment")
+    try:
+        header = msgpack.unpackb(buf[4 : 4 + hlen])
+        log_id = str(header["log"])
+        sqn_from, sqn_to = (int(x) for x in header["sqn"])
+        raw_entries = header["entries"]
+    except Exception as e:  # noqa: BLE001 - any decode failure is corruption here
+        raise CorruptObjectError(path, offset + 4, f"bad segment header: {e}") from e
+    body_start = 4 + hlen
+    body = buf[body_start:-4]
+    entries: dict[tuple[int, int], list[bytes]] = {}
+    for sqn, kg, count, start, length in raw_entries:
+        entries[(int(sqn), int(kg))] = _read_changes(
+            body, int(start), int(length), int(count), path, offset + body_start
+        )
+    return Segment(log_id, sqn_from, sqn_to, entries)
+
+
+def _read_changes(
+    body: memoryview, start: int, length: int, count: int, path: str, offset: int
+) -> list[bytes]:
+    out = []
+    pos, end = start, start + length
+    if end > len(body):
+        raise CorruptObjectError(path, offset + pos, "segment entry exceeds body")
+    for _ in range(count):
+        if pos + 4 > end:
+            raise CorruptObjectError(path, offset + pos, "truncated change length")
+        n = _U32.unpack_from(body, pos)[0]
+        pos += 4
+        if pos + n > end:
+            raise CorruptObjectError(path, offset + pos, "truncated change")
+        out.append(bytes(body[pos : pos + n]))
+        pos += n
+    return out

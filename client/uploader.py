@@ -1,0 +1,23 @@
+"""The uploader protocol: how a writer sends encoded segments somewhere durable."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Protocol
+
+from client.batching import PersistItem
+from client.handle import SegmentRef
+
+
+class SegmentUploader(Protocol):
+    """Makes segments durable. ``submit`` returns a future of the segment's reference
+    (None for a marker item with no data). Futures fail with PersistError or
+    StorageError; the writer keeps the changes and re-uploads them on the next persist."""
+
+    def register(self, log_id: str) -> None: ...
+
+    def unregister(self, log_id: str) -> None: ...
+
+    def submit(self, item: PersistItem) -> Future[SegmentRef | None]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,105 @@
+"""Object format round trip and corruption detection (path and offset named)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client import ChangelogClient, CorruptObjectError, ObjectStore
+from client.objectformat import FOOTER_SIZE, SegmentInput, build_object
+from client.reader import read_segment
+from client.segment import decode_segment, encode_segment, segment_crc
+
+changesets_st = st.dictionaries(
+    st.integers(0, 50),
+    st.dictionaries(
+        st.integers(0, 127),
+        st.lists(st.binary(max_size=40), min_size=1, max_size=5),
+        min_size=1,
+        max_size=4,
+    ),
+    max_size=5,
+)
+
+
+@given(changesets_st)
+@settings(max_examples=60, deadline=None)
+def test_segment_round_trip(changesets: dict[int, dict[int, list[bytes]]]) -> None:
+    data = encode_segment("log-1", 0, 51, changesets)
+    seg = decode_segment(data)
+    assert seg.log_id == "log-1" and (seg.sqn_from, seg.sqn_to) == (0, 51)
+    expected = {(s, kg): v for s, per in changesets.items() for kg, v in per.items()}
+    assert seg.entries == expected
+
+
+def _write(store: ObjectStore, n: int) -> tuple[str, list[bytes]]:
+    segs = [
+        encode_segment(f"w{i}", i, i + 1, {i: {i % 3: [b"v%d" % i] * (i + 1)}}) for i in range(n)
+    ]
+    parts, entries = build_object(
+        [SegmentInput(f"w{i}", i, i + 1, (i % 3,), s, segment_crc(s)) for i, s in enumerate(segs)]
+    )
+    path = store.new_object_path()
+    store.put(path, parts)
+    return path, segs
+
+
+def test_object_round_trip(tmp_path: Path) -> None:
+    store = ObjectStore(str(tmp_path))
+    path, segs = _write(store, 5)
+    index = store.read_index(path)
+    assert [e.log_id for e in index] == [f"w{i}" for i in range(5)]
+    offset = 0
+    for e, s in zip(index, segs, strict=True):
+        assert (e.offset, e.length) == (offset, len(s))
+        assert store.read_range(path, e.offset, e.length) == s
+        offset += len(s)
+    assert store.size(path) == offset + (store.size(path) - offset)
+    assert path.startswith(str(tmp_path)) and path.endswith(".dstl")
+
+
+def test_corrupt_segment_names_path_and_offset(tmp_path: Path) -> None:
+    store = ObjectStore(str(tmp_path))
+    path, _ = _write(store, 3)
+    index = store.read_index(path)
+    raw = bytearray(Path(path).read_bytes())
+    victim = index[1]
+    raw[victim.offset + victim.length // 2] ^= 0xFF
+    Path(path).write_bytes(bytes(raw))
+    from client.handle import SegmentRef
+
+    ref = SegmentRef(1, 2, path, victim.offset, victim.length, victim.crc32, (1,))
+    with pytest.raises(CorruptObjectError) as info:
+        read_segment(store, ref)
+    assert info.value.path == path and info.value.offset == victim.offset
+    assert path in str(info.value) and "checksum" in str(info.value)
+
+
+def test_truncated_object(tmp_path: Path) -> None:
+    store = ObjectStore(str(tmp_path))
+    path, _ = _write(store, 2)
+    raw = Path(path).read_bytes()
+    Path(path).write_bytes(raw[: len(raw) - FOOTER_SIZE // 2])
+    with pytest.raises(CorruptObjectError) as info:
+        store.read_index(path)
+    assert info.value.path == path
+    Path(path).write_bytes(raw[:10])
+    with pytest.raises(CorruptObjectError, match="footer|truncated|magic"):
+        store.read_index(path)
+
+
+def test_read_past_end_is_corruption(tmp_path: Path) -> None:
+    store = ObjectStore(str(tmp_path))
+    client = ChangelogClient.open(str(tmp_path))
+    w = client.create_writer("w", range(4))
+    w.append(1, b"hello")
+    h = w.persist_durably(0).result(timeout=10)
+    client.close()
+    ref = h.segments[0]
+    Path(ref.path).write_bytes(Path(ref.path).read_bytes()[: ref.offset + ref.length - 3])
+    with pytest.raises(CorruptObjectError) as info:
+        list(ChangelogClient(store, client.uploader, 1).read_changes(h, 1))
+    assert info.value.path == ref.path
