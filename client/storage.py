@@ -28,6 +28,9 @@ from client.objectformat import (
 )
 
 CHANGELOG_DIR = "changelog"
+SNAPSHOT_DIR = "materialized"
+SNAPSHOT_SUFFIX = ".snap"
+CHECKPOINT_DIR = "checkpoints"
 _RETRYABLE_ERRNOS = {
     errno.ETIMEDOUT,
     errno.ECONNRESET,
@@ -107,6 +110,11 @@ class ObjectStore:
         a two-hex-digit prefix spreads objects over store partitions."""
         oid = uuid.uuid4().hex
         return self.join(CHANGELOG_DIR, oid[:2], oid + OBJECT_SUFFIX)
+
+    def new_snapshot_path(self) -> str:
+        """A fresh URL for a materialized-state snapshot (random id, like objects)."""
+        oid = uuid.uuid4().hex
+        return self.join(SNAPSHOT_DIR, oid[:2], oid + SNAPSHOT_SUFFIX)
 
     def changelog_root(self) -> str:
         return self.join(CHANGELOG_DIR)
@@ -202,6 +210,10 @@ class ObjectStore:
     def list_objects(self) -> list[str]:
         """Every changelog object under the base path."""
         return self.list_files(self.changelog_root(), OBJECT_SUFFIX)
+
+    def list_snapshots(self) -> list[str]:
+        """Every materialized-state snapshot under the base path."""
+        return self.list_files(self.join(SNAPSHOT_DIR), SNAPSHOT_SUFFIX)
 
     def read_index(self, url: str) -> list[IndexEntry]:
         """The segment index of an object (two range reads). Raises CorruptObjectError."""
