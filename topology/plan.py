@@ -1,0 +1,241 @@
+"""The plan policy: which nodes are writer nodes for a plan window, and where every node
+sends its changesets. Pure code, no I/O; the aggregator and the simulator run it as is.
+
+Source: FLIP-158, "Future directions" (a node proxies requests up the hierarchy unless it
+has accumulated enough data, with "a decision upfront for the next N checkpoints"), and
+DESIGN.md, "The plan".
+
+The rule, for plan window ``w`` = checkpoints ``[w*N, (w+1)*N)``:
+
+* the expected residual of node ``v`` is ``r(v) = own(v) + sum(r(c))`` over the
+  children ``c`` of ``v`` that do not write (bytes per checkpoint);
+* ``v`` is a writer node iff ``r(v) >= target_object_bytes`` or ``v`` is the root;
+* a writer node sends its own id down as the writer address; any other node passes
+  down the writer address it received from its parent.
+
+A node knows only its own executor's bytes and the residuals its children report
+(:func:`decide_local`, then :meth:`LocalDecision.writer`); :func:`compute_plan` gives the
+same answer for the whole tree at once.
+
+Nodes marked down are contracted out of the tree: a down node never writes, its own
+bytes are not counted (its executor is gone with it) and its children report to, and
+route through, their nearest live ancestor. A live node with no live ancestor (the root
+is down) acts as a root: "a node that cannot reach its parent writes itself"
+(DESIGN.md, "Invariants").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from topology.tree import Tree
+
+__all__ = [
+    "ByteEstimator",
+    "LocalDecision",
+    "NodePlan",
+    "Plan",
+    "compute_plan",
+    "decide_local",
+    "live_parent",
+    "window_of",
+]
+
+
+def window_of(checkpoint: int, plan_window: int) -> int:
+    """The plan window holding ``checkpoint`` (both >= 0 / >= 1); ValueError otherwise."""
+    if checkpoint < 0 or plan_window < 1:
+        raise ValueError(f"checkpoint must be >= 0 and plan_window >= 1, got "
+                         f"{checkpoint}, {plan_window}")
+    return checkpoint // plan_window
+
+
+@dataclass(frozen=True)
+class LocalDecision:
+    """What one node decides from its own bytes and its children's reports.
+
+    ``residual_bytes`` is r(v); ``writes`` whether v is a writer node for the window;
+    ``reported_bytes`` what v reports to its parent: 0 when it writes, r(v) otherwise.
+    """
+
+    node: str
+    residual_bytes: float
+    writes: bool
+
+    @property
+    def reported_bytes(self) -> float:
+        return 0.0 if self.writes else self.residual_bytes
+
+    def writer(self, parent_writer: str | None) -> str:
+        """The writer address this node uses and passes down to its children.
+
+        ``parent_writer`` is the address received from the (live) parent, None for a
+        root. Raises ValueError for a non-writing node without a parent writer.
+        """
+        if self.writes:
+            return self.node
+        if parent_writer is None:
+            raise ValueError(f"node {self.node!r} does not write and got no writer address")
+        return parent_writer
+
+
+def decide_local(
+    node: str,
+    own_bytes: float,
+    child_reports: Iterable[float],
+    target_object_bytes: float,
+    is_root: bool,
+) -> LocalDecision:
+    """Decide for one node from local knowledge only (bytes per checkpoint).
+
+    ``child_reports`` are the ``reported_bytes`` of the node's (live) children. Raises
+    ValueError for negative bytes or a non-positive target.
+    """
+    if target_object_bytes <= 0:
+        raise ValueError(f"target_object_bytes must be > 0, got {target_object_bytes}")
+    reports = list(child_reports)
+    if own_bytes < 0 or any(r < 0 for r in reports):
+        raise ValueError(f"node {node!r}: bytes must be >= 0")
+    residual = float(own_bytes) + float(sum(reports))
+    return LocalDecision(node, residual, is_root or residual >= target_object_bytes)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One live node's plan for a window: its expected residual r(v) (bytes per
+    checkpoint), whether it writes, and the writer node it sends its changesets to."""
+
+    node: str
+    residual_bytes: float
+    writes: bool
+    writer: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan of a whole tree for plan window ``window`` (checkpoints
+    ``[window*plan_window, (window+1)*plan_window)``). ``nodes`` maps every live node id
+    to its :class:`NodePlan`; ``down`` lists the excluded nodes."""
+
+    window: int
+    plan_window: int
+    target_object_bytes: float
+    nodes: Mapping[str, NodePlan]
+    down: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def first_checkpoint(self) -> int:
+        return self.window * self.plan_window
+
+    def covers(self, checkpoint: int) -> bool:
+        """True if ``checkpoint`` belongs to this plan's window."""
+        return window_of(checkpoint, self.plan_window) == self.window
+
+    def writer_of(self, node: str) -> str:
+        """The writer node of ``node``; KeyError for unknown or down nodes."""
+        return self.nodes[node].writer
+
+    def routes(self) -> dict[str, str]:
+        """node id -> writer node id, for every live node."""
+        return {n: p.writer for n, p in self.nodes.items()}
+
+    def writers(self) -> list[str]:
+        """Writer node ids, in the order of ``nodes``."""
+        return [n for n, p in self.nodes.items() if p.writes]
+
+    def expected_object_bytes(self) -> dict[str, float]:
+        """writer id -> expected bytes it holds per checkpoint (its residual r(v))."""
+        return {n: p.residual_bytes for n, p in self.nodes.items() if p.writes}
+
+
+def live_parent(tree: Tree, node: str, down: Collection[str] = ()) -> str | None:
+    """The nearest ancestor of ``node`` that is not down, or None."""
+    for a in tree.ancestors(node):
+        if a not in down:
+            return a
+    return None
+
+
+def compute_plan(
+    tree: Tree,
+    own_bytes: Mapping[str, float],
+    target_object_bytes: float,
+    *,
+    window: int = 0,
+    plan_window: int = 16,
+    down: Collection[str] = (),
+) -> Plan:
+    """The plan of the whole tree for one window.
+
+    ``own_bytes`` maps node id -> estimated bytes per checkpoint of that node's own
+    executor (missing nodes count 0). ``down`` lists nodes to exclude. Deterministic:
+    the same input gives an equal plan. Raises ValueError for a non-positive target,
+    negative bytes or unknown node ids in ``own_bytes``/``down``.
+    """
+    if target_object_bytes <= 0:
+        raise ValueError(f"target_object_bytes must be > 0, got {target_object_bytes}")
+    unknown = sorted({*own_bytes, *down} - set(tree.nodes))
+    if unknown:
+        raise ValueError(f"unknown node ids: {unknown[:5]}")
+    dead = frozenset(down)
+    parent: dict[str, str | None] = {}
+    for v in tree.nodes:  # breadth-first: a parent's live parent is known first
+        if v in dead:
+            continue
+        p = tree.parent(v)
+        while p is not None and p in dead:
+            p = tree.parent(p)
+        parent[v] = p
+    # Up: residuals, children before parents.
+    residual: dict[str, float] = {}
+    upward: dict[str, float] = dict.fromkeys(parent, 0.0)
+    writes: dict[str, bool] = {}
+    for v in tree.post_order():
+        if v in dead:
+            continue
+        b = float(own_bytes.get(v, 0.0))
+        if b < 0:
+            raise ValueError(f"node {v!r}: bytes must be >= 0, got {b}")
+        r = b + upward[v]
+        residual[v] = r
+        writes[v] = parent[v] is None or r >= target_object_bytes
+        p = parent[v]
+        if p is not None and not writes[v]:
+            upward[p] += r
+    # Down: writer addresses, parents before children.
+    writer: dict[str, str] = {}
+    for v in parent:
+        p = parent[v]
+        writer[v] = v if writes[v] else writer[p]  # type: ignore[index]
+    nodes = {v: NodePlan(v, residual[v], writes[v], writer[v]) for v in parent}
+    return Plan(window, plan_window, float(target_object_bytes), MappingProxyType(nodes), dead)
+
+
+class ByteEstimator:
+    """Moving average of bytes per checkpoint per node over the last ``history``
+    checkpoints (DESIGN.md, "The plan": "Estimates use a moving average of recent
+    checkpoints"). Deterministic. A node missing from an update counts 0 bytes for that
+    checkpoint once it has been seen."""
+
+    def __init__(self, history: int = 16) -> None:
+        if history < 1:
+            raise ValueError(f"history must be >= 1, got {history}")
+        self.history = history
+        self._samples: dict[str, deque[float]] = {}
+
+    def update(self, observed: Mapping[str, float]) -> None:
+        """Record one checkpoint: node id -> bytes (>= 0; ValueError otherwise)."""
+        for n, b in observed.items():
+            if b < 0:
+                raise ValueError(f"node {n!r}: bytes must be >= 0, got {b}")
+        for n in observed.keys() - self._samples.keys():
+            self._samples[n] = deque(maxlen=self.history)
+        for n, q in self._samples.items():
+            q.append(float(observed.get(n, 0.0)))
+
+    def estimate(self) -> dict[str, float]:
+        """node id -> mean bytes per checkpoint over its recorded history."""
+        return {n: sum(q) / len(q) for n, q in self._samples.items()}
