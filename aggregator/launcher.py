@@ -1,0 +1,130 @@
+"""Starting the nodes of a topology on this machine, root first (``dstl up``, the local
+demo, the tests). Each node is a separate process stopped by its PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from topology.config import TopologyConfig
+from topology.tree import Tree
+
+
+@dataclass
+class NodeHandle:
+    node_id: str
+    depth: int
+    address: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the node (chaos tests)."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+
+@dataclass
+class LocalTree:
+    """The running nodes of a topology, by node id."""
+
+    topology: TopologyConfig
+    tree: Tree
+    nodes: dict[str, NodeHandle] = field(default_factory=dict)
+    workdir: Path | None = None
+
+    def address(self, node_id: str) -> str:
+        return self.nodes[node_id].address
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every node (leaves first), SIGKILL after ``timeout`` seconds."""
+        for node_id in self.tree.post_order():
+            h = self.nodes.get(node_id)
+            if h is not None and h.process.poll() is None:
+                h.process.terminate()
+        deadline = time.monotonic() + timeout
+        for h in self.nodes.values():
+            try:
+                h.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                h.kill()
+
+    def __enter__(self) -> LocalTree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_node_process(
+    topology_file: Path,
+    node_id: str,
+    depth: int,
+    parent: str | None,
+    workdir: Path,
+    bind: str = "tcp://127.0.0.1:0",
+    base_path: str | None = None,
+    exit_with_pid: int | None = None,
+    timeout: float = 30.0,
+) -> NodeHandle:
+    """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address."""
+    addr_file = workdir / f"{node_id}.addr"
+    addr_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "aggregator", "--topology", str(topology_file),
+           "--node-id", node_id, "--depth", str(depth), "--bind", bind,
+           "--address-file", str(addr_file)]  # fmt: skip
+    if parent:
+        cmd += ["--parent", parent]
+    if base_path:
+        cmd += ["--base-path", base_path]
+    if exit_with_pid:
+        cmd += ["--exit-with-pid", str(exit_with_pid)]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not addr_file.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"node {node_id} exited with code {proc.returncode} at start")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"node {node_id} did not publish its address in {timeout} s")
+        time.sleep(0.02)
+    return NodeHandle(node_id, depth, addr_file.read_text().strip(), proc)
+
+
+def start_tree(
+    topology: TopologyConfig,
+    topology_file: Path,
+    base_path: str | None = None,
+    workdir: Path | None = None,
+    executors: int | None = None,
+) -> LocalTree:
+    """Start every node of ``topology`` as a local process, parents before children."""
+    tree = topology.tree(executors)
+    wd = workdir or Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
+    binds = {n.id: n.bind for n in topology.nodes or []}
+    running = LocalTree(topology, tree, workdir=wd)
+    try:
+        for node_id in tree.nodes:
+            parent = tree.parent(node_id)
+            bind = binds.get(node_id, "auto")
+            h = start_node_process(
+                topology_file, node_id, tree.depth(node_id),
+                running.nodes[parent].address if parent else None, wd,
+                bind="tcp://127.0.0.1:0" if bind == "auto" else bind, base_path=base_path,
+                exit_with_pid=os.getpid(),
+            )  # fmt: skip
+            running.nodes[node_id] = h
+    except BaseException:
+        running.stop()
+        raise
+    return running

@@ -1,0 +1,202 @@
+"""The node process shell: ZeroMQ sockets and upload threads around :class:`NodeCore`.
+
+ROUTER for clients and children, DEALER to the parent. Segment frames are received with
+``copy=False`` and passed on (to the parent or into the object) without re-encoding.
+Blocking: :meth:`Node.serve` runs the loop until ``stop()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import zmq
+
+from aggregator.core import NodeConfig, NodeCore, NodeStatistics
+from aggregator.events import (
+    Event,
+    FromBelow,
+    FromParent,
+    Instruction,
+    ObjectFailed,
+    ObjectWritten,
+    Reply,
+    SendUp,
+    Tick,
+    WriteObject,
+)
+from client.direct import write_items
+from client.errors import WireError
+from client.storage import ObjectStore
+from client.wire import dump, load
+
+log = logging.getLogger("dstltree.node")
+_MAX_POLL_MS = 100
+
+
+class Node:
+    """One aggregator node. ``bind`` is a ZeroMQ endpoint; ``tcp://HOST:0`` picks a free
+    port (see :attr:`address`). ``parent`` is the parent's endpoint (None at the root)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: ObjectStore,
+        bind: str = "tcp://127.0.0.1:0",
+        parent: str | None = None,
+        max_message_bytes: int = 64 * 1024 * 1024,
+        upload_threads: int = 4,
+    ) -> None:
+        self.core = NodeCore(config)
+        self.store = store
+        self.max_message_bytes = max_message_bytes
+        self._ctx = zmq.Context.instance()
+        self._front = self._ctx.socket(zmq.ROUTER)
+        self._front.setsockopt(zmq.LINGER, 0)
+        self._front.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._front.bind(bind.replace(":0", ":*") if bind.endswith(":0") else bind)
+        self.address: str = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._up: zmq.Socket | None = None
+        if parent is not None:
+            self._up = self._ctx.socket(zmq.DEALER)
+            self._up.setsockopt(zmq.LINGER, 0)
+            self._up.connect(parent)
+        self._pool = ThreadPoolExecutor(upload_threads, thread_name_prefix=f"node-{config.node_id}")
+        self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._stats: NodeStatistics = self.core.statistics()
+
+    # -- public --------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Run the event loop until :meth:`stop` (blocking)."""
+        poller = zmq.Poller()
+        poller.register(self._front, zmq.POLLIN)
+        if self._up is not None:
+            poller.register(self._up, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                ready = dict(poller.poll(self._poll_ms()))
+                now = time.monotonic()
+                if self._front in ready:
+                    self._drain_front(now)
+                if self._up is not None and self._up in ready:
+                    self._drain_up(now)
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 4096)
+                self._drain_results()
+                self._run(self.core.handle(Tick(time.monotonic())))
+                with self._lock:
+                    self._stats = self.core.statistics(now)
+        finally:
+            self._close()
+
+    def start(self) -> threading.Thread:
+        """Serve in a daemon thread (tests, ``dstl up``)."""
+        t = threading.Thread(
+            target=self.serve, name=f"node-{self.core.config.node_id}", daemon=True
+        )
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+        os.write(self._wake_w, b"x")
+
+    def statistics(self) -> NodeStatistics:
+        with self._lock:
+            return self._stats
+
+    # -- loop parts ----------------------------------------------------------------------
+    def _poll_ms(self) -> int:
+        deadline = self.core.next_deadline()
+        if deadline is None:
+            return _MAX_POLL_MS
+        return max(0, min(_MAX_POLL_MS, int((deadline - time.monotonic()) * 1000) + 1))
+
+    def _drain_front(self, now: float) -> None:
+        for _ in range(1000):
+            try:
+                frames = self._front.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            try:
+                msg = load(frames[1:], self.max_message_bytes)
+            except WireError as e:
+                log.warning("rejected message: %s", e)
+                self._run(self.core.reject(identity, str(e)))
+                continue
+            self._run(self.core.handle(FromBelow(identity, msg, now)))
+
+    def _drain_up(self, now: float) -> None:
+        assert self._up is not None
+        for _ in range(1000):
+            try:
+                frames = self._up.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = load(frames)
+            except WireError as e:
+                log.warning("bad message from parent: %s", e)
+                continue
+            self._run(self.core.handle(FromParent(msg, now)))
+
+    def _drain_results(self) -> None:
+        while True:
+            try:
+                event = self._results.get_nowait()
+            except queue.Empty:
+                return
+            self._run(self.core.handle(event))
+
+    def _run(self, instructions: list[Instruction]) -> None:
+        for ins in instructions:
+            match ins:
+                case Reply(identity, msg):
+                    self._send(self._front, [identity, *dump(msg)])
+                case SendUp(msg):
+                    if self._up is not None:
+                        self._send(self._up, dump(msg))
+                case WriteObject(oid, items):
+                    try:
+                        self._pool.submit(self._write, oid, items)
+                    except RuntimeError:  # shutting down: the origins time out and retry
+                        log.warning("node stopping; object %d not written", oid)
+
+    def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            log.warning("send queue full; message dropped (the peer times out and retries)")
+        except zmq.ZMQError as e:
+            log.warning("send failed: %s", e)
+
+    def _write(self, oid: int, items: tuple) -> None:
+        try:
+            path, refs = write_items(self.store, list(items))
+            event: Event = ObjectWritten(oid, path, tuple(refs), time.monotonic())
+        except Exception as e:  # noqa: BLE001 - reported to the origins as an error ack
+            log.warning("object write failed: %s", e)
+            event = ObjectFailed(oid, str(e), time.monotonic())
+        self._results.put(event)
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._drain_results()
+        self._front.close(0)
+        if self._up is not None:
+            self._up.close(0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)

@@ -1,0 +1,83 @@
+"""Running one node as a process: build it from a topology, publish its address, serve.
+
+``run_node`` is what ``dstl node`` and ``python -m aggregator`` execute (blocking).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from aggregator.core import NodeConfig
+from aggregator.node import Node
+from client.storage import ObjectStore
+from topology.config import TopologyConfig
+
+
+def node_config(topo: TopologyConfig, node_id: str, depth: int, has_parent: bool) -> NodeConfig:
+    """The node's thresholds; its parent timeout grows with depth so that ancestors give
+    up on their parents before their children give up on them."""
+    return NodeConfig(
+        node_id=node_id,
+        has_parent=has_parent,
+        target_bytes=int(topo.target_object_bytes),
+        persist_delay=topo.persist_delay,
+        parent_timeout=topo.parent_timeout * max(depth, 1),
+    )
+
+
+def client_ack_timeout(topo: TopologyConfig, depth: int) -> float:
+    """How long a writer waits for its node (at ``depth``) before writing directly."""
+    return topo.parent_timeout * (depth + 2) + 1.0
+
+
+def build_node(
+    topo: TopologyConfig,
+    node_id: str,
+    depth: int,
+    bind: str,
+    parent: str | None,
+    store: ObjectStore | None = None,
+) -> Node:
+    store = store or ObjectStore(topo.base_path, topo.storage_options)
+    cfg = node_config(topo, node_id, depth, parent is not None)
+    return Node(cfg, store, bind=bind, parent=parent, max_message_bytes=int(topo.max_message_bytes))
+
+
+def run_node(
+    topo: TopologyConfig,
+    node_id: str,
+    depth: int,
+    bind: str,
+    parent: str | None,
+    address_file: Path | None = None,
+    exit_with_pid: int | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or until process ``exit_with_pid`` is gone). Blocking."""
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node {node_id} %(message)s")
+    node = build_node(topo, node_id, depth, bind, parent)
+    if address_file is not None:
+        tmp = address_file.with_suffix(".tmp")
+        tmp.write_text(node.address)
+        tmp.replace(address_file)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: node.stop())
+    if exit_with_pid is not None:
+        threading.Thread(target=_watch_pid, args=(exit_with_pid, node), daemon=True).start()
+    node.serve()
+
+
+def _watch_pid(pid: int, node: Node) -> None:
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            node.stop()
+            return
+        except PermissionError:
+            pass
+        time.sleep(1.0)

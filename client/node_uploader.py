@@ -1,0 +1,233 @@
+"""The uploader that sends segments to the aggregator node of this executor.
+
+One DEALER socket owned by an I/O thread; ``submit`` is thread-safe. A segment not
+acked within ``ack_timeout`` seconds, or answered with an error, is written straight to
+DFS by the in-process uploader instead (DESIGN.md, Invariants: liveness never depends
+on one node). A late ack after such a fallback is ignored; the second copy is an orphan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import zmq
+
+from client.batching import PersistItem
+from client.direct import DirectUploader
+from client.errors import DstlError
+from client.handle import SegmentRef
+from client.storage import ObjectStore
+from client.wire import Ack, Error, Message, Persist, Register, Unregister, WireItem, dump, load
+
+log = logging.getLogger("dstltree.client")
+
+
+@dataclass
+class _Pending:
+    item: PersistItem
+    future: Future[SegmentRef | None]
+    deadline: float
+
+
+@dataclass(frozen=True)
+class UploaderStatistics:
+    acked_by_node: int
+    fallbacks: int
+    node_errors: int
+
+
+class NodeUploader:
+    """Sends persist items to the node at ``address`` (a ZeroMQ endpoint)."""
+
+    def __init__(
+        self,
+        address: str,
+        store: ObjectStore,
+        ack_timeout: float = 10.0,
+        lease_renewal: float = 2.0,
+    ) -> None:
+        self.address = address
+        self.store = store
+        self.ack_timeout = ack_timeout
+        self._renewal = lease_renewal
+        self._fallback = DirectUploader(store)
+        self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, Future]] = queue.SimpleQueue()
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._writers: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stop = threading.Event()
+        self._counts = {"acked": 0, "fallbacks": 0, "errors": 0}
+        self._thread = threading.Thread(target=self._loop, name="dstl-node-client", daemon=True)
+        self._thread.start()
+
+    # -- SegmentUploader -----------------------------------------------------------------
+    def register(self, log_id: str) -> None:
+        with self._lock:
+            self._writers.add(log_id)
+        self._post(Register(log_id))
+
+    def unregister(self, log_id: str) -> None:
+        with self._lock:
+            self._writers.discard(log_id)
+        self._post(Unregister(log_id))
+
+    def submit(self, item: PersistItem) -> Future[SegmentRef | None]:
+        if self._stop.is_set():
+            raise DstlError("uploader is closed")
+        fut: Future[SegmentRef | None] = Future()
+        if item.data is None:
+            fut.set_result(None)
+        self._post((item, fut))
+        return fut
+
+    def close(self) -> None:
+        """Wait (bounded by the ack timeout) for pending items, then stop. Blocking."""
+        deadline = time.monotonic() + self.ack_timeout + 1.0
+        while time.monotonic() < deadline and (self._pending or not self._outbox.empty()):
+            time.sleep(0.01)
+        self._stop.set()
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
+        self._fallback.close()
+
+    def statistics(self) -> UploaderStatistics:
+        c = self._counts
+        return UploaderStatistics(c["acked"], c["fallbacks"], c["errors"])
+
+    # -- I/O thread ----------------------------------------------------------------------
+    def _post(self, what: Message | tuple[PersistItem, Future]) -> None:
+        self._outbox.put(what)
+        os.write(self._wake_w, b"x")
+
+    def _loop(self) -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_renewal = time.monotonic() + self._renewal
+        try:
+            while not self._stop.is_set():
+                ready = dict(poller.poll(50))
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 4096)
+                self._send_outbox(sock)
+                if sock in ready:
+                    self._receive(sock)
+                now = time.monotonic()
+                self._expire(now)
+                if now >= next_renewal:
+                    next_renewal = now + self._renewal
+                    with self._lock:
+                        for log_id in self._writers:
+                            self._send(sock, Register(log_id))
+        finally:
+            sock.close(0)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            for p in self._pending.values():
+                self._fall_back(p, "uploader closed")
+
+    def _send_outbox(self, sock: zmq.Socket) -> None:
+        batch: list[tuple[PersistItem, Future]] = []
+        while True:
+            try:
+                what = self._outbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(what, tuple):
+                batch.append(what)
+            else:
+                self._send(sock, what)
+        if batch:
+            self._send_items(sock, batch)
+
+    def _send_items(self, sock: zmq.Socket, batch: list[tuple[PersistItem, Future]]) -> None:
+        now = time.monotonic()
+        wire, payloads = [], []
+        for item, fut in batch:
+            rid = next(self._ids)
+            if item.data is not None:
+                self._pending[rid] = _Pending(item, fut, now + self.ack_timeout)
+                payloads.append(item.data)
+            wire.append(
+                WireItem(rid, item.log_id, item.sqn_from, item.sqn_to, item.checkpoint_id,
+                         item.key_groups, item.size, item.crc32)
+            )  # fmt: skip
+        self._send(sock, Persist(tuple(wire), tuple(payloads)))
+
+    def _send(self, sock: zmq.Socket, msg: Message) -> None:
+        try:
+            sock.send_multipart(dump(msg), zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:
+            log.debug("send to node failed (%s); pending items time out and fall back", e)
+
+    def _receive(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = load(frames)
+            except Exception as e:  # noqa: BLE001 - a bad reply must not stop the thread
+                log.warning("bad reply from node: %s", e)
+                continue
+            if isinstance(msg, Ack):
+                self._on_ack(msg)
+            elif isinstance(msg, Error):
+                log.warning("node rejected a message: %s", msg.message)
+                self._counts["errors"] += 1
+
+    def _on_ack(self, ack: Ack) -> None:
+        for e in ack.items:
+            p = self._pending.pop(e.id, None)
+            if p is None:
+                continue
+            if e.error is not None or e.path is None:
+                self._counts["errors"] += 1
+                self._fall_back(p, e.error or "no path")
+                continue
+            i = p.item
+            ref = SegmentRef(
+                i.sqn_from, i.sqn_to, e.path, e.offset, e.length, i.crc32, i.key_groups
+            )
+            self._counts["acked"] += 1
+            p.future.set_result(ref)
+
+    def _expire(self, now: float) -> None:
+        for rid in [r for r, p in self._pending.items() if p.deadline <= now]:
+            self._fall_back(self._pending.pop(rid), f"no ack within {self.ack_timeout} s")
+
+    def _fall_back(self, p: _Pending, why: str) -> None:
+        """Write the segment straight to DFS; the future follows that upload."""
+        log.info("node %s: %s; writing %s [%d, %d) directly", self.address, why,
+                 p.item.log_id, p.item.sqn_from, p.item.sqn_to)  # fmt: skip
+        self._counts["fallbacks"] += 1
+        item = PersistItem(p.item.log_id, p.item.sqn_from, p.item.sqn_to, None,
+                           p.item.key_groups, p.item.data, p.item.crc32)  # fmt: skip
+        try:
+            direct = self._fallback.submit(item)
+        except Exception as e:  # noqa: BLE001
+            p.future.set_exception(e)
+            return
+        direct.add_done_callback(lambda f: _chain(f, p.future))
+
+
+def _chain(src: Future[SegmentRef | None], dst: Future[SegmentRef | None]) -> None:
+    if dst.done():
+        return
+    if (e := src.exception()) is not None:
+        dst.set_exception(e)
+    else:
+        dst.set_result(src.result())

@@ -1,0 +1,250 @@
+"""Wire messages between writers, nodes and parents: pure ``dump``/``load``.
+
+A message is a multipart ZeroMQ message ``[header, payload_0, payload_1, ...]``: the
+header is msgpack, each segment travels as its own frame and is never re-encoded on the
+way up the tree (nodes pass the received frames on with ``copy=False``).
+
+Header shapes (``t`` is the type)::
+
+    register    {t, log}                      a writer of this client exists
+    unregister  {t, log}
+    persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc}, ...]}
+                + one payload frame per item with size > 0, in item order
+    ack         {t, items: [{id, path, off, len} | {id, err}, ...]}
+    stats       {t, node, writers, bytes}     a child's subtree: live writers, bytes/checkpoint
+    plan        {t, ...}                      decisions for the next checkpoints (issue 3)
+    error       {t, msg}                      the request was rejected (malformed, oversized)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from client.errors import WireError
+
+MAX_ITEMS = 4096
+MAX_LOG_ID = 256
+
+
+@dataclass(frozen=True)
+class WireItem:
+    """Metadata of one persist item; its segment (if ``size > 0``) is a separate frame."""
+
+    id: int
+    log_id: str
+    sqn_from: int
+    sqn_to: int
+    checkpoint_id: int | None
+    key_groups: tuple[int, ...]
+    size: int
+    crc32: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "log": self.log_id,
+            "sqn": [self.sqn_from, self.sqn_to],
+            "cp": self.checkpoint_id,
+            "kgs": list(self.key_groups),
+            "size": self.size,
+            "crc": self.crc32,
+        }
+
+
+@dataclass(frozen=True)
+class AckEntry:
+    """The outcome of one persist item: where its segment landed, or an error."""
+
+    id: int
+    path: str | None = None
+    offset: int = 0
+    length: int = 0
+    error: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"id": self.id, "err": self.error}
+        return {"id": self.id, "path": self.path, "off": self.offset, "len": self.length}
+
+
+@dataclass(frozen=True)
+class Register:
+    log_id: str
+
+
+@dataclass(frozen=True)
+class Unregister:
+    log_id: str
+
+
+@dataclass(frozen=True)
+class Persist:
+    items: tuple[WireItem, ...]
+    payloads: tuple[Any, ...] = field(default=(), repr=False)  # bytes/memoryview/zmq.Frame
+
+
+@dataclass(frozen=True)
+class Ack:
+    items: tuple[AckEntry, ...]
+
+
+@dataclass(frozen=True)
+class Stats:
+    node: str
+    writers: int
+    bytes_per_checkpoint: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Error:
+    message: str
+
+
+Message = Register | Unregister | Persist | Ack | Stats | Plan | Error
+
+
+def dump(msg: Message) -> list[Any]:
+    """Frames of ``msg``: the msgpack header, then payload frames untouched."""
+    payloads: Sequence[Any] = ()
+    match msg:
+        case Register(log_id):
+            h: dict[str, Any] = {"t": "register", "log": log_id}
+        case Unregister(log_id):
+            h = {"t": "unregister", "log": log_id}
+        case Persist(items, payloads):
+            h = {"t": "persist", "items": [i.to_wire() for i in items]}
+        case Ack(items):
+            h = {"t": "ack", "items": [a.to_wire() for a in items]}
+        case Stats(node, writers, nbytes):
+            h = {"t": "stats", "node": node, "writers": writers, "bytes": nbytes}
+        case Plan(body):
+            h = {"t": "plan", **body}
+        case Error(message):
+            h = {"t": "error", "msg": message}
+        case _:
+            raise TypeError(f"not a message: {msg!r}")
+    return [msgpack.packb(h), *payloads]
+
+
+def _buf_len(frame: Any) -> int:
+    buf = getattr(frame, "buffer", frame)
+    return len(buf)
+
+
+def load(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
+    """Decode and validate ``frames`` (bytes or zmq.Frame). Raises WireError with the
+    reason for anything malformed or larger than ``max_bytes`` in total."""
+    if not frames:
+        raise WireError("empty message")
+    if max_bytes is not None:
+        total = sum(_buf_len(f) for f in frames)
+        if total > max_bytes:
+            raise WireError(f"message of {total} bytes exceeds the limit of {max_bytes} bytes")
+    raw = frames[0]
+    try:
+        header = msgpack.unpackb(getattr(raw, "bytes", raw))
+    except Exception as e:  # noqa: BLE001 - any decode failure is a malformed message
+        raise WireError(f"header is not msgpack: {e}") from e
+    if not isinstance(header, dict) or not isinstance(header.get("t"), str):
+        raise WireError("header must be a map with a string 't'")
+    try:
+        return _decode(header, frames[1:])
+    except WireError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise WireError(f"bad {header['t']!r} message: {type(e).__name__}: {e}") from e
+
+
+def _decode(h: dict[str, Any], payloads: Sequence[Any]) -> Message:
+    t = h["t"]
+    if t in ("register", "unregister"):
+        log = _log_id(h["log"])
+        return Register(log) if t == "register" else Unregister(log)
+    if t == "persist":
+        return _decode_persist(h, payloads)
+    if t == "ack":
+        return Ack(tuple(_ack_entry(a) for a in _list(h["items"])))
+    if t == "stats":
+        return Stats(_str(h["node"]), _int(h["writers"]), float(h.get("bytes", 0.0)))
+    if t == "plan":
+        return Plan({k: v for k, v in h.items() if k != "t"})
+    if t == "error":
+        return Error(_str(h["msg"]))
+    raise WireError(f"unknown message type {t!r}")
+
+
+def _decode_persist(h: dict[str, Any], payloads: Sequence[Any]) -> Persist:
+    raw_items = _list(h["items"])
+    if not raw_items or len(raw_items) > MAX_ITEMS:
+        raise WireError(f"persist needs 1..{MAX_ITEMS} items, got {len(raw_items)}")
+    items = tuple(_wire_item(i) for i in raw_items)
+    sized = [i for i in items if i.size > 0]
+    if len(sized) != len(payloads):
+        raise WireError(f"persist has {len(sized)} sized items but {len(payloads)} payload frames")
+    for item, frame in zip(sized, payloads, strict=True):
+        if _buf_len(frame) != item.size:
+            raise WireError(
+                f"item {item.id}: payload of {_buf_len(frame)} bytes, header says {item.size}"
+            )
+    return Persist(items, tuple(payloads))
+
+
+def _wire_item(d: Any) -> WireItem:
+    if not isinstance(d, dict):
+        raise WireError("persist item must be a map")
+    lo, hi = (_int(x) for x in _list(d["sqn"]))
+    if hi < lo:
+        raise WireError(f"SQN range [{lo}, {hi}) is reversed")
+    cp = d.get("cp")
+    return WireItem(
+        id=_int(d["id"]),
+        log_id=_log_id(d["log"]),
+        sqn_from=lo,
+        sqn_to=hi,
+        checkpoint_id=None if cp is None else _int(cp),
+        key_groups=tuple(_int(k) for k in _list(d.get("kgs", []))),
+        size=_int(d["size"]),
+        crc32=_int(d.get("crc", 0)),
+    )
+
+
+def _ack_entry(d: Any) -> AckEntry:
+    if not isinstance(d, dict):
+        raise WireError("ack entry must be a map")
+    if "err" in d:
+        return AckEntry(_int(d["id"]), error=_str(d["err"]))
+    return AckEntry(_int(d["id"]), _str(d["path"]), _int(d["off"]), _int(d["len"]))
+
+
+def _int(x: Any) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        raise WireError(f"expected a non-negative integer, got {x!r}")
+    return x
+
+
+def _str(x: Any) -> str:
+    if not isinstance(x, str):
+        raise WireError(f"expected a string, got {type(x).__name__}")
+    return x
+
+
+def _log_id(x: Any) -> str:
+    s = _str(x)
+    if not s or len(s) > MAX_LOG_ID:
+        raise WireError(f"log id must be 1..{MAX_LOG_ID} characters")
+    return s
+
+
+def _list(x: Any) -> list[Any]:
+    if not isinstance(x, list | tuple):
+        raise WireError(f"expected a list, got {type(x).__name__}")
+    return list(x)

@@ -1,0 +1,37 @@
+"""Helpers to run a real tree of node processes over loopback in tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from aggregator.launcher import LocalTree, start_tree
+from topology.config import load_topology
+
+
+def write_topology(path: Path, base_path: str, nodes: list[dict], **fields: object) -> Path:
+    doc = {
+        "base_path": base_path,
+        "target_object_bytes": fields.pop("target_object_bytes", 4 * 1024 * 1024),
+        "persist_delay": fields.pop("persist_delay", 0.05),
+        "parent_timeout": fields.pop("parent_timeout", 1.0),
+        "nodes": nodes,
+        **fields,
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+THREE_NODES = [
+    {"id": "root", "bind": "auto"},
+    {"id": "a", "bind": "auto", "parent": "root"},
+    {"id": "b", "bind": "auto", "parent": "root"},
+]
+
+
+def start(tmp_path: Path, nodes: list[dict] | None = None, **fields: object) -> LocalTree:
+    base = str(tmp_path / "dfs")
+    topo_file = write_topology(tmp_path / "topology.yaml", base, nodes or THREE_NODES, **fields)
+    topo = load_topology(topo_file)
+    return start_tree(topo, topo_file, workdir=tmp_path)
