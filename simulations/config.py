@@ -1,0 +1,107 @@
+"""Simulation parameters and the synthetic workload (bytes per task per checkpoint)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from topology.tree import Tree, kary_tree
+
+__all__ = ["DESIGNS", "DISTRIBUTIONS", "Design", "SimConfig", "Workload"]
+
+Design = Literal["task", "executor", "tree", "tree-noplan"]
+DESIGNS: tuple[Design, ...] = ("task", "executor", "tree", "tree-noplan")
+DISTRIBUTIONS = ("constant", "lognormal", "skewed")
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated run. Sizes in bytes, times in seconds, rates per second.
+
+    Cluster: ``executors`` x ``tasks_per_executor`` tasks, one aggregator node per
+    executor arranged as ``tree`` (or a k-ary tree of ``branching``). Workload:
+    ``bytes_per_checkpoint`` per task, drawn from ``distribution`` (``constant``;
+    ``lognormal`` with mean ``bytes_per_checkpoint`` and shape ``sigma``; ``skewed``:
+    a ``hot_fraction`` of executors change ``hot_factor`` times as much). Network:
+    ``hop_latency_s`` per hop, ``node_bandwidth`` bytes/s per node NIC (each way),
+    ``cpu_per_message_s`` per message received by a node. Storage: ``dfs_latency``
+    model name, ``put_rate_limit`` per prefix over ``prefixes`` prefixes, hedging after
+    ``hedge_timeout_s`` (None: off) up to ``max_attempts``. The ``tree`` design plans
+    windows of ``plan_window`` checkpoints; the first ``warmup_checkpoints`` (default:
+    one plan window) run in every design but are left out of the results.
+    """
+
+    executors: int = 7
+    tasks_per_executor: int = 4
+    branching: int = 4
+    tree: Tree | None = field(default=None, compare=False)
+    bytes_per_checkpoint: int = 256 * 1024
+    distribution: str = "constant"
+    sigma: float = 1.0
+    hot_fraction: float = 0.1
+    hot_factor: float = 10.0
+    checkpoints: int = 20
+    checkpoint_interval_s: float = 1.0
+    warmup_checkpoints: int | None = None
+    plan_window: int = 4
+    target_object_bytes: int = 4 * MiB
+    design: Design = "tree"
+    dfs_latency: str = "flip158-s3"
+    hedge_timeout_s: float | None = 1.0
+    max_attempts: int = 3
+    put_rate_limit: float = 3500.0
+    prefixes: int = 1
+    hop_latency_s: float = 0.0005
+    node_bandwidth: float = 1.25e9
+    cpu_per_message_s: float = 50e-6
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.design not in DESIGNS:
+            raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}")
+        if self.executors < 1 or self.tasks_per_executor < 1 or self.checkpoints < 1:
+            raise ValueError("executors, tasks per executor and checkpoints must be >= 1")
+        if self.tree is not None and len(self.tree) != self.executors:
+            raise ValueError(f"the topology has {len(self.tree)} nodes but executors is "
+                             f"{self.executors} (one node per executor)")
+        if self.branching < 1 or self.target_object_bytes < 1 or self.bytes_per_checkpoint < 0:
+            raise ValueError("branching and target_object_bytes must be >= 1, bytes >= 0")
+        if self.checkpoint_interval_s <= 0 or self.plan_window < 1:
+            raise ValueError("checkpoint_interval_s must be > 0 and plan_window >= 1")
+
+    @property
+    def warmup(self) -> int:
+        return self.plan_window if self.warmup_checkpoints is None else self.warmup_checkpoints
+
+    def build_tree(self) -> Tree:
+        return self.tree if self.tree is not None else kary_tree(self.executors, self.branching)
+
+
+class Workload:
+    """Bytes per task per checkpoint, shape (executors, tasks), int64; deterministic
+    for a seed. Executor i is node ``tree.nodes[i]``."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        self.scale = np.ones((cfg.executors, 1))
+        if cfg.distribution == "skewed":
+            hot = math.ceil(cfg.hot_fraction * cfg.executors)
+            self.scale[self.rng.permutation(cfg.executors)[:hot]] = cfg.hot_factor
+
+    def next(self) -> np.ndarray:
+        cfg = self.cfg
+        shape = (cfg.executors, cfg.tasks_per_executor)
+        b = float(cfg.bytes_per_checkpoint)
+        if cfg.distribution == "lognormal" and b > 0:
+            mu = math.log(b) - cfg.sigma**2 / 2
+            x = self.rng.lognormal(mu, cfg.sigma, shape)
+        else:
+            x = np.full(shape, b)
+        return np.rint(x * self.scale).astype(np.int64)

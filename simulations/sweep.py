@@ -1,0 +1,116 @@
+"""Parameter sweeps over branching factor and target object size, the choice of the best
+setting, and the plot (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from simulations.cluster import SimResult, simulate
+from simulations.config import Design, SimConfig
+
+__all__ = ["best", "plot", "sweep"]
+
+_FLAT: tuple[str, ...] = ("task", "executor")  # designs that ignore branching and target
+
+
+def sweep(
+    base: SimConfig,
+    branching: Sequence[int] | None = None,
+    targets: Sequence[int] | None = None,
+    designs: Sequence[Design] = ("task", "executor", "tree", "tree-noplan"),
+    jobs: int = 1,
+) -> list[SimResult]:
+    """Simulate every design over the grid ``branching x targets`` (bytes; None keeps the
+    base value). ``task`` and ``executor`` run once each: they use neither. ``jobs`` > 1
+    runs configurations in that many processes. Results come in grid order."""
+    bs = list(branching or [base.branching])
+    ts = list(targets or [base.target_object_bytes])
+    cfgs: list[SimConfig] = []
+    for d in designs:
+        if d in _FLAT:
+            cfgs.append(replace(base, design=d))
+            continue
+        for b in bs:
+            for t in ts:
+                cfgs.append(replace(base, design=d, branching=b, target_object_bytes=t))
+    if jobs <= 1:
+        return [simulate(c) for c in cfgs]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(simulate, cfgs))
+
+
+def best(results: Sequence[SimResult]) -> SimResult | None:
+    """The result with the lowest checkpoint p99 among those within the request-rate
+    limit (no throttled request, PUT/s under the limit); ties go to the lower p50, then
+    to fewer requests. None if no result stays within the limit."""
+    ok = [r for r in results if r.within_rate_limit]
+    if not ok:
+        return None
+    return min(ok, key=lambda r: (r.checkpoint_ms["p99"], r.checkpoint_ms["p50"],
+                                  r.requests_per_checkpoint))
+
+
+def _label(r: SimResult, by_branching: bool) -> str:
+    if r.design in _FLAT or not by_branching:
+        return r.design
+    return f"{r.design} b={r.branching}"
+
+
+def plot(results: Sequence[SimResult], path: str | Path, title: str = "") -> Path:
+    """Checkpoint p50 and p99 (ms) and requests per checkpoint against the swept
+    parameter (target object size if it varies, else branching), one line per design
+    (per design and branching when both vary). ``task``/``executor`` are flat lines.
+    Writes a PNG to ``path`` and returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tree_runs = [r for r in results if r.design not in _FLAT]
+    targets = sorted({r.target_object_bytes for r in tree_runs})
+    branchings = sorted({r.branching for r in tree_runs})
+    x_is_target = len(targets) > 1 or len(branchings) <= 1
+    xs = targets if x_is_target else branchings
+    if not xs:
+        xs = [results[0].target_object_bytes] if results else [0]
+
+    def xval(r: SimResult) -> float:
+        return r.target_object_bytes / 2**20 if x_is_target else r.branching
+
+    lines: dict[str, list[SimResult]] = {}
+    for r in results:
+        lines.setdefault(_label(r, x_is_target and len(branchings) > 1), []).append(r)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    xlab = "target object size (MiB)" if x_is_target else "branching factor"
+    xpts = [x / 2**20 for x in xs] if x_is_target else list(xs)
+    panels = (("checkpoint p50 (ms)", lambda r: r.checkpoint_ms["p50"]),
+              ("checkpoint p99 (ms)", lambda r: r.checkpoint_ms["p99"]),
+              ("requests per checkpoint", lambda r: r.requests_per_checkpoint))
+    for ax, (ylab, f) in zip(axes, panels, strict=True):
+        for label, rs in lines.items():
+            if rs[0].design in _FLAT:
+                ax.plot(xpts, [f(rs[0])] * len(xpts), "--", label=label)
+            else:
+                rs = sorted(rs, key=xval)
+                ax.plot([xval(r) for r in rs], [f(r) for r in rs], "o-", label=label)
+        ax.set_xlabel(xlab)
+        ax.set_ylabel(ylab)
+        ax.set_yscale("log")
+        if x_is_target or len(xpts) > 1:
+            ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+    if results:
+        r0 = results[0]
+        limit = r0.put_rate_limit * r0.checkpoint_interval_s
+        axes[2].axhline(limit, color="red", lw=1, label=f"{r0.put_rate_limit:g} PUT/s limit")
+    axes[2].legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
