@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from simulations import SimConfig, simulate
-from simulations.config import Workload
+from simulations.config import Design, Workload
 from simulations.storage import Throttle
 from simulations.sweep import best, sweep
 from topology.latency import get_model
@@ -34,7 +34,7 @@ def test_one_task_reproduces_the_latency_table() -> None:
 
 
 @pytest.mark.parametrize("design", ["task", "executor", "tree", "tree-noplan"])
-def test_designs_object_counts(design: str) -> None:
+def test_designs_object_counts(design: Design) -> None:
     cfg = SimConfig(design=design, executors=7, tasks_per_executor=4, branching=2,
                     bytes_per_checkpoint=MiB, target_object_bytes=4 * MiB, checkpoints=8,
                     hedge_timeout_s=None)
@@ -56,8 +56,9 @@ def test_plans_take_one_hop_noplan_relays() -> None:
     tree = Tree.from_edges(["root", "a", "b", "a1", "a2", "b1", "b2"],
                            [("root", "a"), ("root", "b"), ("a", "a1"), ("a", "a2"),
                             ("b", "b1"), ("b", "b2")])
-    base: dict[str, Any] = dict(executors=7, tree=tree, tasks_per_executor=4, bytes_per_checkpoint=MiB,
-                target_object_bytes=64 * MiB, checkpoints=8)
+    base: dict[str, Any] = dict(executors=7, tree=tree, tasks_per_executor=4,
+                                bytes_per_checkpoint=MiB, target_object_bytes=64 * MiB,
+                                checkpoints=8)
     planned = simulate(SimConfig(design="tree", **base))
     noplan = simulate(SimConfig(design="tree-noplan", **base))
     assert planned.relay_fraction == 0.0  # one hop to the writer after the first window
