@@ -1,1 +1,39 @@
-"""coordinator."""
+"""The driver side of dstltree: checkpoint triggering and acknowledgement, the
+completed-checkpoint store on DFS, the shared state registry (reference counts per
+object path), retention and deletion, materialization epochs, recovery selection and
+orphan cleanup. Tasks talk to it through :class:`TaskLink`."""
+
+from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
+from coordinator.errors import CheckpointStoreError, CoordinatorError, CorruptCheckpointError
+from coordinator.protocol import (
+    ApplyMaterialization,
+    Command,
+    ErrorReply,
+    Fenced,
+    Materialize,
+    TriggerCheckpoint,
+)
+from coordinator.registry import SharedStateRegistry
+from coordinator.service import Coordinator, CoordinatorStatistics
+from coordinator.store import CheckpointStore
+from coordinator.task_link import TaskLink
+
+__all__ = [
+    "ApplyMaterialization",
+    "CheckpointStore",
+    "CheckpointStoreError",
+    "Command",
+    "CompletedCheckpoint",
+    "Coordinator",
+    "CoordinatorError",
+    "CoordinatorStatistics",
+    "CorruptCheckpointError",
+    "ErrorReply",
+    "Fenced",
+    "MaterializedRef",
+    "Materialize",
+    "SharedStateRegistry",
+    "TaskCheckpoint",
+    "TaskLink",
+    "TriggerCheckpoint",
+]

@@ -1,0 +1,176 @@
+"""Wire messages between the coordinator (ROUTER) and task links (DEALER).
+
+Every message is one msgpack frame: a map with ``"t"`` (the type) and its fields.
+:func:`dump` and :func:`load` are pure; ``load`` raises :class:`client.errors.WireError`
+for anything malformed or larger than :data:`MAX_MESSAGE_BYTES`.
+
+Task -> coordinator: :class:`Hello`, :class:`Ack`, :class:`Report`.
+Coordinator -> task (the commands :meth:`TaskLink.poll` returns):
+:class:`TriggerCheckpoint`, :class:`Materialize`, :class:`ApplyMaterialization`,
+:class:`Fenced` (this attempt is stale), :class:`ErrorReply` (a message was rejected).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from client.errors import WireError
+from coordinator.checkpoint import MaterializedRef, TaskCheckpoint
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Hello:
+    task: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Ack:
+    task: int
+    attempt: int
+    checkpoint_id: int
+    checkpoint: TaskCheckpoint
+
+
+@dataclass(frozen=True)
+class Report:
+    task: int
+    attempt: int
+    epoch: int
+    ref: MaterializedRef
+
+
+@dataclass(frozen=True)
+class TriggerCheckpoint:
+    """Persist the changelog (``persist_durably``) and acknowledge ``checkpoint_id``."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class Materialize:
+    """Snapshot the state at ``next_sqn()``, upload it, report it for ``epoch``."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ApplyMaterialization:
+    """Every task reported ``epoch``: truncate writers before ``ref.sqn`` and reference
+    ``ref`` as the materialized state in later acknowledgements."""
+
+    epoch: int
+    ref: MaterializedRef
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """The coordinator ignores this task's ``attempt`` (a newer attempt has started)."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """The coordinator rejected a message of this task (``reason``)."""
+
+    reason: str
+
+
+Message = (
+    Hello
+    | Ack
+    | Report
+    | TriggerCheckpoint
+    | Materialize
+    | ApplyMaterialization
+    | Fenced
+    | ErrorReply
+)
+Command = TriggerCheckpoint | Materialize | ApplyMaterialization | Fenced | ErrorReply
+
+
+def _fields(m: Message) -> dict[str, Any]:
+    if isinstance(m, Hello):
+        return {"t": "hello", "task": m.task, "attempt": m.attempt}
+    if isinstance(m, Ack):
+        return {
+            "t": "ack",
+            "task": m.task,
+            "attempt": m.attempt,
+            "checkpoint_id": m.checkpoint_id,
+            "checkpoint": m.checkpoint.to_dict(),
+        }
+    if isinstance(m, Report):
+        return {
+            "t": "report",
+            "task": m.task,
+            "attempt": m.attempt,
+            "epoch": m.epoch,
+            "ref": m.ref.to_dict(),
+        }
+    if isinstance(m, TriggerCheckpoint):
+        return {"t": "trigger", "checkpoint_id": m.checkpoint_id}
+    if isinstance(m, Materialize):
+        return {"t": "materialize", "epoch": m.epoch}
+    if isinstance(m, ApplyMaterialization):
+        return {"t": "apply", "epoch": m.epoch, "ref": m.ref.to_dict()}
+    if isinstance(m, Fenced):
+        return {"t": "fenced", "attempt": m.attempt}
+    if isinstance(m, ErrorReply):
+        return {"t": "error", "reason": m.reason}
+    raise TypeError(f"not a message: {m!r}")
+
+
+def dump(m: Message) -> bytes:
+    """Encode one message as a msgpack frame."""
+    return bytes(msgpack.packb(_fields(m), use_bin_type=True))
+
+
+def _int(d: dict[str, Any], k: str) -> int:
+    v = d[k]
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"field {k!r} must be an integer")
+    return v
+
+
+_DECODERS: dict[str, Callable[[dict[str, Any]], Message]] = {
+    "hello": lambda d: Hello(_int(d, "task"), _int(d, "attempt")),
+    "ack": lambda d: Ack(
+        _int(d, "task"),
+        _int(d, "attempt"),
+        _int(d, "checkpoint_id"),
+        TaskCheckpoint.from_dict(d["checkpoint"]),
+    ),
+    "report": lambda d: Report(
+        _int(d, "task"), _int(d, "attempt"), _int(d, "epoch"), MaterializedRef.from_dict(d["ref"])
+    ),
+    "trigger": lambda d: TriggerCheckpoint(_int(d, "checkpoint_id")),
+    "materialize": lambda d: Materialize(_int(d, "epoch")),
+    "apply": lambda d: ApplyMaterialization(_int(d, "epoch"), MaterializedRef.from_dict(d["ref"])),
+    "fenced": lambda d: Fenced(_int(d, "attempt")),
+    "error": lambda d: ErrorReply(str(d["reason"])),
+}
+
+
+def load(data: bytes | memoryview) -> Message:
+    """Decode one frame. Raises WireError (malformed, unknown type, oversized)."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        d = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # noqa: BLE001 - any decode failure is a malformed message
+        raise WireError(f"undecodable message: {e}") from e
+    if not isinstance(d, dict) or d.get("t") not in _DECODERS:
+        kind = d.get("t") if isinstance(d, dict) else type(d).__name__
+        raise WireError(f"unknown message type {kind!r}")
+    try:
+        return _DECODERS[d["t"]](d)
+    except Exception as e:  # noqa: BLE001 - missing or mistyped fields
+        raise WireError(f"malformed {d['t']} message: {type(e).__name__}: {e}") from e

@@ -1,0 +1,109 @@
+"""The task side of the coordinator protocol, used inside a Spark task.
+
+A :class:`TaskLink` is a DEALER socket connected to :attr:`Coordinator.address`. It says
+hello on connect (so the coordinator can push commands to it), then the task polls for
+commands between records and answers them. Not thread-safe: use one link per thread.
+"""
+
+from __future__ import annotations
+
+import zmq
+
+from client.errors import WireError
+from coordinator import protocol
+from coordinator.checkpoint import MaterializedRef, TaskCheckpoint
+from coordinator.errors import CoordinatorError
+from coordinator.protocol import Command
+
+
+class TaskLink:
+    """Link of task ``task`` of attempt ``attempt`` to the coordinator at ``address``.
+
+    ``send_timeout``: seconds a send may wait (raises CoordinatorError after it);
+    ``linger``: seconds :meth:`close` waits to deliver queued messages.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        task: int,
+        attempt: int,
+        *,
+        send_timeout: float = 5.0,
+        linger: float = 1.0,
+    ) -> None:
+        self.address = address
+        self.task = task
+        self.attempt = attempt
+        self.fenced = False
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, int(linger * 1000))
+        self._sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+        self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        self._sock.connect(address)
+        self._send(protocol.Hello(task, attempt))
+
+    def poll(self, timeout: float = 0.0) -> list[Command]:
+        """Commands received so far, in order; waits up to ``timeout`` seconds (default:
+        not at all) for the first one. Commands are TriggerCheckpoint, Materialize,
+        ApplyMaterialization, plus Fenced (this attempt is stale: stop) and ErrorReply
+        (a message of this link was rejected). Undecodable frames become ErrorReply."""
+        out: list[Command] = []
+        if timeout > 0 and not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
+            return out
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            try:
+                if len(frames) != 1:
+                    raise WireError(f"expected 1 frame, got {len(frames)}")
+                msg = protocol.load(frames[0])
+            except WireError as e:
+                out.append(protocol.ErrorReply(f"from coordinator: {e}"))
+                continue
+            if isinstance(msg, protocol.Fenced):
+                self.fenced = True
+            if isinstance(
+                msg,
+                protocol.TriggerCheckpoint
+                | protocol.Materialize
+                | protocol.ApplyMaterialization
+                | protocol.Fenced
+                | protocol.ErrorReply,
+            ):
+                out.append(msg)
+            else:
+                out.append(protocol.ErrorReply(f"unexpected {type(msg).__name__}"))
+
+    def ack_checkpoint(self, checkpoint_id: int, checkpoint: TaskCheckpoint) -> None:
+        """Acknowledge ``checkpoint_id`` with this task's state. Raises ValueError if the
+        record names another task or attempt, CoordinatorError if it cannot be sent."""
+        if checkpoint.task != self.task or checkpoint.attempt != self.attempt:
+            raise ValueError(
+                f"checkpoint of task {checkpoint.task} attempt {checkpoint.attempt} "
+                f"sent by task {self.task} attempt {self.attempt}"
+            )
+        self._send(protocol.Ack(self.task, self.attempt, checkpoint_id, checkpoint))
+
+    def report_materialization(self, epoch: int, ref: MaterializedRef) -> None:
+        """Report this task's uploaded snapshot for materialization ``epoch``."""
+        self._send(protocol.Report(self.task, self.attempt, epoch, ref))
+
+    def _send(self, msg: protocol.Message) -> None:
+        try:
+            self._sock.send(protocol.dump(msg))
+        except zmq.Again as e:
+            raise CoordinatorError(f"coordinator at {self.address} is not receiving") from e
+
+    def close(self) -> None:
+        """Close the socket (queued messages get ``linger`` seconds to go out)."""
+        self._sock.close()
+
+    def __enter__(self) -> TaskLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
