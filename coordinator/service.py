@@ -155,13 +155,15 @@ class Coordinator:
     ) -> CompletedCheckpoint | None:
         """Start task-stage attempt ``attempt`` (strictly increasing; older attempts are
         fenced from now on); returns the latest completed checkpoint to restore from.
-        Raises ValueError for a non-increasing attempt, CoordinatorError on timeout."""
+        Raises ValueError for a non-increasing attempt, CoordinatorError if the coordinator
+        is not running (call start() first) or does not answer within call_timeout s."""
         n = self.num_tasks if num_tasks is None else num_tasks
 
         def call() -> CompletedCheckpoint | None:
             self._execute(self._state.handle(st.Tick(time.monotonic(), time.time())))
             self._execute(self._state.handle(st.AttemptStarted(attempt, n)))
             self.num_tasks = n
+            self._peers = {k: v for k, v in self._peers.items() if k[0] >= attempt}
             return self._state.latest
 
         return self._call(call)
@@ -195,8 +197,7 @@ class Coordinator:
     def _call(self, fn: Callable[[], T]) -> T:
         t = self._thread
         if t is None or not t.is_alive():
-            with self._lock:
-                return fn()
+            raise CoordinatorError("coordinator is not running: call start() first")
         fut: Future[T] = Future()
         self._calls.put((fn, fut))
         try:
