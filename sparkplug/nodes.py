@@ -1,0 +1,126 @@
+"""Aggregator nodes beside the executors.
+
+- Local mode (``local[N]``): the nodes of a topology file run as processes on this
+  machine; task ``i`` uses node ``i mod n`` (each node stands for one executor).
+- ``local-cluster[...]`` or a real cluster: one node per executor, started from a
+  barrier stage (one task per executor), arranged as a k-ary tree over the executors in
+  address order; tasks find their node by their executor's address.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aggregator.launcher import LocalTree, start_tree
+from topology.config import TopologyConfig, load_topology
+
+
+@dataclass
+class NodePlacement:
+    """Where each task's node is; ``stop()`` ends the node processes started here."""
+
+    node_for_task: dict[int, str] = field(default_factory=dict)
+    node_for_executor: dict[str, str] = field(default_factory=dict)
+    pids: list[int] = field(default_factory=list)
+    count: int = 0
+    depth_of_task: dict[int, int] = field(default_factory=dict)
+    local_tree: LocalTree | None = None
+
+    def stop(self) -> None:
+        if self.local_tree is not None:
+            self.local_tree.stop()
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def local_nodes(topology_file: Path, tasks: int, base_path: str) -> NodePlacement:
+    """Start the topology's nodes here; task i -> node i mod n (breadth-first order)."""
+    topo = load_topology(topology_file, base_path=base_path)
+    tree = start_tree(topo, topology_file, base_path=base_path)
+    ids = tree.tree.nodes
+    return NodePlacement(
+        node_for_task={i: tree.address(ids[i % len(ids)]) for i in range(tasks)},
+        count=len(ids),
+        depth_of_task={i: tree.tree.depth(ids[i % len(ids)]) for i in range(tasks)},
+        local_tree=tree,
+    )
+
+
+def executor_nodes(sc: Any, topo: TopologyConfig, executors: int, base_path: str) -> NodePlacement:
+    """Start one node per executor from a barrier stage of ``executors`` tasks."""
+    doc = topo.model_dump(mode="json", exclude_none=True)
+    doc["base_path"] = base_path
+    branching = topo.branching or 8
+    rows = (
+        sc.parallelize(range(executors), executors)
+        .barrier()
+        .mapPartitions(lambda _: _start_on_executor(doc, branching))
+        .collect()
+    )
+    placement = NodePlacement(count=len(rows))
+    for executor, address, pid, _depth in rows:
+        placement.node_for_executor[executor] = address
+        placement.pids.append(pid)
+    return placement
+
+
+def _start_on_executor(doc: dict[str, Any], branching: int) -> Any:
+    from pyspark import BarrierTaskContext
+
+    from aggregator.launcher import start_node_process
+
+    ctx = BarrierTaskContext.get()
+    me = ctx.partitionId()
+    executor = ctx.getTaskInfos()[me].address
+    host = executor.rsplit(":", 1)[0]
+    port = _free_port(host)
+    gathered = ctx.allGather(f"{executor}|tcp://{host}:{port}")
+    executors = sorted({g.split("|")[0] for g in gathered})
+    first_task = {}
+    for i, g in enumerate(gathered):
+        first_task.setdefault(g.split("|")[0], (i, g.split("|")[1]))
+    if first_task[executor][0] != me:
+        return []  # another task on this executor starts its node
+    index = executors.index(executor)
+    parent = None if index == 0 else first_task[executors[(index - 1) // branching]][1]
+    depth, i = 0, index
+    while i > 0:
+        i, depth = (i - 1) // branching, depth + 1
+    workdir = Path(tempfile.mkdtemp(prefix="dstl-node-"))
+    topo_file = workdir / "topology.yaml"
+    topo_file.write_text(yaml.safe_dump(doc))
+    h = start_node_process(topo_file, f"e{index}", depth, parent, workdir,
+                           bind=f"tcp://{host}:{port}", exit_with_pid=_executor_pid())  # fmt: skip
+    return [(executor, h.address, h.pid, depth)]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _executor_pid() -> int | None:
+    """The executor JVM above this Python worker (nodes exit when it does)."""
+    try:
+        import psutil
+
+        p = psutil.Process().parent()
+        while p is not None:
+            if "java" in p.name():
+                return int(p.pid)
+            p = p.parent()
+    except Exception:  # noqa: BLE001 - best effort; the driver also stops nodes by PID
+        return None
+    return None

@@ -1,0 +1,197 @@
+"""The stateful task of the long-running job: runs inside one Spark barrier task.
+
+Contract per attempt (bytewax-style, precise about offsets):
+- Restore: load the latest completed checkpoint; state = its snapshot (if any) plus
+  the replay of its changelog handles; the source resumes at its ``source_offset``
+  (the number of this task's events already folded into that state). With no
+  checkpoint, state is empty and the offset 0.
+- A checkpoint acknowledged with offset ``o`` covers exactly events [0, o).
+- The writer of attempt ``a`` has log id ``<job>-t<task>-a<a>``; handles of earlier
+  attempts restored from the checkpoint are carried in every acknowledgement until the
+  next materialization replaces them.
+- The task returns once a completed checkpoint shows every task at its shard's end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from client import ChangelogClient, ChangelogHandle, ObjectStore
+from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
+from coordinator.protocol import ApplyMaterialization, Fenced, Materialize, TriggerCheckpoint
+from coordinator.store import CheckpointStore
+from coordinator.task_link import TaskLink
+from sparkplug.flights import Shard, load_table, make_shard, shard_lengths, update
+from sparkplug.keygroups import key_group_range
+from sparkplug.state_backend import KeyedStateBackend
+
+STATE = "plane"
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Everything a task needs; pickled into the Spark closure."""
+
+    job: str
+    attempt: int
+    parallelism: int
+    replay: int
+    base_path: str
+    coordinator: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    node_for_task: dict[int, str] = field(default_factory=dict)  # local mode
+    node_for_executor: dict[str, str] = field(default_factory=dict)  # one node per executor
+    ack_timeout: float = 10.0
+    max_parallelism: int = 128
+    batch_records: int = 200
+    records_per_second: float = 0.0  # 0 = as fast as possible (per task)
+    kill_task: int | None = None
+    kill_after_checkpoints: int = 0
+    finish_timeout: float = 120.0
+
+
+@dataclass
+class _Run:
+    cfg: TaskConfig
+    task: int
+    store: ObjectStore
+    client: ChangelogClient
+    backend: KeyedStateBackend
+    shard: Shard
+    lengths: list[int]
+    offset: int = 0
+    materialized: MaterializedRef | None = None
+    base_handles: tuple[ChangelogHandle, ...] = ()
+    after_sqn: int = 0
+    acked: int = 0
+
+
+def run_task(cfg: TaskConfig, task: int, executor: str | None) -> dict[str, Any]:
+    """Run task ``task`` of ``cfg.attempt`` to the end of the stream. Blocking.
+    Returns ``{"task", "state": {plane: aggregate}, "records", "attempt"}``."""
+    store = ObjectStore(cfg.base_path, cfg.storage_options)
+    node = cfg.node_for_task.get(task) or (cfg.node_for_executor.get(executor or "") or None)
+    client = ChangelogClient.open(cfg.base_path, node=node, storage_options=cfg.storage_options,
+                                  ack_timeout=cfg.ack_timeout)  # fmt: skip
+    df = load_table()
+    kgs = key_group_range(task, cfg.parallelism, cfg.max_parallelism)
+    run = _Run(cfg, task, store, client, KeyedStateBackend(kgs, None, cfg.max_parallelism),
+               make_shard(df, task, cfg.parallelism, cfg.replay, cfg.max_parallelism),
+               shard_lengths(df, cfg.parallelism, cfg.replay, cfg.max_parallelism))  # fmt: skip
+    _restore(run, CheckpointStore(store).load_latest())
+    run.backend.writer = client.create_writer(f"{cfg.job}-t{task}-a{cfg.attempt}", kgs)
+    link = TaskLink(cfg.coordinator, task, cfg.attempt)
+    start_offset = run.offset
+    try:
+        _process(run, link)
+    finally:
+        link.close()
+        client.close()
+    state = dict(run.backend.items(STATE))
+    return {"task": task, "attempt": cfg.attempt, "state": state, "records": run.offset - start_offset}
+
+
+def restore_state(store: ObjectStore, tc: TaskCheckpoint, kgs: range, max_parallelism: int = 128) -> KeyedStateBackend:
+    """A backend holding task ``tc``'s state: snapshot plus changelog replay."""
+    backend = KeyedStateBackend(kgs, None, max_parallelism)
+    backend.value_state(STATE)
+    if tc.materialized is not None:
+        backend.restore_snapshot(store.read(tc.materialized.path))
+    client = ChangelogClient(store, None, 1)  # type: ignore[arg-type]  # reading only
+    for h in tc.changelog:
+        for _, kg, change in client.iter_changes(h):
+            backend.apply_change(kg, change)
+    return backend
+
+
+def _restore(run: _Run, latest: CompletedCheckpoint | None) -> None:
+    run.backend.value_state(STATE)
+    if latest is None or run.task not in latest.tasks:
+        return
+    tc = latest.tasks[run.task]
+    restored = restore_state(run.store, tc, run.backend.key_groups, run.cfg.max_parallelism)
+    run.backend._states, run.backend._kinds = restored._states, restored._kinds
+    run.offset = tc.source_offset
+    run.materialized = tc.materialized
+    run.base_handles = tc.changelog
+
+
+def _process(run: _Run, link: TaskLink) -> None:
+    state = run.backend.value_state(STATE)
+    events = run.shard.events
+    started = time.monotonic()
+    first = run.offset
+    finished_at: float | None = None
+    while True:
+        if run.offset < len(events):
+            end = min(run.offset + run.cfg.batch_records, len(events))
+            for ev in events[run.offset : end]:
+                state.update(ev[0], update(state.get(ev[0]), ev))
+            run.offset = end
+            _throttle(run, started, first)
+        elif finished_at is None:
+            finished_at = time.monotonic()
+        for cmd in link.poll():
+            if _command(run, link, cmd):
+                return
+        if finished_at is not None:
+            if _all_done(run):
+                return
+            if time.monotonic() - finished_at > run.cfg.finish_timeout:
+                raise TimeoutError(f"task {run.task}: no final checkpoint within {run.cfg.finish_timeout} s")
+            time.sleep(0.1)
+
+
+def _throttle(run: _Run, started: float, first: int) -> None:
+    rate = run.cfg.records_per_second
+    if rate > 0:
+        ahead = (run.offset - first) / rate - (time.monotonic() - started)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def _command(run: _Run, link: TaskLink, cmd: object) -> bool:
+    """Handle one coordinator command; True if this attempt must stop (fenced)."""
+    writer = run.backend.writer
+    assert writer is not None
+    if isinstance(cmd, TriggerCheckpoint):
+        _maybe_die(run, cmd.checkpoint_id)
+        handle = writer.persist_durably(run.after_sqn, checkpoint_id=cmd.checkpoint_id).result(
+            timeout=run.cfg.ack_timeout * 3
+        )
+        link.ack_checkpoint(cmd.checkpoint_id, TaskCheckpoint(
+            run.task, run.cfg.attempt, run.offset, run.materialized, (*run.base_handles, handle)))  # fmt: skip
+        run.acked += 1
+    elif isinstance(cmd, Materialize):
+        sqn = writer.next_sqn()
+        data = run.backend.snapshot()
+        path = run.store.new_snapshot_path()
+        run.store.put(path, data)
+        link.report_materialization(cmd.epoch, MaterializedRef(path, sqn, len(data)))
+    elif isinstance(cmd, ApplyMaterialization):
+        run.materialized = cmd.ref
+        run.base_handles = ()
+        run.after_sqn = cmd.ref.sqn
+        writer.truncate(cmd.ref.sqn)
+    elif isinstance(cmd, Fenced):
+        return True
+    return False
+
+
+def _maybe_die(run: _Run, checkpoint_id: int) -> None:
+    cfg = run.cfg
+    if cfg.kill_task == run.task and cfg.attempt == 0 and cfg.kill_after_checkpoints > 0 and checkpoint_id > cfg.kill_after_checkpoints:
+        os.kill(os.getpid(), signal.SIGKILL)  # a hard crash: no cleanup, no flush
+
+
+def _all_done(run: _Run) -> bool:
+    latest = CheckpointStore(run.store).load_latest()
+    if latest is None or latest.attempt != run.cfg.attempt:
+        return False
+    return all(
+        t in latest.tasks and latest.tasks[t].source_offset >= n for t, n in enumerate(run.lengths)
+    )
