@@ -15,17 +15,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from client.batching import Batch, PersistItem
 from client.errors import DstlError
 from client.handle import SegmentRef
+from client.hedging import UploadPolicy, uploader_for
 from client.objectformat import build_object
 from client.storage import ObjectStore
 
 
-def write_items(store: ObjectStore, items: list[PersistItem]) -> tuple[str, list[SegmentRef]]:
+def write_items(
+    store: ObjectStore, items: list[PersistItem], policy: UploadPolicy | None = None
+) -> tuple[str, list[SegmentRef]]:
     """Write the data items as ONE object; returns its URL and one ref per item, in
-    order. Blocking (one DFS request). Raises StorageError."""
+    order. Blocking. The upload is hedged per ``policy`` (default UploadPolicy():
+    a new attempt under a new name after 1 s, 3 attempts; see client.hedging): the refs
+    name the winning attempt's object only. Statistics accumulate in
+    ``client.hedging.uploader_for(store, policy).stats``. Raises StorageError."""
     with_data = [i for i in items if i.data is not None]
     parts, entries = build_object([i.segment_input() for i in with_data])
-    path = store.new_object_path()
-    store.put(path, parts)
+    path = uploader_for(store, policy).upload(parts).path
     refs = [
         SegmentRef(i.sqn_from, i.sqn_to, path, e.offset, e.length, e.crc32, i.key_groups)
         for i, e in zip(with_data, entries, strict=True)

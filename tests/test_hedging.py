@@ -1,0 +1,236 @@
+"""Request hedging on the upload path: a stalled attempt loses to a hedge under a new
+name, the loser is never referenced and is deleted, statistics are counted."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import fsspec
+import pytest
+
+from client.batching import PersistItem
+from client.direct import write_items
+from client.errors import RetryableStorageError, StorageError
+from client.faults import FaultyFileSystem
+from client.handle import ChangelogHandle
+from client.hedging import HedgedUploader, UploadPolicy, uploader_for
+from client.reader import read_changes
+from client.segment import encode_segment, segment_crc, segment_key_groups
+from client.storage import ObjectStore, RetryPolicy
+from tests.s3_server import S3Target, s3_fixture, s3_server_fixture  # noqa: F401
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.01)
+HEDGE_FAST = UploadPolicy(attempts=3, upload_timeout=0.05)
+
+
+@pytest.fixture
+def faulty() -> Iterator[FaultyFileSystem]:
+    """A fault-injecting in-memory fs; stalls are long (60 s) unless released, and
+    every pending wait is released at teardown."""
+    inner = fsspec.filesystem("memory", skip_instance_cache=True)
+    inner.store = {}
+    inner.pseudo_dirs = [""]
+    fs = FaultyFileSystem(inner, "local,scale=0.1,stall_s=600,seed=11")
+    yield fs
+    fs.release()
+
+
+def _store(fs: FaultyFileSystem) -> ObjectStore:
+    return ObjectStore(f"memory://h-{uuid.uuid4().hex[:8]}", fs=fs, retry=FAST_RETRY)
+
+
+def _item(log_id: str, sqn: int, changes: dict[int, list[bytes]]) -> PersistItem:
+    cs = {sqn: changes}
+    data = encode_segment(log_id, sqn, sqn + 1, cs)
+    return PersistItem(log_id, sqn, sqn + 1, None, segment_key_groups(cs), data, segment_crc(data))
+
+
+def test_stalled_attempt_loses_to_a_hedge(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    up = HedgedUploader(store, HEDGE_FAST)
+    faulty.inject("put", "stall")  # the first attempt hangs
+    paths: list[str] = []
+
+    def new_path() -> str:
+        paths.append(store.new_object_path())
+        return paths[-1]
+
+    result = up.upload([b"hello ", b"world"], new_path)
+    assert result.winner == 1 and result.attempts_started == 2
+    assert result.path == paths[1] != paths[0], "the hedge writes under a new name"
+    assert store.read(result.path) == b"hello world"
+    assert store.list_objects() == [result.path], "the stalled attempt has not landed"
+    # Let the stalled attempt finish: it lands late, loses, and is deleted.
+    faulty.release()
+    assert up.drain(10)
+    assert store.list_objects() == [result.path]
+    stats = up.stats.snapshot()
+    assert stats["uploads"] == 1 and stats["attempts"] == 2
+    assert stats["hedged_attempts"] == 1 and stats["hedge_wins"] == 1
+    assert stats["losers"] == 1 and stats["losers_deleted"] == 1
+    assert stats["uploads_failed"] == 0
+
+
+def test_losers_can_be_left_for_cleanup(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    up = HedgedUploader(store, UploadPolicy(upload_timeout=0.05, delete_losers=False))
+    faulty.inject("put", "stall")
+    result = up.upload(b"x")
+    faulty.release()
+    assert up.drain(10)
+    objects = store.list_objects()
+    assert len(objects) == 2 and result.path in objects, "the loser is an orphan"
+    assert up.stats.snapshot()["losers_deleted"] == 0
+
+
+def test_write_items_references_only_the_winner(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    faulty.inject("put", "stall")
+    items = [
+        _item("log-a", 0, {1: [b"a1", b"a2"]}),
+        _item("log-b", 5, {2: [b"b1"]}),
+    ]
+    path, refs = write_items(store, items, HEDGE_FAST)
+    assert [r.path for r in refs] == [path, path]
+    assert store.list_objects() == [path]
+    handle = ChangelogHandle("log-a", (0, 1), (refs[0],))
+    assert list(read_changes(store, handle, 1)) == [b"a1", b"a2"]
+    handle_b = ChangelogHandle("log-b", (5, 6), (refs[1],))
+    assert list(read_changes(store, handle_b, 2)) == [b"b1"]
+    up = uploader_for(store, HEDGE_FAST)
+    faulty.release()
+    assert up.drain(10)
+    assert store.list_objects() == [path]
+    assert up.stats.snapshot()["hedge_wins"] == 1
+
+
+def test_write_items_defaults_still_work(tmp_path: object) -> None:
+    store = ObjectStore(str(tmp_path))
+    path, refs = write_items(store, [_item("w", 0, {0: [b"z"]})])
+    assert store.list_objects() == [path] and refs[0].path == path
+    stats = uploader_for(store).stats.snapshot()
+    assert stats["uploads"] == 1 and stats["attempts"] == 1 and stats["hedged_attempts"] == 0
+
+
+def test_retries_inside_an_attempt_are_counted(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    up = HedgedUploader(store, UploadPolicy(upload_timeout=30))
+    faulty.inject("put", "throttle")
+    result = up.upload(b"data")
+    assert result.winner == 0 and store.read(result.path) == b"data"
+    stats = up.stats.snapshot()
+    assert stats["retries"] == 1 and stats["attempts"] == 1 and stats["failed_attempts"] == 0
+
+
+def test_non_retryable_error_fails_the_upload_at_once(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    up = HedgedUploader(store, HEDGE_FAST)
+    faulty.inject("put", "stall")
+    calls = [0]
+
+    def new_path() -> str:
+        calls[0] += 1
+        if calls[0] == 2:  # the hedge targets a path the store refuses (not retryable)
+            return "memory:///elsewhere/../../x"
+        return store.new_object_path()
+
+    original = store.put
+
+    def put(url: str, parts: object, **kw: object) -> int:
+        if "elsewhere" in url:
+            raise StorageError("put", url, "AccessDenied")
+        return original(url, parts, **kw)  # type: ignore[arg-type]
+
+    store.put = put  # type: ignore[method-assign]
+    with pytest.raises(StorageError, match="AccessDenied") as info:
+        up.upload(b"x", new_path)
+    assert not isinstance(info.value, RetryableStorageError)
+    faulty.release()
+    assert up.drain(10)
+    assert store.list_objects() == [], "the late first attempt is a loser and deleted"
+    assert up.stats.snapshot()["uploads_failed"] == 1
+
+
+def test_upload_fails_when_every_attempt_fails(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    up = HedgedUploader(store, UploadPolicy(attempts=2, upload_timeout=30))
+    faulty.inject("put", "error500", times=3)  # all three tries of the only attempt
+    with pytest.raises(RetryableStorageError, match="InternalError") as info:
+        up.upload(b"x")
+    assert isinstance(info.value.__cause__, OSError)
+    stats = up.stats.snapshot()
+    assert stats["failed_attempts"] == 1 and stats["uploads_failed"] == 1
+    assert stats["retries"] == 2
+
+
+def test_deadline_gives_up_and_late_attempts_are_deleted(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    up = HedgedUploader(store, UploadPolicy(attempts=2, upload_timeout=0.05, deadline=0.3))
+    faulty.inject("put", "stall", times=2)
+    with pytest.raises(RetryableStorageError, match="no attempt finished"):
+        up.upload(b"x")
+    assert up.stats.snapshot()["attempts"] == 2
+    faulty.release()
+    assert up.drain(10)
+    assert store.list_objects() == []
+    assert up.stats.snapshot()["losers_deleted"] == 2
+
+
+def test_max_parallel_hedges_zero_waits_for_the_first(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    slow = FaultyFileSystem(faulty.fs, "none,stall_s=0.3")
+    store = _store(slow)
+    up = HedgedUploader(store, UploadPolicy(upload_timeout=0.02, max_parallel_hedges=0))
+    slow.inject("put", "stall")
+    result = up.upload(b"x")
+    assert result.winner == 0 and result.attempts_started == 1
+    assert up.stats.snapshot()["hedged_attempts"] == 0
+
+
+def test_adaptive_timeout(faulty: FaultyFileSystem) -> None:
+    store = _store(FaultyFileSystem(faulty.fs, "none"))
+    policy = UploadPolicy(
+        upload_timeout=5.0, adaptive_percentile=99, adaptive_floor=0.25, adaptive_min_samples=5
+    )
+    up = HedgedUploader(store, policy)
+    assert up.current_timeout() == 5.0, "fixed until enough samples"
+    for _ in range(5):
+        up.upload(b"x")
+    assert up.current_timeout() == 0.25, "fast uploads: the floor"
+    assert HedgedUploader(store, UploadPolicy(upload_timeout=2)).current_timeout() == 2
+
+
+def test_policy_validation() -> None:
+    for bad in (
+        {"attempts": 0},
+        {"upload_timeout": 0},
+        {"adaptive_percentile": 0},
+        {"adaptive_percentile": 101},
+        {"max_parallel_hedges": -1},
+        {"deadline": 0},
+    ):
+        with pytest.raises(ValueError):
+            UploadPolicy(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.s3
+def test_hedging_on_s3(s3: S3Target) -> None:
+    import s3fs
+
+    fs = FaultyFileSystem(s3fs.S3FileSystem(**s3.storage_options), "none,stall_s=600")
+    try:
+        store = ObjectStore(f"{s3.base_url}/hedge", fs=fs, retry=FAST_RETRY)
+        up = HedgedUploader(store, UploadPolicy(upload_timeout=0.1))
+        fs.inject("put", "stall")
+        result = up.upload(b"s3 bytes")
+        assert result.winner == 1
+        plain = ObjectStore(s3.base_url, s3.storage_options)
+        assert plain.read(result.path) == b"s3 bytes"
+        fs.release()
+        assert up.drain(20)
+        assert plain.list_files(f"{s3.base_url}/hedge") == [result.path]
+    finally:
+        fs.release()
