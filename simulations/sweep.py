@@ -89,13 +89,19 @@ def plot(results: Sequence[SimResult], path: str | Path, title: str = "") -> Pat
     panels = (("checkpoint p50 (ms)", lambda r: r.checkpoint_ms["p50"]),
               ("checkpoint p99 (ms)", lambda r: r.checkpoint_ms["p99"]),
               ("requests per checkpoint", lambda r: r.requests_per_checkpoint))
+    cmap = plt.get_cmap("viridis")
+    colour = {b: cmap(i / max(1, len(branchings) - 1) * 0.9) for i, b in enumerate(branchings)}
+    style = {"task": ("k", "--", ""), "executor": ("tab:red", "--", ""),
+             "tree": (None, "-", "o"), "tree-noplan": (None, ":", "x")}
     for ax, (ylab, f) in zip(axes, panels, strict=True):
         for label, rs in lines.items():
+            c, ls, mk = style[rs[0].design]
             if rs[0].design in _FLAT:
-                ax.plot(xpts, [f(rs[0])] * len(xpts), "--", label=label)
+                ax.plot(xpts, [f(rs[0])] * len(xpts), color=c, ls=ls, label=label)
             else:
                 rs = sorted(rs, key=xval)
-                ax.plot([xval(r) for r in rs], [f(r) for r in rs], "o-", label=label)
+                ax.plot([xval(r) for r in rs], [f(r) for r in rs], color=colour[rs[0].branching],
+                        ls=ls, marker=mk, label=label)
         ax.set_xlabel(xlab)
         ax.set_ylabel(ylab)
         ax.set_yscale("log")
