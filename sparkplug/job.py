@@ -38,6 +38,7 @@ class DemoOptions:
     storage_options: dict[str, Any] = field(default_factory=dict)
     max_attempts: int = 4
     retained_checkpoints: int = 2
+    limit_records: int | None = None
 
 
 @dataclass
@@ -78,9 +79,14 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
     store = ObjectStore(opts.base_path, opts.storage_options)
     topo = load_topology(opts.topology, base_path=opts.base_path)
     nodes = _start_nodes(sc, opts, topo)
-    coord = Coordinator(store, opts.tasks, opts.checkpoint_interval, opts.materialization_interval,
-                        retained_checkpoints=opts.retained_checkpoints)  # fmt: skip
-    df = load_table()
+    coord = Coordinator(
+        store,
+        opts.tasks,
+        opts.checkpoint_interval,
+        opts.materialization_interval,
+        retained_checkpoints=opts.retained_checkpoints,
+    )
+    df = load_table(opts.limit_records)
     total = sum(shard_lengths(df, opts.tasks, opts.replay))
     observed = _Observed()
     try:
@@ -115,7 +121,9 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
         "changelog_bytes": observed.segment_bytes,
         "writers": len(observed.writers),
         "nodes": nodes.count,
-        "objects_per_checkpoint": round(len(observed.objects) / max(1, len(observed.checkpoint_ids)), 3),
+        "objects_per_checkpoint": round(
+            len(observed.objects) / max(1, len(observed.checkpoint_ids)), 3
+        ),
         "objects_deleted": stats.objects_deleted,
         "orphans_deleted_at_start": stats.orphans_deleted,
         "state_matches_batch": not mismatched,
@@ -133,22 +141,34 @@ def _start_nodes(sc: Any, opts: DemoOptions, topo: Any) -> NodePlacement:
 
 
 def _run_attempts(
-    sc: Any, opts: DemoOptions, coord: Coordinator, nodes: NodePlacement, topo: Any,
-    observed: _Observed, total: int, progress: Progress | None,
-) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+    sc: Any,
+    opts: DemoOptions,
+    coord: Coordinator,
+    nodes: NodePlacement,
+    topo: Any,
+    observed: _Observed,
+    total: int,
+    progress: Progress | None,
+) -> tuple[list[dict[str, Any]], int]:
     job = uuid.uuid4().hex[:8]
     for attempt in range(opts.max_attempts):
         coord.begin_attempt(attempt)
         cfg = TaskConfig(
-            job=job, attempt=attempt, parallelism=opts.tasks, replay=opts.replay,
-            base_path=opts.base_path, coordinator=coord.address,
-            storage_options=opts.storage_options, node_for_task=nodes.node_for_task,
+            job=job,
+            attempt=attempt,
+            parallelism=opts.tasks,
+            replay=opts.replay,
+            base_path=opts.base_path,
+            coordinator=coord.address,
+            storage_options=opts.storage_options,
+            node_for_task=nodes.node_for_task,
             node_for_executor=nodes.node_for_executor,
             ack_timeout=topo.parent_timeout * 5 + 1.0,
             records_per_second=opts.records_per_second / opts.tasks,
             kill_task=opts.tasks - 1 if opts.kill_task_after > 0 else None,
             kill_after_checkpoints=opts.kill_task_after,
-        )  # fmt: skip
+            limit_records=opts.limit_records,
+        )
         box: dict[str, Any] = {}
         t = threading.Thread(target=_collect, args=(sc, cfg, opts.tasks, box), daemon=True)
         t.start()
@@ -178,7 +198,9 @@ def _collect(sc: Any, cfg: TaskConfig, tasks: int, box: dict[str, Any]) -> None:
         box["error"] = e
 
 
-def _restore_all(store: ObjectStore, latest: CompletedCheckpoint | None, tasks: int) -> dict[str, Any]:
+def _restore_all(
+    store: ObjectStore, latest: CompletedCheckpoint | None, tasks: int
+) -> dict[str, Any]:
     """The state restored from the latest completed checkpoint (snapshot + changelog)."""
     out: dict[str, Any] = {}
     if latest is None:

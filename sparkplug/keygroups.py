@@ -13,7 +13,9 @@ def key_group_of(key: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> in
     return zlib.crc32(key.encode()) % max_parallelism
 
 
-def key_group_range(task: int, parallelism: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> range:
+def key_group_range(
+    task: int, parallelism: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM
+) -> range:
     """Key groups owned by ``task`` of ``parallelism`` tasks: [task*M/P, (task+1)*M/P).
     Raises ValueError if parallelism exceeds max_parallelism."""
     if not 0 < parallelism <= max_parallelism:
@@ -23,6 +25,8 @@ def key_group_range(task: int, parallelism: int, max_parallelism: int = DEFAULT_
     return range(task * max_parallelism // parallelism, (task + 1) * max_parallelism // parallelism)
 
 
-def task_of_key_group(key_group: int, parallelism: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
+def task_of_key_group(
+    key_group: int, parallelism: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM
+) -> int:
     """The task owning ``key_group`` (inverse of key_group_range)."""
     return key_group * parallelism // max_parallelism

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -38,10 +39,8 @@ class NodePlacement:
         if self.local_tree is not None:
             self.local_tree.stop()
         for pid in self.pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 def local_nodes(topology_file: Path, tasks: int, base_path: str) -> NodePlacement:
@@ -100,8 +99,15 @@ def _start_on_executor(doc: dict[str, Any], branching: int) -> Any:
     workdir = Path(tempfile.mkdtemp(prefix="dstl-node-"))
     topo_file = workdir / "topology.yaml"
     topo_file.write_text(yaml.safe_dump(doc))
-    h = start_node_process(topo_file, f"e{index}", depth, parent, workdir,
-                           bind=f"tcp://{host}:{port}", exit_with_pid=_executor_pid())  # fmt: skip
+    h = start_node_process(
+        topo_file,
+        f"e{index}",
+        depth,
+        parent,
+        workdir,
+        bind=f"tcp://{host}:{port}",
+        exit_with_pid=_executor_pid(),
+    )
     return [(executor, h.address, h.pid, depth)]
 
 

@@ -52,6 +52,7 @@ class TaskConfig:
     kill_task: int | None = None
     kill_after_checkpoints: int = 0
     finish_timeout: float = 120.0
+    limit_records: int | None = None
 
 
 @dataclass
@@ -75,13 +76,20 @@ def run_task(cfg: TaskConfig, task: int, executor: str | None) -> dict[str, Any]
     Returns ``{"task", "state": {plane: aggregate}, "records", "attempt"}``."""
     store = ObjectStore(cfg.base_path, cfg.storage_options)
     node = cfg.node_for_task.get(task) or (cfg.node_for_executor.get(executor or "") or None)
-    client = ChangelogClient.open(cfg.base_path, node=node, storage_options=cfg.storage_options,
-                                  ack_timeout=cfg.ack_timeout)  # fmt: skip
-    df = load_table()
+    client = ChangelogClient.open(
+        cfg.base_path, node=node, storage_options=cfg.storage_options, ack_timeout=cfg.ack_timeout
+    )
+    df = load_table(cfg.limit_records)
     kgs = key_group_range(task, cfg.parallelism, cfg.max_parallelism)
-    run = _Run(cfg, task, store, client, KeyedStateBackend(kgs, None, cfg.max_parallelism),
-               make_shard(df, task, cfg.parallelism, cfg.replay, cfg.max_parallelism),
-               shard_lengths(df, cfg.parallelism, cfg.replay, cfg.max_parallelism))  # fmt: skip
+    run = _Run(
+        cfg,
+        task,
+        store,
+        client,
+        KeyedStateBackend(kgs, None, cfg.max_parallelism),
+        make_shard(df, task, cfg.parallelism, cfg.replay, cfg.max_parallelism),
+        shard_lengths(df, cfg.parallelism, cfg.replay, cfg.max_parallelism),
+    )
     _restore(run, CheckpointStore(store).load_latest())
     run.backend.writer = client.create_writer(f"{cfg.job}-t{task}-a{cfg.attempt}", kgs)
     link = TaskLink(cfg.coordinator, task, cfg.attempt)
@@ -92,10 +100,17 @@ def run_task(cfg: TaskConfig, task: int, executor: str | None) -> dict[str, Any]
         link.close()
         client.close()
     state = dict(run.backend.items(STATE))
-    return {"task": task, "attempt": cfg.attempt, "state": state, "records": run.offset - start_offset}
+    return {
+        "task": task,
+        "attempt": cfg.attempt,
+        "state": state,
+        "records": run.offset - start_offset,
+    }
 
 
-def restore_state(store: ObjectStore, tc: TaskCheckpoint, kgs: range, max_parallelism: int = 128) -> KeyedStateBackend:
+def restore_state(
+    store: ObjectStore, tc: TaskCheckpoint, kgs: range, max_parallelism: int = 128
+) -> KeyedStateBackend:
     """A backend holding task ``tc``'s state: snapshot plus changelog replay."""
     backend = KeyedStateBackend(kgs, None, max_parallelism)
     backend.value_state(STATE)
@@ -142,7 +157,9 @@ def _process(run: _Run, link: TaskLink) -> None:
             if _all_done(run):
                 return
             if time.monotonic() - finished_at > run.cfg.finish_timeout:
-                raise TimeoutError(f"task {run.task}: no final checkpoint within {run.cfg.finish_timeout} s")
+                raise TimeoutError(
+                    f"task {run.task}: no final checkpoint within {run.cfg.finish_timeout} s"
+                )
             time.sleep(0.1)
 
 
@@ -163,8 +180,12 @@ def _command(run: _Run, link: TaskLink, cmd: object) -> bool:
         handle = writer.persist_durably(run.after_sqn, checkpoint_id=cmd.checkpoint_id).result(
             timeout=run.cfg.ack_timeout * 3
         )
-        link.ack_checkpoint(cmd.checkpoint_id, TaskCheckpoint(
-            run.task, run.cfg.attempt, run.offset, run.materialized, (*run.base_handles, handle)))  # fmt: skip
+        link.ack_checkpoint(
+            cmd.checkpoint_id,
+            TaskCheckpoint(
+                run.task, run.cfg.attempt, run.offset, run.materialized, (*run.base_handles, handle)
+            ),
+        )
         run.acked += 1
     elif isinstance(cmd, Materialize):
         sqn = writer.next_sqn()
@@ -184,7 +205,12 @@ def _command(run: _Run, link: TaskLink, cmd: object) -> bool:
 
 def _maybe_die(run: _Run, checkpoint_id: int) -> None:
     cfg = run.cfg
-    if cfg.kill_task == run.task and cfg.attempt == 0 and cfg.kill_after_checkpoints > 0 and checkpoint_id > cfg.kill_after_checkpoints:
+    if (
+        cfg.kill_task == run.task
+        and cfg.attempt == 0
+        and cfg.kill_after_checkpoints > 0
+        and checkpoint_id > cfg.kill_after_checkpoints
+    ):
         os.kill(os.getpid(), signal.SIGKILL)  # a hard crash: no cleanup, no flush
 
 
