@@ -16,13 +16,17 @@ def key_group_of(key: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> in
 def key_group_range(
     task: int, parallelism: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM
 ) -> range:
-    """Key groups owned by ``task`` of ``parallelism`` tasks: [task*M/P, (task+1)*M/P).
-    Raises ValueError if parallelism exceeds max_parallelism."""
+    """Key groups owned by ``task`` of ``parallelism`` tasks: from ceil(task*M/P) to
+    floor(((task+1)*M - 1)/P) inclusive, so that ``task_of_key_group`` (kg*P//M) is its
+    exact inverse (the assignment Flink uses). Raises ValueError if parallelism exceeds
+    max_parallelism."""
     if not 0 < parallelism <= max_parallelism:
         raise ValueError(f"parallelism {parallelism} must be in 1..{max_parallelism}")
     if not 0 <= task < parallelism:
         raise ValueError(f"task {task} outside 0..{parallelism - 1}")
-    return range(task * max_parallelism // parallelism, (task + 1) * max_parallelism // parallelism)
+    start = (task * max_parallelism + parallelism - 1) // parallelism
+    end = ((task + 1) * max_parallelism - 1) // parallelism
+    return range(start, end + 1)
 
 
 def task_of_key_group(

@@ -71,7 +71,7 @@ class KeyedStateBackend:
                 name: {int(kg): keys for kg, keys in per_kg.items()}
                 for name, per_kg in doc["states"].items()
             }
-        except (KeyError, TypeError, msgpack.UnpackException) as e:
+        except (KeyError, TypeError, ValueError, msgpack.UnpackException) as e:
             raise ValueError(f"bad state snapshot: {e}") from e
 
     def apply_change(self, key_group: int, change: bytes) -> None:

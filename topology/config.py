@@ -97,6 +97,12 @@ def _check_nodes(nodes: list[NodeSpec]) -> None:
     roots = [n.id for n in nodes if n.parent is None]
     if len(roots) != 1:
         raise ValueError(f"nodes: exactly one root (a node with no parent) needed, got {roots}")
+    from topology.tree import Tree
+
+    try:
+        Tree.from_specs(nodes)
+    except TopologyError as e:
+        raise ValueError(str(e)) from e
 
 
 def _format_error(source: str, err: ValidationError) -> str:
