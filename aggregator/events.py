@@ -20,7 +20,11 @@ class FromBelow:
 
 
 @dataclass(frozen=True)
-class FromParent:
+class FromUpstream:
+    """A message from an upstream node (parent, ancestor or planned writer) at
+    ``address``: acks for items sent there, or plans from the parent."""
+
+    address: str
     msg: Message
     now: float
 
@@ -47,7 +51,7 @@ class ObjectFailed:
     now: float
 
 
-Event = FromBelow | FromParent | Tick | ObjectWritten | ObjectFailed
+Event = FromBelow | FromUpstream | Tick | ObjectWritten | ObjectFailed
 
 
 # -- instructions ------------------------------------------------------------------------
@@ -60,9 +64,11 @@ class Reply:
 
 
 @dataclass(frozen=True)
-class SendUp:
-    """Send ``msg`` to the parent node."""
+class SendTo:
+    """Send ``msg`` to the upstream node at ``address`` (the shell opens at most one
+    connection per address, lazily)."""
 
+    address: str
     msg: Message
 
 
@@ -75,4 +81,4 @@ class WriteObject:
     items: tuple[PersistItem, ...]
 
 
-Instruction = Reply | SendUp | WriteObject
+Instruction = Reply | SendTo | WriteObject

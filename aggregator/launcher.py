@@ -46,6 +46,18 @@ class LocalTree:
     def address(self, node_id: str) -> str:
         return self.nodes[node_id].address
 
+    def final_statistics(self) -> dict[str, dict]:
+        """Each stopped node's final statistics (node id -> JSON document)."""
+        import json
+
+        out = {}
+        assert self.workdir is not None
+        for node_id in self.nodes:
+            f = self.workdir / f"{node_id}.stats.json"
+            if f.exists():
+                out[node_id] = json.loads(f.read_text())
+        return out
+
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every node (leaves first), SIGKILL after ``timeout`` seconds."""
         for node_id in self.tree.post_order():
@@ -76,8 +88,10 @@ def start_node_process(
     base_path: str | None = None,
     exit_with_pid: int | None = None,
     timeout: float = 30.0,
+    plans: bool = True,
 ) -> NodeHandle:
-    """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address."""
+    """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address.
+    The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "aggregator", "--topology", str(topology_file),
@@ -89,6 +103,9 @@ def start_node_process(
         cmd += ["--base-path", base_path]
     if exit_with_pid:
         cmd += ["--exit-with-pid", str(exit_with_pid)]
+    if not plans:
+        cmd += ["--no-plans"]
+    cmd += ["--stats-file", str(workdir / f"{node_id}.stats.json")]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     while not addr_file.exists():
@@ -107,6 +124,7 @@ def start_tree(
     base_path: str | None = None,
     workdir: Path | None = None,
     executors: int | None = None,
+    plans: bool = True,
 ) -> LocalTree:
     """Start every node of ``topology`` as a local process, parents before children."""
     tree = topology.tree(executors)
@@ -121,7 +139,7 @@ def start_tree(
                 topology_file, node_id, tree.depth(node_id),
                 running.nodes[parent].address if parent else None, wd,
                 bind="tcp://127.0.0.1:0" if bind == "auto" else bind, base_path=base_path,
-                exit_with_pid=os.getpid(),
+                exit_with_pid=os.getpid(), plans=plans,
             )  # fmt: skip
             running.nodes[node_id] = h
     except BaseException:

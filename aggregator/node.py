@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -22,17 +23,18 @@ from aggregator.core import NodeConfig, NodeCore, NodeStatistics
 from aggregator.events import (
     Event,
     FromBelow,
-    FromParent,
+    FromUpstream,
     Instruction,
     ObjectFailed,
     ObjectWritten,
     Reply,
-    SendUp,
+    SendTo,
     Tick,
     WriteObject,
 )
 from client.direct import write_items
 from client.errors import WireError
+from client.hedging import UploadPolicy
 from client.storage import ObjectStore
 from client.wire import dump, load
 
@@ -42,31 +44,29 @@ _MAX_POLL_MS = 100
 
 class Node:
     """One aggregator node. ``bind`` is a ZeroMQ endpoint; ``tcp://HOST:0`` picks a free
-    port (see :attr:`address`). ``parent`` is the parent's endpoint (None at the root)."""
+    port (see :attr:`address`). The parent's endpoint is ``config.parent_address``."""
 
     def __init__(
         self,
         config: NodeConfig,
         store: ObjectStore,
         bind: str = "tcp://127.0.0.1:0",
-        parent: str | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
         upload_threads: int = 4,
+        upload_policy: UploadPolicy | None = None,
     ) -> None:
-        self.core = NodeCore(config)
         self.store = store
         self.max_message_bytes = max_message_bytes
+        self.upload_policy = upload_policy
         self._ctx = zmq.Context.instance()
         self._front = self._ctx.socket(zmq.ROUTER)
         self._front.setsockopt(zmq.LINGER, 0)
-        self._front.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self._front.bind(bind.replace(":0", ":*") if bind.endswith(":0") else bind)
+        self._front.bind(bind[:-2] + ":*" if bind.endswith(":0") else bind)
         self.address: str = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._up: zmq.Socket | None = None
-        if parent is not None:
-            self._up = self._ctx.socket(zmq.DEALER)
-            self._up.setsockopt(zmq.LINGER, 0)
-            self._up.connect(parent)
+        self.core = NodeCore(replace(config, address=self.address))
+        self._upstream: dict[str, zmq.Socket] = {}
+        self._poller = zmq.Poller()
+        self._poller.register(self._front, zmq.POLLIN)
         self._pool = ThreadPoolExecutor(upload_threads, thread_name_prefix=f"node-{config.node_id}")
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -77,19 +77,18 @@ class Node:
     # -- public --------------------------------------------------------------------------
     def serve(self) -> None:
         """Run the event loop until :meth:`stop` (blocking)."""
-        poller = zmq.Poller()
-        poller.register(self._front, zmq.POLLIN)
-        if self._up is not None:
-            poller.register(self._up, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        if self.core.parent is not None:
+            self._socket_to(self.core.parent)
         try:
             while not self._stop.is_set():
-                ready = dict(poller.poll(self._poll_ms()))
+                ready = dict(self._poller.poll(self._poll_ms()))
                 now = time.monotonic()
                 if self._front in ready:
                     self._drain_front(now)
-                if self._up is not None and self._up in ready:
-                    self._drain_up(now)
+                for address, sock in list(self._upstream.items()):
+                    if sock in ready:
+                        self._drain_up(address, sock, now)
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
                 self._drain_results()
@@ -137,19 +136,29 @@ class Node:
                 continue
             self._run(self.core.handle(FromBelow(identity, msg, now)))
 
-    def _drain_up(self, now: float) -> None:
-        assert self._up is not None
+    def _drain_up(self, address: str, sock: zmq.Socket, now: float) -> None:
         for _ in range(1000):
             try:
-                frames = self._up.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
                 msg = load(frames)
             except WireError as e:
-                log.warning("bad message from parent: %s", e)
+                log.warning("bad message from %s: %s", address, e)
                 continue
-            self._run(self.core.handle(FromParent(msg, now)))
+            self._run(self.core.handle(FromUpstream(address, msg, now)))
+
+    def _socket_to(self, address: str) -> zmq.Socket:
+        """The DEALER to an upstream node, opened on first use (one per address)."""
+        sock = self._upstream.get(address)
+        if sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
+            self._upstream[address] = sock
+            self._poller.register(sock, zmq.POLLIN)
+        return sock
 
     def _drain_results(self) -> None:
         while True:
@@ -164,16 +173,15 @@ class Node:
             match ins:
                 case Reply(identity, msg):
                     self._send(self._front, [identity, *dump(msg)])
-                case SendUp(msg):
-                    if self._up is not None:
-                        self._send(self._up, dump(msg))
+                case SendTo(address, msg):
+                    self._send(self._socket_to(address), dump(msg))
                 case WriteObject(oid, items):
                     try:
                         self._pool.submit(self._write, oid, items)
                     except RuntimeError:  # shutting down: the origins time out and retry
                         log.warning("node stopping; object %d not written", oid)
 
-    def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:
+    def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:  # type: ignore[type-arg]
         try:
             sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -183,7 +191,7 @@ class Node:
 
     def _write(self, oid: int, items: tuple) -> None:
         try:
-            path, refs = write_items(self.store, list(items))
+            path, refs = write_items(self.store, list(items), self.upload_policy)
             event: Event = ObjectWritten(oid, path, tuple(refs), time.monotonic())
         except Exception as e:  # noqa: BLE001 - reported to the origins as an error ack
             log.warning("object write failed: %s", e)
@@ -196,7 +204,7 @@ class Node:
         self._pool.shutdown(wait=True)
         self._drain_results()
         self._front.close(0)
-        if self._up is not None:
-            self._up.close(0)
+        for sock in self._upstream.values():
+            sock.close(0)
         os.close(self._wake_r)
         os.close(self._wake_w)

@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from aggregator.core import NodeConfig
@@ -18,15 +20,19 @@ from client.storage import ObjectStore
 from topology.config import TopologyConfig
 
 
-def node_config(topo: TopologyConfig, node_id: str, depth: int, has_parent: bool) -> NodeConfig:
+def node_config(
+    topo: TopologyConfig, node_id: str, depth: int, parent: str | None, plans: bool = True
+) -> NodeConfig:
     """The node's thresholds; its parent timeout grows with depth so that ancestors give
     up on their parents before their children give up on them."""
     return NodeConfig(
         node_id=node_id,
-        has_parent=has_parent,
+        parent_address=parent,
         target_bytes=int(topo.target_object_bytes),
         persist_delay=topo.persist_delay,
         parent_timeout=topo.parent_timeout * max(depth, 1),
+        plans=plans and topo.plans,
+        plan_window=topo.plan_window,
     )
 
 
@@ -44,8 +50,8 @@ def build_node(
     store: ObjectStore | None = None,
 ) -> Node:
     store = store or ObjectStore(topo.base_path, topo.storage_options)
-    cfg = node_config(topo, node_id, depth, parent is not None)
-    return Node(cfg, store, bind=bind, parent=parent, max_message_bytes=int(topo.max_message_bytes))
+    cfg = node_config(topo, node_id, depth, parent)
+    return Node(cfg, store, bind=bind, max_message_bytes=int(topo.max_message_bytes))
 
 
 def run_node(
@@ -56,8 +62,10 @@ def run_node(
     parent: str | None,
     address_file: Path | None = None,
     exit_with_pid: int | None = None,
+    stats_file: Path | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT (or until process ``exit_with_pid`` is gone). Blocking."""
+    """Serve until SIGTERM/SIGINT (or until process ``exit_with_pid`` is gone), then
+    write the node's final statistics as JSON to ``stats_file``. Blocking."""
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node {node_id} %(message)s")
     node = build_node(topo, node_id, depth, bind, parent)
     if address_file is not None:
@@ -69,6 +77,20 @@ def run_node(
     if exit_with_pid is not None:
         threading.Thread(target=_watch_pid, args=(exit_with_pid, node), daemon=True).start()
     node.serve()
+    if stats_file is not None:
+        write_stats(node, stats_file)
+
+
+def write_stats(node: Node, path: Path) -> None:
+    """The node's counters plus its DFS upload statistics (requests, hedges), as JSON."""
+    from client.hedging import uploader_for
+
+    doc = asdict(node.statistics())
+    doc["uploads"] = uploader_for(node.store, node.upload_policy).stats.snapshot()
+    doc["process_cpu_s"] = sum(os.times()[:2])
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
 
 
 def _watch_pid(pid: int, node: Node) -> None:

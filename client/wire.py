@@ -8,11 +8,14 @@ Header shapes (``t`` is the type)::
 
     register    {t, log}                      a writer of this client exists
     unregister  {t, log}
-    persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc}, ...]}
-                + one payload frame per item with size > 0, in item order
+    persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc}, ...], via}
+                + one payload frame per item with size > 0, in item order; ``via`` is
+                the sending node's id when a node passes items on (None from clients)
     ack         {t, items: [{id, path, off, len} | {id, err}, ...]}
-    stats       {t, node, writers, bytes}     a child's subtree: live writers, bytes/checkpoint
-    plan        {t, ...}                      decisions for the next checkpoints (issue 3)
+    stats       {t, node, writers, bytes, cp}  a child's residual writers and bytes per
+                                              checkpoint, and the highest checkpoint it saw
+    plan        {t, window, writer, address, ancestors: [[id, address], ...]}
+                                              the writer node for a plan window
     error       {t, msg}                      the request was rejected (malformed, oversized)
 """
 
@@ -85,6 +88,7 @@ class Unregister:
 class Persist:
     items: tuple[WireItem, ...]
     payloads: tuple[Any, ...] = field(default=(), repr=False)  # bytes/memoryview/zmq.Frame
+    via: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,14 +98,25 @@ class Ack:
 
 @dataclass(frozen=True)
 class Stats:
+    """A node's report to its parent: residual writers and bytes per checkpoint (those
+    not written inside its subtree) and the highest checkpoint id it has seen."""
+
     node: str
     writers: int
     bytes_per_checkpoint: float = 0.0
+    max_checkpoint: int = -1
 
 
 @dataclass(frozen=True)
 class Plan:
-    body: dict[str, Any]
+    """Plan window ``window``: the receiving node's parent routes to ``writer`` (node id)
+    at ``address``; ``ancestors`` are (id, address) of the receiver's ancestors, nearest
+    first (for re-homing when the parent is gone)."""
+
+    window: int
+    writer: str
+    address: str
+    ancestors: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -120,14 +135,15 @@ def dump(msg: Message) -> list[Any]:
             h: dict[str, Any] = {"t": "register", "log": log_id}
         case Unregister(log_id):
             h = {"t": "unregister", "log": log_id}
-        case Persist(items, payloads):
-            h = {"t": "persist", "items": [i.to_wire() for i in items]}
+        case Persist(items, payloads, via):
+            h = {"t": "persist", "items": [i.to_wire() for i in items], "via": via}
         case Ack(items):
             h = {"t": "ack", "items": [a.to_wire() for a in items]}
-        case Stats(node, writers, nbytes):
-            h = {"t": "stats", "node": node, "writers": writers, "bytes": nbytes}
-        case Plan(body):
-            h = {"t": "plan", **body}
+        case Stats(node, writers, nbytes, cp):
+            h = {"t": "stats", "node": node, "writers": writers, "bytes": nbytes, "cp": cp}
+        case Plan(window, writer, address, ancestors):
+            h = {"t": "plan", "window": window, "writer": writer, "address": address,
+                 "ancestors": [list(a) for a in ancestors]}  # fmt: skip
         case Error(message):
             h = {"t": "error", "msg": message}
         case _:
@@ -174,9 +190,14 @@ def _decode(h: dict[str, Any], payloads: Sequence[Any]) -> Message:
     if t == "ack":
         return Ack(tuple(_ack_entry(a) for a in _list(h["items"])))
     if t == "stats":
-        return Stats(_str(h["node"]), _int(h["writers"]), float(h.get("bytes", 0.0)))
+        nbytes = float(h.get("bytes", 0.0))
+        if not nbytes >= 0.0:
+            raise WireError(f"stats bytes must be >= 0, got {nbytes}")
+        cp = h.get("cp", -1)
+        return Stats(_str(h["node"]), _int(h["writers"]), nbytes, -1 if cp == -1 else _int(cp))
     if t == "plan":
-        return Plan({k: v for k, v in h.items() if k != "t"})
+        ancestors = tuple((_str(a[0]), _str(a[1])) for a in _list(h.get("ancestors", [])))
+        return Plan(_int(h["window"]), _str(h["writer"]), _str(h["address"]), ancestors)
     if t == "error":
         return Error(_str(h["msg"]))
     raise WireError(f"unknown message type {t!r}")
@@ -195,7 +216,8 @@ def _decode_persist(h: dict[str, Any], payloads: Sequence[Any]) -> Persist:
             raise WireError(
                 f"item {item.id}: payload of {_buf_len(frame)} bytes, header says {item.size}"
             )
-    return Persist(items, tuple(payloads))
+    via = h.get("via")
+    return Persist(items, tuple(payloads), None if via is None else _str(via))
 
 
 def _wire_item(d: Any) -> WireItem:

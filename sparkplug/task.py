@@ -142,15 +142,19 @@ def _process(run: _Run, link: TaskLink) -> None:
     first = run.offset
     finished_at: float | None = None
     while True:
+        wait = 0.0
         if run.offset < len(events):
             end = min(run.offset + run.cfg.batch_records, len(events))
             for ev in events[run.offset : end]:
                 state.update(ev[0], update(state.get(ev[0]), ev))
             run.offset = end
-            _throttle(run, started, first)
+            wait = _ahead(run, started, first)
         elif finished_at is None:
             finished_at = time.monotonic()
-        for cmd in link.poll():
+        else:
+            wait = 0.1
+        # waiting for the source rate doubles as waiting for coordinator commands
+        for cmd in link.poll(timeout=wait):
             if _command(run, link, cmd):
                 return
         if finished_at is not None:
@@ -158,17 +162,16 @@ def _process(run: _Run, link: TaskLink) -> None:
                 return
             if time.monotonic() - finished_at > run.cfg.finish_timeout:
                 raise TimeoutError(
-                    f"task {run.task}: no final checkpoint within {run.cfg.finish_timeout} s"
+                    f"task {run.task}: no final checkpoint in {run.cfg.finish_timeout} s"
                 )
-            time.sleep(0.1)
 
 
-def _throttle(run: _Run, started: float, first: int) -> None:
+def _ahead(run: _Run, started: float, first: int) -> float:
+    """Seconds this task is ahead of its source rate (0 when unthrottled or behind)."""
     rate = run.cfg.records_per_second
-    if rate > 0:
-        ahead = (run.offset - first) / rate - (time.monotonic() - started)
-        if ahead > 0:
-            time.sleep(ahead)
+    if rate <= 0:
+        return 0.0
+    return max(0.0, (run.offset - first) / rate - (time.monotonic() - started))
 
 
 def _command(run: _Run, link: TaskLink, cmd: object) -> bool:

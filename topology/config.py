@@ -55,6 +55,7 @@ class TopologyConfig(BaseModel):
     target_object_bytes: ByteSize = Field(default=ByteSize(4 * 1024 * 1024), gt=0)
     persist_delay: float = Field(default=0.05, ge=0.0, le=60.0)
     plan_window: int = Field(default=16, ge=1)
+    plans: bool = True
     parent_timeout: float = Field(default=2.0, gt=0.0, le=600.0)
     max_message_bytes: ByteSize = Field(default=ByteSize(64 * 1024 * 1024), gt=0)
     base_path: str = "data/dstl"
