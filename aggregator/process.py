@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aggregator.core import NodeConfig
 from aggregator.node import Node
+from client.hedging import UploadPolicy
 from client.storage import ObjectStore
 from topology.config import TopologyConfig
 
@@ -51,7 +52,9 @@ def build_node(
 ) -> Node:
     store = store or ObjectStore(topo.base_path, topo.storage_options)
     cfg = node_config(topo, node_id, depth, parent)
-    return Node(cfg, store, bind=bind, max_message_bytes=int(topo.max_message_bytes))
+    policy = UploadPolicy(attempts=topo.upload_attempts, upload_timeout=topo.upload_timeout)
+    return Node(cfg, store, bind=bind, max_message_bytes=int(topo.max_message_bytes),
+                upload_policy=policy)  # fmt: skip
 
 
 def run_node(

@@ -7,6 +7,9 @@ one node per Spark executor), the writer-node thresholds and the DFS location::
     storage_options: {}             # passed to fsspec (e.g. endpoint_url for S3)
     target_object_bytes: 4MiB       # a writer node cuts an object once it holds this
     persist_delay: 0.05             # seconds after the first pending persist request
+    plan_window: 16                 # checkpoints per plan window; plans: false = hop by hop
+    upload_timeout: 1.0             # seconds before a hedged second attempt starts
+    upload_attempts: 3              # attempts per object upload (1 = no hedging)
     nodes:
       - {id: root, bind: auto}
       - {id: a, bind: auto, parent: root}
@@ -56,6 +59,8 @@ class TopologyConfig(BaseModel):
     persist_delay: float = Field(default=0.05, ge=0.0, le=60.0)
     plan_window: int = Field(default=16, ge=1)
     plans: bool = True
+    upload_timeout: float = Field(default=1.0, gt=0.0, le=600.0)
+    upload_attempts: int = Field(default=3, ge=1, le=16)
     parent_timeout: float = Field(default=2.0, gt=0.0, le=600.0)
     max_message_bytes: ByteSize = Field(default=ByteSize(64 * 1024 * 1024), gt=0)
     base_path: str = "data/dstl"
