@@ -105,3 +105,10 @@ def test_hedging_policy_cuts_the_tail() -> None:
     assert max(hedged) <= 1.0 + S3.max_s
     with pytest.raises(ValueError):
         HedgingPolicy(-1.0)
+
+
+def test_model_pickles() -> None:
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(S3))
+    assert copy == S3 and copy.quantile(99.9) == S3.quantile(99.9)

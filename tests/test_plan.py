@@ -164,3 +164,11 @@ def test_byte_estimator_moving_average() -> None:
         est.update({"a": -1})
     with pytest.raises(ValueError):
         ByteEstimator(0)
+
+
+def test_plan_pickles() -> None:
+    import pickle
+
+    plan = compute_plan(kary_tree(9, 2), {"e3": 5.0}, 4, down={"e8"})
+    copy = pickle.loads(pickle.dumps(plan))
+    assert copy == plan and copy.routes() == plan.routes() and copy.down == {"e8"}

@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 __all__ = [
     "MODELS",
@@ -82,6 +83,10 @@ class LatencyModel:
         object.__setattr__(self, "percentiles", MappingProxyType(dict(pts)))
         object.__setattr__(self, "_xs", tuple(xs))
         object.__setattr__(self, "_ys", tuple(ys))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable despite the read-only mapping
+        return (LatencyModel, (self.name, dict(self.percentiles), self.reference_bytes,
+                               self.bandwidth, self.floor_s, self.floor_fraction))
 
     @property
     def max_s(self) -> float:

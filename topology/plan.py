@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from topology.tree import Tree
 
@@ -126,6 +127,14 @@ class Plan:
     nodes: Mapping[str, NodePlan]
     down: frozenset[str] = field(default_factory=frozenset)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", MappingProxyType(dict(self.nodes)))
+        object.__setattr__(self, "down", frozenset(self.down))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable despite the read-only mapping
+        return (Plan, (self.window, self.plan_window, self.target_object_bytes,
+                       dict(self.nodes), self.down))
+
     @property
     def first_checkpoint(self) -> int:
         return self.window * self.plan_window
@@ -211,7 +220,7 @@ def compute_plan(
         p = parent[v]
         writer[v] = v if writes[v] else writer[p]  # type: ignore[index]
     nodes = {v: NodePlan(v, residual[v], writes[v], writer[v]) for v in parent}
-    return Plan(window, plan_window, float(target_object_bytes), MappingProxyType(nodes), dead)
+    return Plan(window, plan_window, float(target_object_bytes), nodes, dead)
 
 
 class ByteEstimator:
