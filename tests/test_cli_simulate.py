@@ -99,6 +99,15 @@ def test_plan_table_and_json(app: typer.Typer) -> None:
     assert out["routes"]["e0"] == "e0"
 
 
+def test_plan_down_node(app: typer.Typer) -> None:
+    r = runner.invoke(app, ["plan", str(DEPLOY / "local.yaml"), "--bytes-per-executor", "3MiB",
+                            "--down", "a", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert "a" not in out["routes"]
+    assert out["routes"]["a1"] == "root" and out["routes"]["b1"] == "b"
+
+
 def test_plan_errors(app: typer.Typer) -> None:
     r = runner.invoke(app, ["plan", str(DEPLOY / "cluster.yaml"), "--bytes-per-executor", "1MiB"])
     assert r.exit_code == 2 and "executor count" in flat(r.output)
