@@ -107,8 +107,12 @@ class Node:
         return t
 
     def stop(self) -> None:
+        """Ask the loop to end (idempotent; returns at once)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
-        os.write(self._wake_w, b"x")
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
 
     def statistics(self) -> NodeStatistics:
         with self._lock:

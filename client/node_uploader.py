@@ -52,11 +52,14 @@ class NodeUploader:
         store: ObjectStore,
         ack_timeout: float = 10.0,
         lease_renewal: float = 2.0,
+        retry_after: float = 5.0,
     ) -> None:
         self.address = address
         self.store = store
         self.ack_timeout = ack_timeout
         self._renewal = lease_renewal
+        self._retry_after = retry_after
+        self._node_down_until = float("-inf")
         self._fallback = DirectUploader(store)
         self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, Future]] = queue.SimpleQueue()
         self._pending: dict[int, _Pending] = {}
@@ -86,6 +89,10 @@ class NodeUploader:
         fut: Future[SegmentRef | None] = Future()
         if item.data is None:
             fut.set_result(None)
+        elif time.monotonic() < self._node_down_until:
+            # the node did not answer lately: write straight to DFS until retry_after
+            self._fall_back(_Pending(item, fut, 0.0), "node marked down")
+            return fut
         self._post((item, fut))
         return fut
 
@@ -206,7 +213,10 @@ class NodeUploader:
             p.future.set_result(ref)
 
     def _expire(self, now: float) -> None:
-        for rid in [r for r, p in self._pending.items() if p.deadline <= now]:
+        late = [r for r, p in self._pending.items() if p.deadline <= now]
+        if late:
+            self._node_down_until = now + self._retry_after
+        for rid in late:
             self._fall_back(self._pending.pop(rid), f"no ack within {self.ack_timeout} s")
 
     def _fall_back(self, p: _Pending, why: str) -> None:

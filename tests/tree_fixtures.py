@@ -35,3 +35,35 @@ def start(tmp_path: Path, nodes: list[dict] | None = None, **fields: object) -> 
     topo_file = write_topology(tmp_path / "topology.yaml", base, nodes or THREE_NODES, **fields)
     topo = load_topology(topo_file)
     return start_tree(topo, topo_file, workdir=tmp_path)
+
+
+class InProcessTree:
+    """The nodes of a topology as threads of this process (statistics visible)."""
+
+    def __init__(self, topo, store) -> None:  # type: ignore[no-untyped-def]
+        from aggregator.node import Node
+        from aggregator.process import node_config
+
+        self.tree = topo.tree()
+        self.nodes: dict[str, Node] = {}
+        for nid in self.tree.nodes:
+            parent = self.tree.parent(nid)
+            cfg = node_config(
+                topo, nid, self.tree.depth(nid), self.nodes[parent].address if parent else None
+            )
+            node = Node(cfg, store, max_message_bytes=int(topo.max_message_bytes))
+            node.start()
+            self.nodes[nid] = node
+
+    def address(self, node_id: str) -> str:
+        return self.nodes[node_id].address
+
+    def stop(self) -> None:
+        for n in self.nodes.values():
+            n.stop()
+
+    def __enter__(self) -> InProcessTree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
