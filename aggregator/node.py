@@ -58,7 +58,7 @@ class Node:
         self.store = store
         self.max_message_bytes = max_message_bytes
         self.upload_policy = upload_policy
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._front = self._ctx.socket(zmq.ROUTER)
         self._front.setsockopt(zmq.LINGER, 0)
         self._front.bind(bind[:-2] + ":*" if bind.endswith(":0") else bind)
@@ -185,7 +185,7 @@ class Node:
                     except RuntimeError:  # shutting down: the origins time out and retry
                         log.warning("node stopping; object %d not written", oid)
 
-    def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:  # type: ignore[type-arg]
+    def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:
         try:
             sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:

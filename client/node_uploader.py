@@ -116,7 +116,7 @@ class NodeUploader:
         os.write(self._wake_w, b"x")
 
     def _loop(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
         poller = zmq.Poller()

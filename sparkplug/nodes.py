@@ -86,7 +86,7 @@ def _start_on_executor(doc: dict[str, Any], branching: int) -> Any:
     port = _free_port(host)
     gathered = ctx.allGather(f"{executor}|tcp://{host}:{port}")
     executors = sorted({g.split("|")[0] for g in gathered})
-    first_task = {}
+    first_task: dict[str, tuple[int, str]] = {}
     for i, g in enumerate(gathered):
         first_task.setdefault(g.split("|")[0], (i, g.split("|")[1]))
     if first_task[executor][0] != me:
