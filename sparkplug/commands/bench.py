@@ -1,0 +1,191 @@
+"""``dstl bench``: the same synthetic changelog workload through the designs ``task``,
+``executor``, ``tree`` and ``tree-noplan`` on the same machine and storage (issue 3),
+optionally on the fault-injecting wrapper or a local S3 server (issue 4)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["register"]
+
+DEFAULT_TOPOLOGY = Path("deploy/bench.yaml")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)
+
+
+def _hedge(text: str) -> tuple[int, float]:
+    """(attempts, upload timeout in s) from ``--hedge-timeout``: seconds or ``off``."""
+    if text.strip().lower() in ("off", "none"):
+        return 1, 1.0
+    try:
+        timeout = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"--hedge-timeout: seconds or 'off', got {text!r}") from None
+    if not timeout > 0:
+        raise typer.BadParameter("--hedge-timeout: must be > 0 seconds (or 'off')")
+    return 3, timeout
+
+
+def bench(
+    topology: Annotated[
+        Path, typer.Option(help="Topology YAML (executor i = node i in breadth-first order).")
+    ] = DEFAULT_TOPOLOGY,
+    executors: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Executors (default: every node; needed for a branching topology)."
+        ),
+    ] = None,
+    writers: Annotated[int, typer.Option(min=1, help="Writers (W), spread evenly.")] = 28,
+    bytes_per_checkpoint: Annotated[
+        str, typer.Option(help="Bytes per writer per checkpoint (B), e.g. 256KiB.")
+    ] = "256KiB",
+    distribution: Annotated[
+        str,
+        typer.Option(
+            help="constant | lognormal[:SIGMA] | skewed[:FRACTION:FACTOR] (hot executors)."
+        ),
+    ] = "constant",
+    checkpoints: Annotated[int, typer.Option(min=1, help="Checkpoints (K).")] = 24,
+    checkpoint_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.0, help="Seconds between checkpoint triggers (one checkpoint at a time)."
+        ),
+    ] = 0.1,
+    designs: Annotated[
+        str, typer.Option(help="Comma-separated designs.")
+    ] = "task,executor,tree,tree-noplan",
+    target_object_bytes: Annotated[
+        str | None,
+        typer.Option(help="Target object size of writer nodes (default: the topology's)."),
+    ] = None,
+    plan_window: Annotated[
+        int | None,
+        typer.Option(min=1, help="Checkpoints per plan window (default: the topology's)."),
+    ] = None,
+    base_path: Annotated[
+        str | None,
+        typer.Option(
+            help="fsspec URL under which each design gets a fresh directory (default: a "
+            "temporary local directory, deleted afterwards)."
+        ),
+    ] = None,
+    storage_options: Annotated[str, typer.Option(help="fsspec storage options as JSON.")] = "{}",
+    dfs_faults: Annotated[
+        str | None,
+        typer.Option(
+            help="Fault injection on every DFS request: MODEL[,k=v...], e.g. "
+            "flip158-s3,scale=0.1 (see client.faults)."
+        ),
+    ] = None,
+    hedge_timeout: Annotated[
+        str,
+        typer.Option(help="Seconds before a hedged upload attempt starts (3 attempts), or 'off'."),
+    ] = "1.0",
+    s3_local: Annotated[
+        bool,
+        typer.Option("--s3-local", help="Start a local S3 server (moto) and write to s3://bench/."),
+    ] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the workload and the fault injection.")] = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON (one object per design).")
+    ] = False,
+) -> None:
+    """Run one synthetic workload through the designs and compare objects and DFS
+    requests per checkpoint, mean object size, persist latency, relayed bytes,
+    throughput and CPU (DESIGN.md, "Where numbers come from")."""
+    from rich.console import Console
+
+    from client.faults import FaultSpec
+    from sparkplug.bench import DESIGNS
+    from sparkplug.bench.designs import BenchSettings
+    from sparkplug.bench.report import print_table, to_json
+    from sparkplug.bench.run import run_bench
+    from sparkplug.bench.storage import BenchStorage, start_local_s3
+    from sparkplug.bench.workload import Workload, parse_distribution
+    from sparkplug.commands.simulate import parse_size
+    from topology.config import TopologyError, load_topology
+
+    console = Console(stderr=True)
+    chosen = [d.strip() for d in designs.split(",") if d.strip()]
+    unknown = [d for d in chosen if d not in DESIGNS]
+    if unknown or not chosen:
+        raise typer.BadParameter(f"unknown designs {unknown}; known: {','.join(DESIGNS)}",
+                                 param_hint="--designs")  # fmt: skip
+    try:
+        topo = load_topology(topology)
+        tree = topo.tree(executors)
+        dist = parse_distribution(distribution)
+        faults = FaultSpec.parse(dfs_faults) if dfs_faults else None
+    except (TopologyError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    if faults is not None and seed:
+        faults = faults.with_seed(faults.seed + seed)
+    n_exec = executors or len(tree)
+    if n_exec > len(tree):
+        raise typer.BadParameter(f"{n_exec} executors but the tree has {len(tree)} nodes",
+                                 param_hint="--executors")  # fmt: skip
+    if writers < n_exec:
+        raise typer.BadParameter(f"need at least one writer per executor ({n_exec})",
+                                 param_hint="--writers")  # fmt: skip
+    try:
+        opts: dict[str, Any] = json.loads(storage_options)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"not JSON: {e}", param_hint="--storage-options") from None
+    attempts, timeout = _hedge(hedge_timeout)
+    workload = Workload(writers, n_exec, parse_size(bytes_per_checkpoint), checkpoints, dist, seed)
+    target = parse_size(target_object_bytes) if target_object_bytes else int(
+        topo.target_object_bytes)  # fmt: skip
+    settings = BenchSettings(
+        workload=workload,
+        topology=topo.model_dump(mode="json", exclude={"nodes", "branching"}),
+        tree=tree, target_object_bytes=target, plan_window=plan_window or topo.plan_window,
+        checkpoint_interval=checkpoint_interval, attempts=attempts, upload_timeout=timeout,
+    )  # fmt: skip
+    s3 = start_local_s3() if s3_local else None
+    storage = BenchStorage(base_path, opts, faults, s3)
+    hedging = "off" if attempts == 1 else f"{timeout:g} s"
+    title = (
+        f"dstl bench: {writers} writers on {n_exec} executors, {bytes_per_checkpoint} "
+        f"({dist}) per writer per checkpoint, {checkpoints} checkpoints, target "
+        f"{target / 2**20:g} MiB, plan window {settings.plan_window}, hedging {hedging}, "
+        f"storage: {storage.describe}"
+    )
+    result = run_bench(
+        settings,
+        chosen,
+        storage,
+        progress=None if as_json else lambda d: console.print(f"running {d}..."),
+    )
+    if as_json:
+        typer.echo(to_json(result.metrics))
+        return
+    print_table(result.metrics, title, Console())
+    for design, acc in result.acceptance.items():
+        _print_acceptance(Console(), design, acc, target)
+
+
+def _print_acceptance(console: Any, design: str, acc: dict[str, Any], target: int) -> None:
+    def mark(ok: bool) -> str:
+        return "[green]ok[/green]" if ok else "[red]FAIL[/red]"
+
+    relay = acc["relay_fraction_after_first_window"]
+    relay_text = "-" if math.isnan(relay) else f"{relay * 100:.2f} %"
+    console.print(
+        f"{design}, after the first plan window: relay fraction {relay_text} (<= 5 %) "
+        f"{mark(acc['relay_ok'])}; max hops {acc['max_hops_after_first_window']} (<= 1) "
+        f"{mark(acc['hops_ok'])}; objects <= ceil(bytes/target) + writer nodes "
+        f"{mark(acc['objects_ok'])}; mean object >= target/2 = {target // 2} B "
+        f"{mark(acc['mean_object_ok'])}"
+    )
+    for what in ("objects_bound_violations", "mean_object_violations"):
+        if acc[what]:
+            console.print(f"  {what}: {acc[what][:8]}")
