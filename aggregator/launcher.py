@@ -22,6 +22,7 @@ class NodeHandle:
     depth: int
     address: str
     process: subprocess.Popen[bytes]
+    metrics_url: str | None = None  # http://host:port/metrics, None when not served
 
     @property
     def pid(self) -> int:
@@ -45,6 +46,10 @@ class LocalTree:
 
     def address(self, node_id: str) -> str:
         return self.nodes[node_id].address
+
+    def metrics_url(self, node_id: str) -> str | None:
+        """The node's metrics URL (topology ``metrics_port``), or None."""
+        return self.nodes[node_id].metrics_url
 
     def final_statistics(self) -> dict[str, dict]:
         """Each stopped node's final statistics (node id -> JSON document)."""
@@ -90,7 +95,8 @@ def start_node_process(
     timeout: float = 30.0,
     plans: bool = True,
 ) -> NodeHandle:
-    """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address.
+    """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address
+    file (endpoint, then metrics URL when the topology sets ``metrics_port``).
     The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
@@ -115,7 +121,8 @@ def start_node_process(
             proc.kill()
             raise TimeoutError(f"node {node_id} did not publish its address in {timeout} s")
         time.sleep(0.02)
-    return NodeHandle(node_id, depth, addr_file.read_text().strip(), proc)
+    lines = addr_file.read_text().split()  # endpoint, then the metrics URL if served
+    return NodeHandle(node_id, depth, lines[0], proc, lines[1] if len(lines) > 1 else None)
 
 
 def start_tree(

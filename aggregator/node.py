@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -38,13 +38,19 @@ from client.hedging import UploadPolicy
 from client.storage import ObjectStore
 from client.wire import dump, load
 
+if TYPE_CHECKING:
+    from aggregator.metrics import NodeMetrics
+
 log = logging.getLogger("dstltree.node")
 _MAX_POLL_MS = 100
+_METRICS_INTERVAL = 0.5  # seconds between metrics updates from the node's counters
 
 
 class Node:
     """One aggregator node. ``bind`` is a ZeroMQ endpoint; ``tcp://HOST:0`` picks a free
-    port (see :attr:`address`). The parent's endpoint is ``config.parent_address``."""
+    port (see :attr:`address`). The parent's endpoint is ``config.parent_address``.
+    ``metrics``: updated from the loop and the uploads; the node closes it (stops its
+    HTTP server) when it stops serving."""
 
     def __init__(
         self,
@@ -54,6 +60,7 @@ class Node:
         max_message_bytes: int = 64 * 1024 * 1024,
         upload_threads: int = 4,
         upload_policy: UploadPolicy | None = None,
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self.store = store
         self.max_message_bytes = max_message_bytes
@@ -73,6 +80,8 @@ class Node:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._stats: NodeStatistics = self.core.statistics()
+        self.metrics = metrics
+        self._metrics_due = 0.0
 
     # -- public --------------------------------------------------------------------------
     def serve(self) -> None:
@@ -95,6 +104,9 @@ class Node:
                 self._run(self.core.handle(Tick(time.monotonic())))
                 with self._lock:
                     self._stats = self.core.statistics(now)
+                if self.metrics is not None and now >= self._metrics_due:
+                    self._metrics_due = now + _METRICS_INTERVAL
+                    self._update_metrics()
         finally:
             self._close()
 
@@ -117,6 +129,13 @@ class Node:
     def statistics(self) -> NodeStatistics:
         with self._lock:
             return self._stats
+
+    def _update_metrics(self) -> None:
+        from client.hedging import uploader_for
+
+        if self.metrics is not None:
+            uploads = uploader_for(self.store, self.upload_policy).stats.snapshot()
+            self.metrics.update(self.statistics(), uploads)
 
     # -- loop parts ----------------------------------------------------------------------
     def _poll_ms(self) -> int:
@@ -194,12 +213,18 @@ class Node:
             log.warning("send failed: %s", e)
 
     def _write(self, oid: int, items: tuple) -> None:
+        t0 = time.monotonic()
+        ok = False
         try:
             path, refs = write_items(self.store, list(items), self.upload_policy)
             event: Event = ObjectWritten(oid, path, tuple(refs), time.monotonic())
+            ok = True
         except Exception as e:  # noqa: BLE001 - reported to the origins as an error ack
             log.warning("object write failed: %s", e)
             event = ObjectFailed(oid, str(e), time.monotonic())
+        if self.metrics is not None:
+            size = sum(i.size for i in items)
+            self.metrics.observe_upload(size, len(items), time.monotonic() - t0, ok)
         self._results.put(event)
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
@@ -207,6 +232,11 @@ class Node:
     def _close(self) -> None:
         self._pool.shutdown(wait=True)
         self._drain_results()
+        if self.metrics is not None:
+            with self._lock:
+                self._stats = self.core.statistics(time.monotonic())
+            self._update_metrics()
+            self.metrics.close()
         self._front.close(0)
         for sock in self._upstream.values():
             sock.close(0)

@@ -1,6 +1,8 @@
 """Running one node as a process: build it from a topology, publish its address, serve.
 
 ``run_node`` is what ``dstl node`` and ``python -m aggregator`` execute (blocking).
+The address file holds the ZeroMQ endpoint on its first line and, when the node serves
+metrics (topology ``metrics_port``), its ``http://host:port/metrics`` URL on the second.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from aggregator.core import NodeConfig
+from aggregator.metrics import NodeMetrics, metrics_port_for
 from aggregator.node import Node
 from client.hedging import UploadPolicy
 from client.storage import ObjectStore
@@ -49,12 +52,33 @@ def build_node(
     bind: str,
     parent: str | None,
     store: ObjectStore | None = None,
+    metrics: NodeMetrics | None = None,
 ) -> Node:
     store = store or ObjectStore(topo.base_path, topo.storage_options)
     cfg = node_config(topo, node_id, depth, parent)
     policy = UploadPolicy(attempts=topo.upload_attempts, upload_timeout=topo.upload_timeout)
     return Node(cfg, store, bind=bind, max_message_bytes=int(topo.max_message_bytes),
-                upload_policy=policy)  # fmt: skip
+                upload_policy=policy, metrics=metrics)  # fmt: skip
+
+
+def node_metrics(topo: TopologyConfig, node_id: str, bind: str) -> NodeMetrics | None:
+    """The node's metrics, served per the topology's ``metrics_port`` (None: off) on
+    the host of ``bind`` (loopback unless a tcp endpoint names another host). A port
+    that cannot be bound is logged and the node runs without serving metrics."""
+    port = metrics_port_for(topo, node_id)
+    if port is None:
+        return None
+    host = "127.0.0.1"
+    if bind.startswith("tcp://"):
+        h = bind[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+        host = "0.0.0.0" if h == "*" else h or host
+    try:
+        return NodeMetrics(node_id, port, host)
+    except OSError as e:
+        logging.getLogger("dstltree.node").warning(
+            "metrics port %s:%d unavailable (%s); metrics not served", host, port, e
+        )
+        return None
 
 
 def run_node(
@@ -70,10 +94,12 @@ def run_node(
     """Serve until SIGTERM/SIGINT (or until process ``exit_with_pid`` is gone), then
     write the node's final statistics as JSON to ``stats_file``. Blocking."""
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node {node_id} %(message)s")
-    node = build_node(topo, node_id, depth, bind, parent)
+    metrics = node_metrics(topo, node_id, bind)
+    node = build_node(topo, node_id, depth, bind, parent, metrics=metrics)
     if address_file is not None:
         tmp = address_file.with_suffix(".tmp")
-        tmp.write_text(node.address)
+        url = metrics.url if metrics is not None else None
+        tmp.write_text(node.address + (f"\n{url}\n" if url else ""))
         tmp.replace(address_file)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.stop())

@@ -10,6 +10,8 @@ one node per Spark executor), the writer-node thresholds and the DFS location::
     plan_window: 16                 # checkpoints per plan window; plans: false = hop by hop
     upload_timeout: 1.0             # seconds before a hedged second attempt starts
     upload_attempts: 3              # attempts per object upload (1 = no hedging)
+    metrics_port: 9400              # Prometheus /metrics: node k (breadth-first) on
+                                    # 9400 + k; 0 = a free port each; null = off (default)
     nodes:
       - {id: root, bind: auto}
       - {id: a, bind: auto, parent: root}
@@ -65,6 +67,9 @@ class TopologyConfig(BaseModel):
     max_message_bytes: ByteSize = Field(default=ByteSize(64 * 1024 * 1024), gt=0)
     base_path: str = "data/dstl"
     storage_options: dict[str, Any] = Field(default_factory=dict)
+    # Prometheus metrics (aggregator.metrics): a base port, node k in breadth-first order
+    # serves http://host:(metrics_port + k)/metrics; 0 = every node picks a free port
+    # (published in its address file); None = no metrics server.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
 
     @model_validator(mode="after")

@@ -1,0 +1,230 @@
+"""Prometheus metrics of one aggregator node (the FLIP-158 monitoring list and more).
+
+Every node has its own :class:`prometheus_client.CollectorRegistry` (several nodes may
+share one process in tests) and, unless its port is None, serves it as text on
+``http://HOST:PORT/metrics``. Every metric carries the label ``node`` (the node id).
+
+DFS requests (one per object a writer node uploads; hedged attempts of the same upload
+count once here):
+
+- ``dstl_dfs_request_size_bytes`` (histogram): segment bytes in the object, i.e. the
+  request body without the object's small index and footer.
+- ``dstl_dfs_request_latency_seconds`` (histogram): from the start of the upload to the
+  winning attempt's completion (or to the failure), retries and hedges included.
+- ``dstl_dfs_request_segments`` (histogram): segments ("logs" in FLIP-158) per object.
+- ``dstl_dfs_errors_total``: uploads that failed (every attempt failed, or one failed
+  with a non-retryable error); their persists are failed and retried by the writers.
+- ``dstl_dfs_retries_total``: store-level retries of transient errors inside attempts.
+- ``dstl_dfs_hedged_attempts_total``: extra attempts started because an attempt was
+  slower than the upload timeout.
+
+Node counters, from :class:`aggregator.core.NodeStatistics` (bytes are segment bytes):
+``dstl_objects_written_total``, ``dstl_segments_written_total``,
+``dstl_bytes_written_total``, ``dstl_bytes_received_total``,
+``dstl_bytes_relayed_total`` (received from a child node and sent on),
+``dstl_bytes_forwarded_total`` (sent upstream, own and relayed),
+``dstl_parent_timeouts_total``, ``dstl_plan_changes_total``,
+``dstl_rejected_messages_total``. Gauges: ``dstl_queued_bytes`` (in the batch, not yet
+flushed), ``dstl_in_flight_items`` (sent upstream, not yet acked),
+``dstl_writers_below`` (residual writers of the subtree), ``dstl_writes_for_window``
+(1 if this node writes the objects of the current plan window), ``dstl_plan_window``
+(current plan window, -1 before the first checkpoint), ``dstl_parent_down`` (1 while
+the parent is marked unreachable).
+
+Ports (topology ``metrics_port``, see :func:`metrics_port_for`): a base port, node k
+in breadth-first order listens on base + k; 0 lets every node pick a free port; None
+(the default) serves nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from aggregator.core import NodeStatistics
+    from topology.config import TopologyConfig
+
+log = logging.getLogger("dstltree.metrics")
+
+#: Request size buckets, bytes: 1 KiB to 256 MiB in steps of 4x.
+SIZE_BUCKETS = tuple(float(1024 * 4**i) for i in range(10))
+#: Request latency buckets, seconds.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Segments per request buckets.
+SEGMENT_BUCKETS = tuple(float(2**i) for i in range(12))
+
+# NodeStatistics field -> counter name (without the ``_total`` suffix).
+_COUNTERS = {
+    "objects_written": "dstl_objects_written",
+    "segments_written": "dstl_segments_written",
+    "bytes_written": "dstl_bytes_written",
+    "bytes_received": "dstl_bytes_received",
+    "bytes_relayed": "dstl_bytes_relayed",
+    "bytes_forwarded": "dstl_bytes_forwarded",
+    "parent_timeouts": "dstl_parent_timeouts",
+    "plan_changes": "dstl_plan_changes",
+    "rejected_messages": "dstl_rejected_messages",
+}
+_COUNTER_HELP = {
+    "objects_written": "Objects this node wrote to DFS.",
+    "segments_written": "Segments in the objects this node wrote.",
+    "bytes_written": "Segment bytes in the objects this node wrote.",
+    "bytes_received": "Segment bytes received from writers and child nodes.",
+    "bytes_relayed": "Segment bytes received from child nodes and sent upstream.",
+    "bytes_forwarded": "Segment bytes sent upstream (own writers' and relayed).",
+    "parent_timeouts": "Times items sent upstream were not acked in time.",
+    "plan_changes": "Times the planned writer of a plan window changed.",
+    "rejected_messages": "Malformed or unexpected messages answered with an error.",
+}
+# HedgingStats field -> counter name.
+_UPLOAD_COUNTERS = {
+    "retries": ("dstl_dfs_retries", "Store-level retries of transient DFS errors."),
+    "hedged_attempts": (
+        "dstl_dfs_hedged_attempts",
+        "Extra upload attempts started because an attempt exceeded the upload timeout.",
+    ),
+}
+
+
+def metrics_port_for(topology: TopologyConfig, node_id: str) -> int | None:
+    """The metrics port of ``node_id``: None if the topology's ``metrics_port`` is None
+    (off), 0 if it is 0 (a free port), else ``metrics_port + k`` with k the node's
+    breadth-first index in the tree (for a ``branching`` topology the node ids
+    ``e0, e1, ...`` are in breadth-first order already). Raises KeyError for an
+    unknown node id and ValueError if the port would exceed 65535."""
+    port = topology.metrics_port
+    if port is None or port == 0:
+        return port
+    if topology.nodes is not None:
+        order = topology.tree().nodes
+        if node_id not in order:
+            raise KeyError(f"node {node_id!r} is not in the topology")
+        k = order.index(node_id)
+    else:
+        m = re.fullmatch(r"e(\d+)", node_id)
+        if m is None:
+            raise KeyError(f"node {node_id!r} is not a node of a branching topology")
+        k = int(m.group(1))
+    if port + k > 65535:
+        raise ValueError(f"metrics port {port} + {k} for node {node_id!r} exceeds 65535")
+    return port + k
+
+
+class NodeMetrics:
+    """The metrics of node ``node_id``; served on ``host:port`` (0 = a free port, see
+    :attr:`port` and :attr:`url`; None = not served, still recorded). Raises OSError
+    if the port cannot be bound. Thread-safe; :meth:`close` stops the server."""
+
+    def __init__(self, node_id: str, port: int | None, host: str = "127.0.0.1") -> None:
+        self.node_id = node_id
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, lbl = self.registry, ["node"]
+        self.request_size = Histogram(
+            "dstl_dfs_request_size_bytes", "Segment bytes per DFS object upload.", lbl,
+            registry=r, buckets=SIZE_BUCKETS,
+        ).labels(node_id)  # fmt: skip
+        self.request_latency = Histogram(
+            "dstl_dfs_request_latency_seconds", "Seconds per DFS object upload (hedges and "
+            "retries included).", lbl, registry=r, buckets=LATENCY_BUCKETS,
+        ).labels(node_id)  # fmt: skip
+        self.request_segments = Histogram(
+            "dstl_dfs_request_segments", "Segments (FLIP-158 'logs') per DFS object upload.",
+            lbl, registry=r, buckets=SEGMENT_BUCKETS,
+        ).labels(node_id)  # fmt: skip
+        self.errors = Counter(
+            "dstl_dfs_errors", "DFS object uploads that failed.", lbl, registry=r
+        ).labels(node_id)
+        self._counters = {
+            field: Counter(name, _COUNTER_HELP[field], lbl, registry=r).labels(node_id)
+            for field, name in _COUNTERS.items()
+        }
+        self._upload_counters = {
+            field: Counter(name, text, lbl, registry=r).labels(node_id)
+            for field, (name, text) in _UPLOAD_COUNTERS.items()
+        }
+        self._last: dict[str, int] = {}
+        self.queued_bytes = Gauge(
+            "dstl_queued_bytes", "Segment bytes queued in the batch (bytes).", lbl, registry=r
+        ).labels(node_id)
+        self.in_flight = Gauge(
+            "dstl_in_flight_items", "Items sent upstream and not yet acked.", lbl, registry=r
+        ).labels(node_id)
+        self.writers_below = Gauge(
+            "dstl_writers_below", "Residual writers of this node's subtree.", lbl, registry=r
+        ).labels(node_id)
+        self.writes_for_window = Gauge(
+            "dstl_writes_for_window", "1 if this node writes for the current plan window.",
+            lbl, registry=r,
+        ).labels(node_id)  # fmt: skip
+        self.plan_window = Gauge(
+            "dstl_plan_window", "Current plan window (-1: none yet).", lbl, registry=r
+        ).labels(node_id)
+        self.plan_window.set(-1)
+        self.parent_down = Gauge(
+            "dstl_parent_down", "1 while the parent is marked unreachable.", lbl, registry=r
+        ).labels(node_id)
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.host = host
+        self.port: int | None = None
+        if port is not None:
+            self._server, self._thread = start_http_server(port, addr=host, registry=r)
+            self.port = int(self._server.server_port)
+
+    @property
+    def url(self) -> str | None:
+        """``http://host:port/metrics``, or None when not served."""
+        if self.port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def observe_upload(self, size_bytes: int, segments: int, latency_s: float, ok: bool) -> None:
+        """One object upload: ``size_bytes`` segment bytes, ``segments`` segments,
+        ``latency_s`` seconds from start to success or failure; ``ok`` False counts an
+        error (its size and segments are still recorded: the request was made)."""
+        self.request_size.observe(size_bytes)
+        self.request_segments.observe(segments)
+        self.request_latency.observe(latency_s)
+        if not ok:
+            self.errors.inc()
+
+    def update(self, stats: NodeStatistics, uploads: Mapping[str, int] | None = None) -> None:
+        """Bring the metrics up to date with the node's cumulative ``stats`` and, if
+        given, its uploader's cumulative counters (``HedgingStats.snapshot()``):
+        counters grow by the difference to the previous call."""
+        with self._lock:
+            for field, counter in self._counters.items():
+                self._advance(field, counter, int(getattr(stats, field)))
+            for field, counter in self._upload_counters.items():
+                if uploads is not None and field in uploads:
+                    self._advance("up." + field, counter, int(uploads[field]))
+        self.queued_bytes.set(stats.queued_bytes)
+        self.in_flight.set(stats.in_flight_up)
+        self.writers_below.set(stats.writers_below)
+        self.writes_for_window.set(1 if stats.writes_for_window else 0)
+        self.plan_window.set(-1 if stats.plan_window is None else stats.plan_window)
+        self.parent_down.set(1 if stats.parent_down else 0)
+
+    def _advance(self, key: str, counter: Any, value: int) -> None:
+        last = self._last.get(key, 0)
+        if value > last:
+            counter.inc(value - last)
+        self._last[key] = max(value, last)
+
+    def close(self) -> None:
+        """Stop serving (idempotent). Recording still works afterwards."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None

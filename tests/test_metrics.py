@@ -1,0 +1,158 @@
+"""Prometheus metrics of nodes and coordinator, and ``dstl status``, over loopback with
+free ports: what the scraped text shows after real persists through a tree."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from aggregator.metrics import NodeMetrics, metrics_port_for
+from aggregator.node import Node
+from aggregator.process import build_node
+from client import ChangelogClient, ObjectStore
+from tests.tree_fixtures import THREE_NODES, start
+from topology.config import parse_topology
+
+WRITERS_PER_LEAF = 2
+
+
+def _wait(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Sample name (with labels other than ``node``) -> value."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "node")
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+class MetricsTree:
+    """The nodes of a topology as threads of this process, each serving metrics on a
+    free loopback port."""
+
+    def __init__(self, topo, store: ObjectStore) -> None:  # type: ignore[no-untyped-def]
+        self.tree = topo.tree()
+        self.nodes: dict[str, Node] = {}
+        for nid in self.tree.nodes:
+            parent = self.tree.parent(nid)
+            metrics = NodeMetrics(nid, 0)
+            node = build_node(
+                topo, nid, self.tree.depth(nid), "tcp://127.0.0.1:0",
+                self.nodes[parent].address if parent else None, store=store, metrics=metrics,
+            )  # fmt: skip
+            node.start()
+            self.nodes[nid] = node
+
+    def url(self, nid: str) -> str:
+        m = self.nodes[nid].metrics
+        assert m is not None and m.url is not None
+        return m.url
+
+    def stop(self) -> None:
+        for n in self.nodes.values():
+            n.stop()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator[tuple[MetricsTree, str]]:
+    base = str(tmp_path / "dfs")
+    topo = parse_topology({
+        "base_path": base, "nodes": THREE_NODES, "target_object_bytes": 1 << 20,
+        "persist_delay": 0.05, "parent_timeout": 2.0, "metrics_port": 0,
+    })  # fmt: skip
+    t = MetricsTree(topo, ObjectStore(base))
+    try:
+        yield t, base
+    finally:
+        t.stop()
+
+
+def _persist(t: MetricsTree, base: str, checkpoints: int) -> None:
+    clients = [ChangelogClient.open(base, node=t.nodes[n].address, ack_timeout=5.0) for n in "ab"]
+    try:
+        writers = [
+            c.create_writer(f"{n}-w{k}", range(4))
+            for n, c in zip("ab", clients, strict=True)
+            for k in range(WRITERS_PER_LEAF)
+        ]
+        for cp in range(1, checkpoints + 1):
+            for i, w in enumerate(writers):
+                w.append(i % 4, f"cp{cp}-w{i}".encode() * 100)
+            for f in [w.persist_durably(0, checkpoint_id=cp) for w in writers]:
+                f.result(timeout=20)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _total(t: MetricsTree, name: str) -> float:
+    return sum(scrape(t.url(n)).get(name, 0.0) for n in t.nodes)
+
+
+def test_node_metrics_show_dfs_requests_after_persists(tree: tuple[MetricsTree, str]) -> None:
+    t, base = tree
+    _persist(t, base, 3)
+    # counters come from the node loop every ~0.5 s: wait until they caught up
+    _wait(lambda: _total(t, "dstl_objects_written_total") >= 1)
+    objects = _total(t, "dstl_objects_written_total")
+    assert _total(t, "dstl_dfs_request_size_bytes_count") == objects
+    assert _total(t, "dstl_dfs_request_latency_seconds_count") == objects
+    assert _total(t, "dstl_dfs_request_segments_count") == objects
+    # every segment written (4 writers x 3 checkpoints) is in some request
+    assert _total(t, "dstl_dfs_request_segments_sum") == 4 * 3
+    assert _total(t, "dstl_dfs_request_size_bytes_sum") > 4 * 3 * 500
+    _wait(
+        lambda: (
+            _total(t, "dstl_bytes_written_total") == _total(t, "dstl_dfs_request_size_bytes_sum")
+        )
+    )
+    assert _total(t, "dstl_dfs_errors_total") == 0
+    assert _total(t, "dstl_dfs_request_latency_seconds_sum") > 0
+    # without plans yet the leaves forward to the root, which writes
+    leaf = scrape(t.url("a"))
+    assert leaf["dstl_bytes_forwarded_total"] > 0
+    assert "dstl_queued_bytes" in leaf and "dstl_writes_for_window" in leaf
+    assert "dstl_dfs_retries_total" in leaf and "dstl_dfs_hedged_attempts_total" in leaf
+
+
+def test_metrics_without_server_still_record() -> None:
+    m = NodeMetrics("x", None)
+    assert m.url is None and m.port is None
+    m.observe_upload(2048, 3, 0.02, ok=False)
+    assert m.registry.get_sample_value("dstl_dfs_errors_total", {"node": "x"}) == 1
+    assert m.registry.get_sample_value("dstl_dfs_request_segments_sum", {"node": "x"}) == 3
+    m.close()
+
+
+def test_metrics_ports_from_topology() -> None:
+    nodes = [{"id": "r"}, {"id": "a", "parent": "r"}, {"id": "b", "parent": "r"},
+             {"id": "a1", "parent": "a"}]  # fmt: skip
+    topo = parse_topology({"nodes": nodes, "metrics_port": 9400})
+    assert [metrics_port_for(topo, n) for n in ("r", "a", "b", "a1")] == [9400, 9401, 9402, 9403]
+    assert metrics_port_for(parse_topology({"nodes": nodes, "metrics_port": 0}), "a1") == 0
+    assert metrics_port_for(parse_topology({"nodes": nodes}), "a1") is None
+    kary = parse_topology({"branching": 2, "metrics_port": 9500})
+    assert metrics_port_for(kary, "e5") == 9505
+
+
+def test_node_processes_publish_metrics_url(tmp_path: Path) -> None:
+    with start(tmp_path, metrics_port=0) as running:
+        for nid, h in running.nodes.items():
+            assert h.address.startswith("tcp://")
+            url = running.metrics_url(nid)
+            assert url is not None and url.startswith("http://127.0.0.1:")
+            assert "dstl_queued_bytes" in scrape(url)
