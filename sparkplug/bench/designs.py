@@ -36,7 +36,8 @@ class BenchSettings:
     """One bench run. ``topology``: the topology document (YAML mapping, nodes given
     explicitly or by branching); ``tree``: its tree for E executors (executor i = node i
     in breadth-first order). Sizes in bytes, times in seconds. ``attempts``/
-    ``upload_timeout``: hedging of every DFS upload (nodes and in-process)."""
+    ``upload_timeout``: hedging of every DFS upload (nodes and in-process).
+    ``executor_persist_delay``: the ``executor`` design's persist delay (Flink: 10 ms)."""
 
     workload: Workload
     topology: dict[str, Any]
@@ -46,6 +47,7 @@ class BenchSettings:
     checkpoint_interval: float = 0.1
     attempts: int = 3
     upload_timeout: float = 1.0
+    executor_persist_delay: float = 0.010
 
     def node_topology(self, plans: bool) -> dict[str, Any]:
         doc = dict(self.topology)
@@ -127,6 +129,7 @@ def run_design(design: str, settings: BenchSettings, storage: BenchStorage,
                 node_address=nodes.address(node_id) if nodes else None,
                 attempts=settings.attempts, upload_timeout=settings.upload_timeout,
                 ack_timeout=30.0, seed=wl.seed + e,
+                executor_persist_delay=settings.executor_persist_delay,
             )  # fmt: skip
             parent, child = ctx.Pipe()
             p = ctx.Process(target=worker_main, args=(child, cfg), name=f"bench-exec-{e}",

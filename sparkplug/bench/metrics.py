@@ -96,6 +96,12 @@ def compute_metrics(run: DesignRun, settings: BenchSettings) -> dict[str, Any]:
     last_w = (n_cp - 1) // window if n_cp else 0
     writer_nodes_last = sorted({s.writer for s in segs if s.k // window == last_w})
     has_nodes = bool(run.node_final)
+    per_window = []
+    for w in range(last_w + 1):
+        objs = [o for cp, o in zip(run.checkpoints, objects, strict=True) if cp.k // window == w]
+        writers = sorted({s.writer for s in segs if s.k // window == w})
+        per_window.append({"window": w, "objects_per_checkpoint": statistics.fmean(objs),
+                           "writers": writers if has_nodes else []})  # fmt: skip
     return {
         "objects_per_checkpoint": statistics.fmean(objects) if objects else math.nan,
         "requests_per_checkpoint": requests / n_cp if n_cp else math.nan,
@@ -124,6 +130,7 @@ def compute_metrics(run: DesignRun, settings: BenchSettings) -> dict[str, Any]:
         "node_objects_written": {
             n: int(d.get("objects_written", 0)) for n, d in run.node_final.items()
         },  # fmt: skip
+        "windows": per_window,
         "fallback_segments": sum(1 for s in segs if s.writer.startswith("x-")) if has_nodes else 0,
     }
 
