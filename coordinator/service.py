@@ -30,6 +30,7 @@ from coordinator import state as st
 from coordinator.checkpoint import CompletedCheckpoint
 from coordinator.cleanup import find_orphans
 from coordinator.errors import CoordinatorError
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.store import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ class Coordinator:
     Intervals and timeouts are seconds. ``bind``: a ZeroMQ endpoint; ``.address`` is
     the endpoint tasks connect to. Call :meth:`start` (blocking cleanup, then the loop
     thread) before launching tasks, then :meth:`begin_attempt` for every (re)start of
-    the task stage.
+    the task stage. ``metrics_port``: serve Prometheus metrics (coordinator.metrics) on
+    that loopback port (0 = a free one, see ``.metrics.url``); None (default) = off.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Coordinator:
         materialization_timeout: float = 60.0,
         tick: float = 0.01,
         call_timeout: float = 30.0,
+        metrics_port: int | None = None,
     ) -> None:
         if num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
@@ -103,6 +106,7 @@ class Coordinator:
         self._orphans_deleted = 0
         self._stale_deleted = 0
         self._rejected = 0
+        self.metrics = None if metrics_port is None else CoordinatorMetrics(metrics_port)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -123,7 +127,10 @@ class Coordinator:
             self._state = st.CoordinatorState(self.config, retained)
             self._execute(self._state.restore())
             orphans = find_orphans(self.store, self._state.registry.referenced())
-            self._orphans_deleted += len(self.store.delete(orphans))
+            deleted = len(self.store.delete(orphans))
+            self._orphans_deleted += deleted
+            if self.metrics is not None:
+                self.metrics.orphans_deleted.inc(deleted)
             self._stale_deleted += len(self.store.delete(self.checkpoints.stale_files()))
         log.info(
             "coordinator at %s: %d retained checkpoints, %d orphans deleted",
@@ -141,6 +148,8 @@ class Coordinator:
             self._thread.join(timeout)
         self._sock.close(linger=0)
         self._ctx.term()
+        if self.metrics is not None:
+            self.metrics.close()
 
     def __enter__(self) -> Coordinator:
         self.start()
@@ -268,6 +277,8 @@ class Coordinator:
 
     def _reject(self, ident: bytes | None, reason: str) -> None:
         self._rejected += 1
+        if self.metrics is not None:
+            self.metrics.messages_rejected.inc()
         log.warning("rejected a message: %s", reason)
         if ident is not None:
             self._send(ident, protocol.ErrorReply(reason))
@@ -291,6 +302,8 @@ class Coordinator:
     # -- instructions ------------------------------------------------------------------
     def _execute(self, instructions: list[st.Instruction], origin: bytes | None = None) -> None:
         for ins in instructions:
+            if self.metrics is not None:
+                self._observe(ins)
             if isinstance(ins, st.TriggerCheckpoint):
                 self._send_tasks(ins.attempt, protocol.TriggerCheckpoint(ins.checkpoint_id))
             elif isinstance(ins, st.TriggerMaterialization):
@@ -309,7 +322,10 @@ class Coordinator:
                     log.exception("could not delete checkpoint %d", ins.checkpoint_id)
             elif isinstance(ins, st.DeleteObjects):
                 try:
-                    self._objects_deleted += len(self.store.delete(ins.paths))
+                    deleted = len(self.store.delete(ins.paths))
+                    self._objects_deleted += deleted
+                    if self.metrics is not None:
+                        self.metrics.objects_deleted.inc(deleted)
                 except Exception:  # noqa: BLE001 - leftovers are orphans at next start
                     log.exception("could not delete %d objects", len(ins.paths))
             elif isinstance(ins, st.Fenced):
@@ -322,16 +338,37 @@ class Coordinator:
             elif isinstance(ins, st.Ignored):
                 log.debug("ignored a message of task %d: %s", ins.task, ins.reason)
 
+    def _observe(self, ins: st.Instruction) -> None:
+        """Metrics of one instruction (checkpoint completion is observed in _persist)."""
+        m = self.metrics
+        assert m is not None
+        if isinstance(ins, st.TriggerMaterialization):
+            m.materialization_started(ins.epoch)
+        elif isinstance(ins, st.ApplyMaterialization):
+            m.materialization_completed(ins.epoch, ins.refs)
+        elif isinstance(ins, st.AbandonMaterialization):
+            m.materialization_abandoned(ins.epoch)
+        elif isinstance(ins, st.AbortCheckpoint):
+            m.checkpoints_aborted.inc()
+        elif isinstance(ins, st.Fenced):
+            m.messages_fenced.inc()
+
     def _persist(self, ins: st.PersistCheckpoint) -> None:
         cid = ins.checkpoint.checkpoint_id
+        t0 = time.monotonic()
         try:
             self.checkpoints.add(ins.checkpoint, ins.retained)
         except Exception as e:  # noqa: BLE001 - any failure aborts the checkpoint
             log.exception("writing checkpoint %d failed", cid)
             self._execute(self._state.handle(st.WriteFailed(cid, f"{type(e).__name__}: {e}")))
             return
+        write_s = time.monotonic() - t0
         self._execute(self._state.handle(st.Tick(time.monotonic(), time.time())))
+        completed = self._state.checkpoints_completed
         self._execute(self._state.handle(st.CheckpointWritten(cid)))
+        if self.metrics is not None and self._state.checkpoints_completed > completed:
+            # trigger to last ack (in the record) plus the metadata write
+            self.metrics.checkpoint_completed(ins.checkpoint, ins.checkpoint.duration_s + write_s)
 
 
 def _connectable(endpoint: str) -> str:

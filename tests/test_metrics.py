@@ -3,6 +3,7 @@ free ports: what the scraped text shows after real persists through a tree."""
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -15,6 +16,15 @@ from aggregator.metrics import NodeMetrics, metrics_port_for
 from aggregator.node import Node
 from aggregator.process import build_node
 from client import ChangelogClient, ObjectStore
+from coordinator import (
+    ApplyMaterialization,
+    Coordinator,
+    Materialize,
+    MaterializedRef,
+    TaskCheckpoint,
+    TaskLink,
+    TriggerCheckpoint,
+)
 from tests.tree_fixtures import THREE_NODES, start
 from topology.config import parse_topology
 
@@ -156,3 +166,87 @@ def test_node_processes_publish_metrics_url(tmp_path: Path) -> None:
             url = running.metrics_url(nid)
             assert url is not None and url.startswith("http://127.0.0.1:")
             assert "dstl_queued_bytes" in scrape(url)
+
+
+# -- coordinator -----------------------------------------------------------------------
+
+
+def _task(address: str, base: str, task: int, stop: threading.Event, errors: list) -> None:  # type: ignore[type-arg]
+    """A task appending records, acking checkpoints and materializing on command."""
+    try:
+        client = ChangelogClient.open(base)
+        writer = client.create_writer(f"task-{task}", range(task * 2, task * 2 + 2))
+        link = TaskLink(address, task, 0)
+        offset, materialized, after = 0, None, writer.next_sqn()
+        while not stop.is_set():
+            writer.append(task * 2 + offset % 2, str(offset).encode() * 10)
+            offset += 1
+            for cmd in link.poll(timeout=0.002):
+                if isinstance(cmd, TriggerCheckpoint):
+                    h = writer.persist_durably(after).result(timeout=10)
+                    tc = TaskCheckpoint(task, 0, offset, materialized, (h,))
+                    link.ack_checkpoint(cmd.checkpoint_id, tc)
+                elif isinstance(cmd, Materialize):
+                    sqn, path = writer.next_sqn(), client.store.new_snapshot_path()
+                    size = client.store.put(path, str(offset).encode())
+                    link.report_materialization(cmd.epoch, MaterializedRef(path, sqn, size))
+                elif isinstance(cmd, ApplyMaterialization):
+                    materialized, after = cmd.ref, cmd.ref.sqn
+                    writer.truncate(cmd.ref.sqn)
+        link.close()
+        client.close()
+    except BaseException as e:  # noqa: BLE001 - reported to the test thread
+        errors.append(e)
+
+
+def test_coordinator_metrics_show_checkpoints_and_materializations(tmp_path: Path) -> None:
+    base = str(tmp_path)
+    coord = Coordinator(
+        ObjectStore(base), 2, checkpoint_interval=0.05, materialization_interval=0.3,
+        checkpoint_timeout=5.0, metrics_port=0,
+    )  # fmt: skip
+    coord.start()
+    assert coord.metrics is not None and coord.metrics.url is not None
+    url = coord.metrics.url
+    coord.begin_attempt(0)
+    stop, errors = threading.Event(), []  # type: ignore[var-annotated]
+    threads = [
+        threading.Thread(target=_task, args=(coord.address, base, t, stop, errors))
+        for t in range(2)
+    ]
+    for th in threads:
+        th.start()
+    try:
+        _wait(
+            lambda: (
+                bool(errors)
+                or scrape(url).get("dstl_checkpoints_completed_total", 0) >= 4
+                and scrape(url).get("dstl_materializations_completed_total", 0) >= 1
+            ),
+            timeout=20,
+        )
+        got = scrape(url)
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(10)
+        coord.stop()
+    assert not errors, errors
+    stats = coord.statistics()
+    assert got["dstl_checkpoint_duration_seconds_count"] == got["dstl_checkpoints_completed_total"]
+    assert got["dstl_checkpoint_size_bytes_count"] == got["dstl_checkpoints_completed_total"]
+    assert got["dstl_checkpoint_size_bytes_sum"] > 0
+    assert got["dstl_last_checkpoint_id"] >= 1
+    assert got["dstl_materialization_size_bytes_sum"] > 0
+    assert got["dstl_materialization_duration_seconds_count"] >= 1
+    assert got["dstl_checkpoints_completed_total"] <= stats.checkpoints_completed
+    assert got["dstl_messages_rejected_total"] == 0
+    # stopped: the server is gone
+    with pytest.raises(OSError):
+        scrape(url)
+
+
+def test_coordinator_metrics_off_by_default(tmp_path: Path) -> None:
+    coord = Coordinator(ObjectStore(str(tmp_path)), 1)
+    assert coord.metrics is None
+    coord.stop()

@@ -1,0 +1,169 @@
+"""Prometheus metrics of the checkpoint coordinator.
+
+Served on ``http://HOST:PORT/metrics`` from the coordinator's own registry when the
+:class:`coordinator.service.Coordinator` is given ``metrics_port`` (0 = a free port,
+see :attr:`CoordinatorMetrics.url`); off by default.
+
+- ``dstl_checkpoint_duration_seconds`` (histogram): from the trigger to the checkpoint
+  metadata and ``LATEST`` pointer written on DFS.
+- ``dstl_checkpoint_size_bytes`` (histogram): the changelog bytes a checkpoint adds,
+  i.e. the lengths of the segments its handles reference that the previous completed
+  checkpoint did not reference (what the tasks persisted for it). Materialized
+  snapshots and the metadata file itself are not counted.
+- ``dstl_checkpoints_completed_total``, ``dstl_checkpoints_aborted_total`` (timeouts,
+  failed metadata writes, a new task attempt).
+- ``dstl_materialization_duration_seconds`` (histogram): from the trigger of an epoch
+  to the last task's report; ``dstl_materialization_size_bytes`` (histogram): the sum
+  of the tasks' snapshot sizes of that epoch.
+- ``dstl_materializations_completed_total``, ``dstl_materializations_abandoned_total``.
+- ``dstl_objects_deleted_total`` (released by the shared state registry),
+  ``dstl_orphans_deleted_total`` (cleanup at start).
+- ``dstl_messages_fenced_total`` (from stale task attempts),
+  ``dstl_messages_rejected_total`` (malformed or not task messages).
+- ``dstl_last_checkpoint_id`` (gauge, -1 before the first).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
+
+#: Checkpoint and materialization duration buckets, seconds.
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+#: Checkpoint and materialization size buckets, bytes: 1 KiB to 4 GiB in steps of 4x.
+SIZE_BUCKETS = tuple(float(1024 * 4**i) for i in range(12))
+
+
+class CoordinatorMetrics:
+    """The coordinator's metrics, served on ``host:port`` (0 = a free port, see
+    :attr:`port`; None = recorded, not served). Raises OSError if the port cannot be
+    bound. Thread-safe; :meth:`close` stops the server."""
+
+    def __init__(self, port: int | None, host: str = "127.0.0.1") -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.checkpoint_duration = Histogram(
+            "dstl_checkpoint_duration_seconds",
+            "Seconds from checkpoint trigger to metadata written.",
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
+        self.checkpoint_size = Histogram(
+            "dstl_checkpoint_size_bytes",
+            "Changelog segment bytes a checkpoint references that the previous did not.",
+            registry=r,
+            buckets=SIZE_BUCKETS,
+        )
+        self.checkpoints_completed = Counter(
+            "dstl_checkpoints_completed", "Checkpoints completed.", registry=r
+        )
+        self.checkpoints_aborted = Counter(
+            "dstl_checkpoints_aborted", "Checkpoints aborted.", registry=r
+        )
+        self.materialization_duration = Histogram(
+            "dstl_materialization_duration_seconds",
+            "Seconds from materialization trigger to the last task's report.",
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
+        self.materialization_size = Histogram(
+            "dstl_materialization_size_bytes",
+            "Snapshot bytes of all tasks in one materialization epoch.",
+            registry=r,
+            buckets=SIZE_BUCKETS,
+        )
+        self.materializations_completed = Counter(
+            "dstl_materializations_completed", "Materialization epochs applied.", registry=r
+        )
+        self.materializations_abandoned = Counter(
+            "dstl_materializations_abandoned", "Materialization epochs abandoned.", registry=r
+        )
+        self.objects_deleted = Counter(
+            "dstl_objects_deleted", "Objects deleted after release by the registry.", registry=r
+        )
+        self.orphans_deleted = Counter(
+            "dstl_orphans_deleted", "Orphan files deleted by cleanup.", registry=r
+        )
+        self.messages_fenced = Counter(
+            "dstl_messages_fenced", "Task messages of stale attempts fenced.", registry=r
+        )
+        self.messages_rejected = Counter(
+            "dstl_messages_rejected", "Malformed or unexpected messages rejected.", registry=r
+        )
+        self.last_checkpoint_id = Gauge(
+            "dstl_last_checkpoint_id", "Id of the latest completed checkpoint.", registry=r
+        )
+        self.last_checkpoint_id.set(-1)
+        self._lock = threading.Lock()
+        self._previous: frozenset[tuple[str, int, int]] = frozenset()
+        self._epochs: dict[int, float] = {}  # epoch -> trigger time (monotonic seconds)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.host = host
+        self.port: int | None = None
+        if port is not None:
+            self._server, self._thread = start_http_server(port, addr=host, registry=r)
+            self.port = int(self._server.server_port)
+
+    @property
+    def url(self) -> str | None:
+        """``http://host:port/metrics``, or None when not served."""
+        if self.port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def checkpoint_completed(self, checkpoint: CompletedCheckpoint, duration_s: float) -> None:
+        """``checkpoint`` is written, ``duration_s`` seconds after its trigger."""
+        segments = frozenset(
+            (s.path, s.offset, s.length)
+            for task in checkpoint.tasks.values()
+            for h in task.changelog
+            for s in h.segments
+        )
+        with self._lock:
+            new = segments - self._previous
+            self._previous = segments
+        self.checkpoint_duration.observe(max(0.0, duration_s))
+        self.checkpoint_size.observe(sum(length for _, _, length in new))
+        self.checkpoints_completed.inc()
+        self.last_checkpoint_id.set(checkpoint.checkpoint_id)
+
+    def materialization_started(self, epoch: int, now: float | None = None) -> None:
+        """Epoch ``epoch`` was triggered at ``now`` (monotonic seconds, default now)."""
+        with self._lock:
+            self._epochs[epoch] = time.monotonic() if now is None else now
+
+    def materialization_completed(
+        self, epoch: int, refs: dict[int, MaterializedRef], now: float | None = None
+    ) -> None:
+        """Every task reported ``refs`` for ``epoch``: observe its duration (if its
+        trigger was seen) and the snapshot bytes."""
+        t = time.monotonic() if now is None else now
+        with self._lock:
+            started = self._epochs.pop(epoch, None)
+            self._epochs = {e: s for e, s in self._epochs.items() if e > epoch}
+        if started is not None:
+            self.materialization_duration.observe(max(0.0, t - started))
+        self.materialization_size.observe(sum(ref.size_bytes for ref in refs.values()))
+        self.materializations_completed.inc()
+
+    def materialization_abandoned(self, epoch: int) -> None:
+        with self._lock:
+            self._epochs.pop(epoch, None)
+        self.materializations_abandoned.inc()
+
+    def close(self) -> None:
+        """Stop serving (idempotent). Recording still works afterwards."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
