@@ -77,7 +77,9 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
     spark = spark_session(opts.master)
     sc = spark.sparkContext
     store = ObjectStore(opts.base_path, opts.storage_options)
-    topo = load_topology(opts.topology, base_path=opts.base_path)
+    topo = load_topology(
+        opts.topology, base_path=opts.base_path, storage_options=opts.storage_options
+    )
     nodes = _start_nodes(sc, opts, topo)
     coord = Coordinator(
         store,
@@ -136,8 +138,9 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
 
 def _start_nodes(sc: Any, opts: DemoOptions, topo: Any) -> NodePlacement:
     if opts.master.startswith("local-cluster["):
-        return executor_nodes(sc, topo, executor_count(None, opts.master), opts.base_path)
-    return local_nodes(opts.topology, opts.tasks, opts.base_path)
+        n = executor_count(None, opts.master)
+        return executor_nodes(sc, topo, n, opts.base_path, opts.storage_options)
+    return local_nodes(opts.topology, opts.tasks, opts.base_path, opts.storage_options)
 
 
 def _run_attempts(

@@ -43,10 +43,17 @@ class NodePlacement:
                 os.kill(pid, signal.SIGTERM)
 
 
-def local_nodes(topology_file: Path, tasks: int, base_path: str) -> NodePlacement:
-    """Start the topology's nodes here; task i -> node i mod n (breadth-first order)."""
-    topo = load_topology(topology_file, base_path=base_path)
-    tree = start_tree(topo, topology_file, base_path=base_path)
+def local_nodes(
+    topology_file: Path, tasks: int, base_path: str, storage_options: dict[str, Any]
+) -> NodePlacement:
+    """Start the topology's nodes here; task i -> node i mod n (breadth-first order).
+    The nodes get the job's base path and storage options (a copy of the topology file
+    with those fields replaced)."""
+    topo = load_topology(topology_file, base_path=base_path, storage_options=storage_options)
+    workdir = Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
+    effective = workdir / "topology.yaml"
+    effective.write_text(yaml.safe_dump(topo.model_dump(mode="json", exclude_none=True)))
+    tree = start_tree(topo, effective, workdir=workdir)
     ids = tree.tree.nodes
     return NodePlacement(
         node_for_task={i: tree.address(ids[i % len(ids)]) for i in range(tasks)},
@@ -56,10 +63,13 @@ def local_nodes(topology_file: Path, tasks: int, base_path: str) -> NodePlacemen
     )
 
 
-def executor_nodes(sc: Any, topo: TopologyConfig, executors: int, base_path: str) -> NodePlacement:
+def executor_nodes(
+    sc: Any, topo: TopologyConfig, executors: int, base_path: str, storage_options: dict[str, Any]
+) -> NodePlacement:
     """Start one node per executor from a barrier stage of ``executors`` tasks."""
     doc = topo.model_dump(mode="json", exclude_none=True)
     doc["base_path"] = base_path
+    doc["storage_options"] = storage_options
     branching = topo.branching or 8
     rows = (
         sc.parallelize(range(executors), executors)

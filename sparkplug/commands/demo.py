@@ -39,6 +39,13 @@ def demo(
         20000.0, min=0, help="Source rate over all tasks (0: unthrottled)."
     ),
     limit_records: int = typer.Option(0, min=0, help="Use only the first N flights (0: all)."),
+    dfs_faults: str = typer.Option(
+        "",
+        help="Inject DFS faults: MODEL[,throttle=P,stall=P,scale=F] (e.g. flip158-s3,scale=0.05).",
+    ),
+    s3_local: bool = typer.Option(
+        False, help="Start a local S3 server (moto) and use s3://dstl-demo/<base-path>."
+    ),
     fresh: bool = typer.Option(
         True, help="Delete this job's earlier checkpoints and objects under the base path first."
     ),
@@ -54,6 +61,23 @@ def demo(
     if not topology.exists():
         raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")
     opts_json = _storage_options(storage_options)
+    s3 = None
+    if s3_local:
+        from sparkplug.storage_target import start_local_s3
+
+        s3 = start_local_s3()
+        base_path, opts_json = (
+            s3.url(base_path.replace("://", "/")),
+            {**s3.storage_options(), **opts_json},
+        )
+        console.print(f"local S3 server at {s3.endpoint}; base path {base_path}")
+    if dfs_faults:
+        from sparkplug.storage_target import with_faults
+
+        try:
+            base_path, opts_json = with_faults(base_path, opts_json, dfs_faults)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--dfs-faults") from e
     if fresh:
         _clear(base_path, opts_json)
     opts = DemoOptions(
@@ -69,7 +93,11 @@ def demo(
         storage_options=opts_json,
         limit_records=limit_records or None,
     )
-    result = _run_with_progress(console, opts, run_demo)
+    try:
+        result = _run_with_progress(console, opts, run_demo)
+    finally:
+        if s3 is not None:
+            s3.stop()
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps(result, indent=2) + "\n")
     console.print(_summary(result))
