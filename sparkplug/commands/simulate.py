@@ -45,7 +45,8 @@ def _hedge(text: str) -> float | None:
         v = float(text)
     except ValueError:
         raise typer.BadParameter(
-            f"--hedge-timeout: a number of seconds or 'off', got {text!r}") from None
+            f"--hedge-timeout: a number of seconds or 'off', got {text!r}"
+        ) from None
     if v <= 0:
         raise typer.BadParameter("--hedge-timeout must be > 0 (or 'off')")
     return v
@@ -70,68 +71,97 @@ def _print_table(results: list[Any], best: Any | None) -> None:
     from rich.table import Table
 
     t = Table(title="dstl simulate (checkpoint latency in ms)")
-    for col in ("design", "branching", "target", "p50", "p90", "p99", "p999", "req/ckpt",
-                "req/s", "mean object", "relay", "throttled", "hedged"):
+    for col in (
+        "design",
+        "branching",
+        "target",
+        "p50",
+        "p90",
+        "p99",
+        "p999",
+        "req/ckpt",
+        "req/s",
+        "mean object",
+        "relay",
+        "throttled",
+        "hedged",
+    ):
         t.add_column(col, justify="left" if col == "design" else "right")
     for r in results:
         flat = r.design in ("task", "executor")
         ms = r.checkpoint_ms
         mark = " *" if r is best else ""
         t.add_row(
-            r.design + mark, "-" if flat else str(r.branching),
+            r.design + mark,
+            "-" if flat else str(r.branching),
             "-" if flat else _mib(r.target_object_bytes),
             *(f"{ms[k]:.0f}" for k in ("p50", "p90", "p99", "p999")),
-            f"{r.requests_per_checkpoint:.1f}", f"{r.requests_per_second:.0f}",
-            _mib(r.mean_object_bytes), f"{r.relay_fraction:.3f}",
-            str(r.throttled_requests), str(r.hedged_requests),
+            f"{r.requests_per_checkpoint:.1f}",
+            f"{r.requests_per_second:.0f}",
+            _mib(r.mean_object_bytes),
+            f"{r.relay_fraction:.3f}",
+            str(r.throttled_requests),
+            str(r.hedged_requests),
         )
     console = Console()
     if not console.is_terminal:
         console = Console(width=180)
     console.print(t)
     if best is not None:
-        where = ("" if best.design in ("task", "executor") else
-                 f" branching={best.branching} target={_mib(best.target_object_bytes)}")
-        console.print(f"best (lowest p99 within the request-rate limit, marked *): "
-                      f"{best.design}{where} p99={best.checkpoint_ms['p99']:.0f} ms")
+        where = (
+            ""
+            if best.design in ("task", "executor")
+            else f" branching={best.branching} target={_mib(best.target_object_bytes)}"
+        )
+        console.print(
+            f"best (lowest p99 within the request-rate limit, marked *): "
+            f"{best.design}{where} p99={best.checkpoint_ms['p99']:.0f} ms"
+        )
 
 
 def simulate_command(
     executors: Annotated[int, typer.Option(help="Executors (one node each).")] = 7,
     tasks_per_executor: Annotated[int, typer.Option(help="Tasks (writers) per executor.")] = 4,
     branching: Annotated[int, typer.Option(help="k-ary tree branching factor.")] = 4,
-    topology: Annotated[Path | None, typer.Option(help="Topology YAML instead of --branching.",
-                                                  exists=True, dir_okay=False)] = None,
-    bytes_per_checkpoint: Annotated[str, typer.Option(help="Bytes per task per checkpoint.")]
-    = "256KiB",
-    distribution: Annotated[str, typer.Option(help="constant, lognormal or skewed.")]
-    = "constant",
+    topology: Annotated[
+        Path | None,
+        typer.Option(help="Topology YAML instead of --branching.", exists=True, dir_okay=False),
+    ] = None,
+    bytes_per_checkpoint: Annotated[
+        str, typer.Option(help="Bytes per task per checkpoint.")
+    ] = "256KiB",
+    distribution: Annotated[str, typer.Option(help="constant, lognormal or skewed.")] = "constant",
     sigma: Annotated[float, typer.Option(help="lognormal shape.")] = 1.0,
-    hot_fraction: Annotated[float, typer.Option(help="skewed: fraction of hot executors.")]
-    = 0.1,
-    hot_factor: Annotated[float, typer.Option(help="skewed: bytes factor of hot executors.")]
-    = 10.0,
+    hot_fraction: Annotated[float, typer.Option(help="skewed: fraction of hot executors.")] = 0.1,
+    hot_factor: Annotated[
+        float, typer.Option(help="skewed: bytes factor of hot executors.")
+    ] = 10.0,
     checkpoints: Annotated[int, typer.Option(help="Measured checkpoints.")] = 20,
-    checkpoint_interval: Annotated[float, typer.Option(help="Seconds between checkpoints.")]
-    = 1.0,
-    target_object_bytes: Annotated[str | None, typer.Option(
-        help="Writer-node target object size (default: topology's, else 4MiB).")] = None,
-    design: Annotated[str | None, typer.Option(
-        help="task, executor, tree, tree-noplan, comma list or 'all' "
-             "(default: tree; all for sweeps).")] = None,
-    dfs_latency: Annotated[str, typer.Option(
-        help="Latency model: flip158-s3, flip158-s3-hedged, local.")] = "flip158-s3",
+    checkpoint_interval: Annotated[float, typer.Option(help="Seconds between checkpoints.")] = 1.0,
+    target_object_bytes: Annotated[
+        str | None,
+        typer.Option(help="Writer-node target object size (default: topology's, else 4MiB)."),
+    ] = None,
+    design: Annotated[
+        str | None,
+        typer.Option(
+            help="task, executor, tree, tree-noplan, comma list or 'all' "
+            "(default: tree; all for sweeps)."
+        ),
+    ] = None,
+    dfs_latency: Annotated[
+        str, typer.Option(help="Latency model: flip158-s3, flip158-s3-hedged, local.")
+    ] = "flip158-s3",
     hedge_timeout: Annotated[str, typer.Option(help="Seconds, or 'off'.")] = "1.0",
     max_attempts: Annotated[int, typer.Option(help="Hedged attempts at most.")] = 3,
     put_rate_limit: Annotated[float, typer.Option(help="PUT/s per prefix.")] = 3500.0,
     prefixes: Annotated[int, typer.Option(help="Object-store prefixes.")] = 1,
-    plan_window: Annotated[int | None, typer.Option(
-        help="Checkpoints per plan window (default: topology's, else 4).")] = None,
+    plan_window: Annotated[
+        int | None, typer.Option(help="Checkpoints per plan window (default: topology's, else 4).")
+    ] = None,
     hop_latency: Annotated[float, typer.Option(help="Seconds per network hop.")] = 0.0005,
-    node_bandwidth: Annotated[str, typer.Option(help="Per node NIC, bytes/s each way.")]
-    = "1.25GB",
-    cpu_per_message: Annotated[float, typer.Option(help="Seconds per message received.")]
-    = 50e-6,
+    node_bandwidth: Annotated[str, typer.Option(help="Per node NIC, bytes/s each way.")] = "1.25GB",
+    cpu_per_message: Annotated[float, typer.Option(help="Seconds per message received.")] = 50e-6,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     sweep_branching: Annotated[str | None, typer.Option(help="e.g. 2,4,8,16.")] = None,
     sweep_target: Annotated[str | None, typer.Option(help="e.g. 1MiB,4MiB,16MiB.")] = None,
@@ -170,37 +200,60 @@ def simulate_command(
     designs = _designs(design, ALL_DESIGNS if sweeping else ("tree",))
     try:
         base = SimConfig(
-            executors=executors, tasks_per_executor=tasks_per_executor, branching=branching,
-            tree=tree, bytes_per_checkpoint=parse_size(bytes_per_checkpoint),
-            distribution=distribution, sigma=sigma, hot_fraction=hot_fraction,
-            hot_factor=hot_factor, checkpoints=checkpoints,
-            checkpoint_interval_s=checkpoint_interval, plan_window=window or 4,
-            target_object_bytes=target or 4 * 2**20, design=designs[0],  # type: ignore[arg-type]
-            dfs_latency=dfs_latency, hedge_timeout_s=_hedge(hedge_timeout),
-            max_attempts=max_attempts, put_rate_limit=put_rate_limit, prefixes=prefixes,
-            hop_latency_s=hop_latency, node_bandwidth=float(parse_size(node_bandwidth)),
-            cpu_per_message_s=cpu_per_message, seed=seed,
+            executors=executors,
+            tasks_per_executor=tasks_per_executor,
+            branching=branching,
+            tree=tree,
+            bytes_per_checkpoint=parse_size(bytes_per_checkpoint),
+            distribution=distribution,
+            sigma=sigma,
+            hot_fraction=hot_fraction,
+            hot_factor=hot_factor,
+            checkpoints=checkpoints,
+            checkpoint_interval_s=checkpoint_interval,
+            plan_window=window or 4,
+            target_object_bytes=target or 4 * 2**20,
+            design=designs[0],  # type: ignore[arg-type]
+            dfs_latency=dfs_latency,
+            hedge_timeout_s=_hedge(hedge_timeout),
+            max_attempts=max_attempts,
+            put_rate_limit=put_rate_limit,
+            prefixes=prefixes,
+            hop_latency_s=hop_latency,
+            node_bandwidth=float(parse_size(node_bandwidth)),
+            cpu_per_message_s=cpu_per_message,
+            seed=seed,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if tree is not None and sweep_branching is not None:
         raise typer.BadParameter("--sweep-branching needs --branching, not --topology")
     if sweeping:
-        results = sweep(base, _ints(sweep_branching) if sweep_branching else None,
-                        parse_sizes(sweep_target) if sweep_target else None,
-                        designs, jobs=jobs)  # type: ignore[arg-type]
+        results = sweep(
+            base,
+            _ints(sweep_branching) if sweep_branching else None,
+            parse_sizes(sweep_target) if sweep_target else None,
+            designs,
+            jobs=jobs,
+        )  # type: ignore[arg-type]
     else:
         from simulations.cluster import simulate
 
         results = [simulate(replace(base, design=d)) for d in designs]  # type: ignore[arg-type]
     chosen = best(results)
     if plot is not None:
-        plot_results(results, plot, title=f"{executors} executors x {tasks_per_executor} "
-                                          f"tasks, {bytes_per_checkpoint}/task, {dfs_latency}")
+        plot_results(
+            results,
+            plot,
+            title=f"{executors} executors x {tasks_per_executor} "
+            f"tasks, {bytes_per_checkpoint}/task, {dfs_latency}",
+        )
     if as_json:
         if sweeping:
-            out: Any = {"results": [r.to_dict() for r in results],
-                        "best": chosen.to_dict() if chosen else None}
+            out: Any = {
+                "results": [r.to_dict() for r in results],
+                "best": chosen.to_dict() if chosen else None,
+            }
         elif len(results) == 1:
             out = results[0].to_dict()
         else:
