@@ -3,6 +3,8 @@ free ports: what the scraped text shows after real persists through a tree."""
 
 from __future__ import annotations
 
+import math
+import socket
 import threading
 import time
 import urllib.request
@@ -10,7 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import typer
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
 
 from aggregator.metrics import NodeMetrics, metrics_port_for
 from aggregator.node import Node
@@ -25,6 +30,8 @@ from coordinator import (
     TaskLink,
     TriggerCheckpoint,
 )
+from sparkplug.commands import status as status_command
+from sparkplug.commands.status import p99_from_buckets
 from tests.tree_fixtures import THREE_NODES, start
 from topology.config import parse_topology
 
@@ -159,13 +166,24 @@ def test_metrics_ports_from_topology() -> None:
     assert metrics_port_for(kary, "e5") == 9505
 
 
-def test_node_processes_publish_metrics_url(tmp_path: Path) -> None:
+def test_node_processes_publish_metrics_url_and_status_reads_address_files(
+    tmp_path: Path,
+) -> None:
     with start(tmp_path, metrics_port=0) as running:
         for nid, h in running.nodes.items():
             assert h.address.startswith("tcp://")
             url = running.metrics_url(nid)
             assert url is not None and url.startswith("http://127.0.0.1:")
             assert "dstl_queued_bytes" in scrape(url)
+        args = ["status", "--topology", str(tmp_path / "topology.yaml"), "--once"]
+        res = runner.invoke(status_app(), [*args, "--workdir", str(tmp_path)])
+        assert res.exit_code == 0, res.output
+        assert "3/3 nodes up" in res.output
+        running.nodes["b"].kill()
+        res = runner.invoke(status_app(), [*args, "--workdir", str(tmp_path)])
+        assert res.exit_code == 0, res.output
+        assert "2/3 nodes up" in res.output
+        assert _row(res.output, "b").split()[2] == "down"
 
 
 # -- coordinator -----------------------------------------------------------------------
@@ -250,3 +268,86 @@ def test_coordinator_metrics_off_by_default(tmp_path: Path) -> None:
     coord = Coordinator(ObjectStore(str(tmp_path)), 1)
     assert coord.metrics is None
     coord.stop()
+
+
+# -- dstl status -----------------------------------------------------------------------
+
+
+runner = CliRunner()
+
+
+def status_app() -> typer.Typer:
+    app = typer.Typer()
+    status_command.register(app)
+    app.command("noop", hidden=True)(lambda: None)  # keep "status" a sub-command
+    return app
+
+
+def _answers(url: str) -> bool:
+    try:
+        scrape(url)
+    except OSError:
+        return False
+    return True
+
+
+def _row(output: str, node_id: str) -> str:
+    """The table line of ``node_id`` with rich's borders removed."""
+    for line in output.splitlines():
+        cells = line.replace("│", " ").replace("┃", " ").split()
+        if cells and cells[0] == node_id:
+            return " ".join(cells)
+    raise AssertionError(f"no row for {node_id!r} in:\n{output}")
+
+
+def test_status_lists_every_node_and_marks_a_stopped_one_down(
+    tree: tuple[MetricsTree, str], tmp_path: Path
+) -> None:
+    t, base = tree
+    _persist(t, base, 2)
+    _wait(lambda: _total(t, "dstl_objects_written_total") >= 1)
+    topo_file = tmp_path / "topo.yaml"
+    topo_file.write_text(yaml.safe_dump({"base_path": base, "nodes": THREE_NODES}))
+    eps = ",".join(f"{n}={t.url(n)}" for n in t.nodes)
+    args = ["status", "--topology", str(topo_file), "--endpoints", eps, "--once"]
+    res = runner.invoke(status_app(), args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "3/3 nodes up" in res.output
+    root = _row(res.output, "root").split()
+    assert root[1:3] == ["-", "root"]
+    assert int(root[5]) >= 1  # objects written: the root writes without plans
+    assert root[-2] == "ms" and root[-1] == "0"  # a p99 latency, no errors
+    for leaf in ("a", "b"):
+        assert _row(res.output, leaf).split()[1:3] in (["root", "forwarder"], ["root", "writer"])
+    url_b = t.url("b")
+    t.nodes["b"].stop()  # the node closes its metrics server when its loop ends
+    _wait(lambda: not _answers(url_b))
+    res = runner.invoke(status_app(), args, env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "2/3 nodes up" in res.output
+    assert _row(res.output, "b").split()[1:3] == ["root", "down"]
+
+
+def test_status_shows_nodes_down_when_nothing_listens(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free now; nodes would listen on port + k
+    topo_file = tmp_path / "topo.yaml"
+    topo_file.write_text(yaml.safe_dump({"nodes": THREE_NODES, "metrics_port": port}))
+    res = runner.invoke(
+        status_app(), ["status", "--topology", str(topo_file), "--once", "--timeout", "0.5"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "0/3 nodes up" in res.output
+    no_port = tmp_path / "no_port.yaml"
+    no_port.write_text(yaml.safe_dump({"nodes": THREE_NODES}))
+    res = runner.invoke(status_app(), ["status", "--topology", str(no_port), "--once"])
+    assert res.exit_code != 0 and "metrics_port" in res.output
+
+
+def test_p99_from_histogram_buckets() -> None:
+    assert p99_from_buckets([(1.0, 0.0), (math.inf, 0.0)]) is None
+    # 100 observations: 50 in (0, 0.1], 50 in (0.1, 1]: p99 at 98/100 of the second bucket
+    got = p99_from_buckets([(0.1, 50.0), (1.0, 100.0), (math.inf, 100.0)])
+    assert got == pytest.approx(0.1 + 0.9 * 49 / 50)
+    assert p99_from_buckets([(0.1, 1.0), (math.inf, 10.0)]) == 0.1  # in +Inf: largest bound
