@@ -121,7 +121,7 @@ def start_node_process(
             proc.kill()
             raise TimeoutError(f"node {node_id} did not publish its address in {timeout} s")
         time.sleep(0.02)
-    lines = addr_file.read_text().split()  # endpoint, then the metrics URL if served
+    lines = addr_file.read_text().splitlines()  # endpoint, then the metrics URL if served
     return NodeHandle(node_id, depth, lines[0], proc, lines[1] if len(lines) > 1 else None)
 
 

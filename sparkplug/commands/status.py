@@ -113,7 +113,7 @@ def endpoints_for(
     if workdir is not None:
         for nid in nodes:
             f = workdir / f"{nid}.addr"
-            lines = f.read_text().split() if f.exists() else []
+            lines = f.read_text().splitlines() if f.exists() else []
             out[nid] = lines[1] if len(lines) > 1 else None
         return out
     if metrics_port is None or metrics_port == 0:
