@@ -70,7 +70,10 @@ def up(
     for nid in running.tree.nodes:
         h = running.nodes[nid]
         table.add_row(nid, running.tree.parent(nid) or "-", h.address, str(h.pid))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print(f"address files in {running.workdir}: "
+                  f"dstl status --topology {topology} --workdir {running.workdir}")  # fmt: skip
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
