@@ -37,7 +37,11 @@ def start_local_s3() -> LocalS3:
     """Start moto's S3 server on a free 127.0.0.1 port with bucket ``bench``. Sets dummy
     AWS credentials (and no instance metadata, no credential files, no proxy for
     loopback) in ``os.environ`` so that child processes inherit them."""
+    import logging
+
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per S3 request
 
     env = {
         "AWS_ACCESS_KEY_ID": "testing",

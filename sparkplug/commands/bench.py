@@ -170,6 +170,11 @@ def bench(
         return
     print_table(result.metrics, title, Console())
     for design, acc in result.acceptance.items():
+        windows = "; ".join(
+            f"w{w['window']}: {w['objects_per_checkpoint']:.2f} obj/cp by {','.join(w['writers'])}"
+            for w in result.metrics[design]["windows"]
+        )
+        Console().print(f"{design} plan windows: {windows}")
         _print_acceptance(Console(), design, acc, target)
 
 
