@@ -78,6 +78,20 @@ class SimResult:
         return d
 
 
+@dataclass
+class _Batch:
+    """One node's batch in one checkpoint (node_rules): items (one per writer), bytes,
+    bytes received from other nodes, the most hops any item took, and a generation
+    number that invalidates a pending delay flush."""
+
+    items: int = 0
+    nbytes: int = 0
+    foreign: int = 0
+    hops: int = 0
+    first_at: float = 0.0
+    gen: int = 0
+
+
 class _Sim:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -89,8 +103,11 @@ class _Sim:
         self.n_children = [len(self.tree.children(n)) for n in self.ids]
         self.index = index
         rng = random.Random(cfg.seed)
+        model = get_model(cfg.dfs_latency)
+        if cfg.dfs_latency_scale != 1.0:
+            model = model.scaled(cfg.dfs_latency_scale)
         self.store = ObjectStore(
-            get_model(cfg.dfs_latency),
+            model,
             HedgingPolicy(cfg.hedge_timeout_s, cfg.max_attempts),
             Throttle(cfg.put_rate_limit),
             rng,
@@ -111,6 +128,13 @@ class _Sim:
         self.hops: dict[int, list[int]] = {}
         self.own: dict[int, np.ndarray] = {}
         self.open_nodes: dict[int, int] = {}  # nodes still gathering, per checkpoint
+        # node_rules: plans per window, the plan per checkpoint, per (checkpoint, node) batch
+        self.plans: dict[int, Plan] = {}
+        self.cp_plan: dict[int, Plan | None] = {}
+        self.batches: dict[int, list[_Batch]] = {}
+        self.expected: dict[int, list[int]] = {}
+        self.post_order = [index[n] for n in self.tree.post_order()]
+        self.children = [[index[k] for k in self.tree.children(n)] for n in self.ids]
 
     # -- events -----------------------------------------------------------------------
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
@@ -134,20 +158,21 @@ class _Sim:
         self.ack(c, t + back)
 
     def send(self, c: int, src: int, dst: int, nbytes: int, hops: int,
-             then: Callable[[int, int, int, int], None]) -> None:
-        """One message from node ``src`` to ``dst`` (one hop), delivered to ``then``."""
+             then: Callable[..., None], *extra: Any) -> None:
+        """One message from node ``src`` to ``dst`` (one hop), delivered to
+        ``then(c, dst, nbytes, hops, *extra)``."""
         bw = self.cfg.node_bandwidth
         start = max(self.env.now, self.tx_free[src])
         self.tx_free[src] = start + nbytes / bw
         self.at(self.tx_free[src] + self.cfg.hop_latency_s, self._receive, c, dst, nbytes,
-                hops, then)
+                hops, then, *extra)
 
     def _receive(self, c: int, dst: int, nbytes: int, hops: int,
-                 then: Callable[[int, int, int, int], None]) -> None:
+                 then: Callable[..., None], *extra: Any) -> None:
         start = max(self.env.now, self.rx_free[dst])
         self.rx_free[dst] = start + nbytes / self.cfg.node_bandwidth
         self.cpu_free[dst] = max(self.rx_free[dst], self.cpu_free[dst]) + self.cfg.cpu_per_message_s
-        self.at(self.cpu_free[dst], then, c, dst, nbytes, hops)
+        self.at(self.cpu_free[dst], then, c, dst, nbytes, hops, *extra)
 
     # -- checkpoints --------------------------------------------------------------------
     def trigger(self, c: int) -> None:
@@ -157,6 +182,9 @@ class _Sim:
         own = tasks.sum(axis=1)
         self.done[c] = t
         design = cfg.design
+        if cfg.node_rules and design in ("tree", "tree-noplan"):
+            self._node_trigger(c, t, own)
+            return
         if design == "tree" and c % cfg.plan_window == 0:
             w = window_of(c, cfg.plan_window)
             # the plan for window w was computed during window w-1 from its estimates
@@ -240,6 +268,94 @@ class _Sim:
             self.send(c, i, p, h, hop[i], self._noplan_arrive)
         held[i] = 0
         self._release(c)
+
+    # -- node_rules: the real node's batching and routing (aggregator.core) --------------
+    def _node_plans(self, c: int, own: np.ndarray) -> None:
+        """The plan of checkpoint ``c`` as the real root and nodes make it: the root plans
+        windows w and w+1 when it first sees a checkpoint of window w, every node then
+        decides from its estimates at that moment (``decide_local``, which
+        ``compute_plan`` reproduces for the whole tree). Checkpoint 0 is flushed before
+        any plan exists."""
+        cfg = self.cfg
+        n = cfg.plan_window
+        w = window_of(c, n)
+        if cfg.design == "tree" and c % n == 0:
+            est = self.estimator.estimate()
+            for window in (w, w + 1):
+                if window not in self.plans:
+                    self.plans[window] = compute_plan(self.tree, est, cfg.target_object_bytes,
+                                                      window=window, plan_window=n)
+            self.plans.pop(w - 2, None)
+        self.cp_plan[c] = self.plans.get(w) if c > 0 else None
+        self.cp_plan.pop(c - 2, None)
+        self.estimator.update(dict(zip(self.ids, own.tolist(), strict=True)))
+
+    def _expected_writers(self, c: int) -> list[int]:
+        """Per node, the writers whose persist requests reach its batch in checkpoint
+        ``c`` (``NodeCore.expected_writers``): its own if its plan names another writer,
+        else its residual writers, from children's reports of the previous checkpoint."""
+        tasks = self.cfg.tasks_per_executor
+        plan, prev = self.cp_plan[c], self.cp_plan.get(c - 1)
+        below = [0] * len(self.ids)
+        for v in self.post_order:
+            below[v] = tasks
+            for k in self.children[v]:
+                writes = prev is not None and prev.nodes[self.ids[k]].writes
+                below[v] += 0 if writes else below[k]
+        if plan is None:
+            return below
+        return [tasks if plan.nodes[n].writer != n else below[i] for i, n in enumerate(self.ids)]
+
+    def _node_trigger(self, c: int, t: float, own: np.ndarray) -> None:
+        cfg = self.cfg
+        self._node_plans(c, own)
+        self.expected[c] = self._expected_writers(c)
+        self.batches[c] = [_Batch() for _ in self.ids]
+        local = cfg.tasks_per_executor * cfg.cpu_per_message_s
+        ready = [max(t, f) + local for f in self.cpu_free]
+        self.cpu_free = ready
+        own_l = own.tolist()
+        for i, r in enumerate(ready):  # the tasks' segments reach their own node's batch
+            self.at(r, self._node_arrive, c, i, own_l[i], 0, cfg.tasks_per_executor, False)
+
+    def _node_arrive(self, c: int, v: int, nbytes: int, hops: int, items: int,
+                     foreign: bool) -> None:
+        b = self.batches[c][v]
+        if b.items == 0:
+            b.first_at = self.env.now
+            b.gen += 1
+            self.at(self.env.now + self.cfg.persist_delay_s, self._node_delay, c, v, b.gen)
+        b.items += items
+        b.nbytes += nbytes
+        b.foreign += nbytes if foreign else 0
+        b.hops = max(b.hops, hops)
+        if b.nbytes >= self.cfg.target_object_bytes:
+            self._node_flush(c, v, "size")
+        elif b.items >= self.expected[c][v]:
+            self._node_flush(c, v, "all-persisted")
+
+    def _node_delay(self, c: int, v: int, gen: int) -> None:
+        b = self.batches[c][v]
+        if b.gen == gen and b.items:
+            self._node_flush(c, v, "delay")
+
+    def _node_flush(self, c: int, v: int, reason: str) -> None:
+        """``NodeCore._flush``: the whole batch goes to one route; a write is ONE object."""
+        b = self.batches[c][v]
+        plan = self.cp_plan.get(c)
+        if plan is not None:
+            dst = self.index[plan.nodes[self.ids[v]].writer]
+        elif reason == "size" or self.parent[v] < 0:
+            dst = v
+        else:
+            dst = self.parent[v]
+        if dst == v:
+            self.put_objects(c, b.nbytes, b.hops, cut=False)
+        else:
+            self.relayed[c] += b.foreign
+            self.send(c, v, dst, b.nbytes, b.hops + 1, self._node_arrive, b.items, True)
+        b.items = b.nbytes = b.foreign = b.hops = 0
+        b.gen += 1
 
     def _release(self, c: int) -> None:
         """One node is done with checkpoint ``c``; free its state after the last."""

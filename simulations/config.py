@@ -33,6 +33,16 @@ class SimConfig:
     ``hedge_timeout_s`` (None: off) up to ``max_attempts``. The ``tree`` design plans
     windows of ``plan_window`` checkpoints; the first ``warmup_checkpoints`` (default:
     one plan window) run in every design but are left out of the results.
+    ``dfs_latency_scale`` scales the model (:meth:`topology.latency.LatencyModel.scaled`,
+    as ``scale=`` of the fault-injecting filesystem).
+
+    ``node_rules`` makes the tree designs follow the real node (``aggregator.core``)
+    exactly instead of the idealised rules: per node one batch, flushed as ONE object
+    (never cut) on size (>= target), when every writer expected there has persisted, or
+    ``persist_delay_s`` after its first item; checkpoint 0 has no plan (hop by hop),
+    windows 0 and 1 are planned at checkpoint 0 from no estimates (only the root
+    writes), window w >= 2 at the first checkpoint of window w-1; children's reports
+    (residual writers) lag one checkpoint. See :mod:`simulations.cluster`.
     """
 
     executors: int = 7
@@ -51,6 +61,7 @@ class SimConfig:
     target_object_bytes: int = 4 * MiB
     design: Design = "tree"
     dfs_latency: str = "flip158-s3"
+    dfs_latency_scale: float = 1.0
     hedge_timeout_s: float | None = 1.0
     max_attempts: int = 3
     put_rate_limit: float = 3500.0
@@ -58,6 +69,8 @@ class SimConfig:
     hop_latency_s: float = 0.0005
     node_bandwidth: float = 1.25e9
     cpu_per_message_s: float = 50e-6
+    node_rules: bool = False
+    persist_delay_s: float = 0.05
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -72,6 +85,8 @@ class SimConfig:
                              f"{self.executors} (one node per executor)")
         if self.branching < 1 or self.target_object_bytes < 1 or self.bytes_per_checkpoint < 0:
             raise ValueError("branching and target_object_bytes must be >= 1, bytes >= 0")
+        if self.dfs_latency_scale <= 0 or self.persist_delay_s < 0:
+            raise ValueError("dfs_latency_scale must be > 0 and persist_delay_s >= 0")
         if self.checkpoint_interval_s <= 0 or self.plan_window < 1:
             raise ValueError("checkpoint_interval_s must be > 0 and plan_window >= 1")
 

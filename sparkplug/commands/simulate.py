@@ -168,10 +168,23 @@ def simulate_command(
     jobs: Annotated[int, typer.Option(help="Processes for sweeps.")] = 1,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of the sweep.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    validate: Annotated[
+        bool,
+        typer.Option(
+            "--validate",
+            help="Run the real 7-node tree (dstl bench machinery, faulty FS on the FLIP-158 "
+            "model x0.1) and the simulator on the same configuration; print both. Uses "
+            "--seed and --json only.",
+        ),
+    ] = False,
 ) -> None:
     """Simulate checkpoints of a cluster through the task/executor/tree designs: checkpoint
     latency, DFS requests, throttling and hedging (FLIP-158 S3 model by default)."""
     from dataclasses import replace
+
+    if validate:
+        _validate(seed, as_json)
+        return
 
     from simulations.config import SimConfig
     from simulations.sweep import best, sweep
@@ -233,9 +246,9 @@ def simulate_command(
             base,
             _ints(sweep_branching) if sweep_branching else None,
             parse_sizes(sweep_target) if sweep_target else None,
-            designs,
+            designs,  # type: ignore[arg-type]
             jobs=jobs,
-        )  # type: ignore[arg-type]
+        )
     else:
         from simulations.cluster import simulate
 
@@ -265,6 +278,21 @@ def simulate_command(
             typer.echo("no setting stays within the request-rate limit")
         if plot is not None:
             typer.echo(f"plot written to {plot}")
+
+
+def _validate(seed: int, as_json: bool) -> None:
+    from rich.console import Console
+
+    from sparkplug.bench.report import to_json
+    from sparkplug.validate import ValidateSettings, print_validation, run_validation
+
+    err = Console(stderr=True)
+    doc = run_validation(ValidateSettings(seed=seed),
+                         None if as_json else lambda m: err.print(f"{m}..."))  # fmt: skip
+    if as_json:
+        typer.echo(to_json(doc))
+    else:
+        print_validation(doc)
 
 
 def register(app: typer.Typer) -> None:
