@@ -349,7 +349,7 @@ class NodeCore:
 
     def _flush(self, reason: str, now: float) -> list[Instruction]:
         groups: dict[str, list[PersistItem]] = defaultdict(list)
-        for item in self.batch.take():
+        for item in self.batch.take(reason):
             groups[self._route(item, reason, now)].append(item)
         out: list[Instruction] = []
         for dest, items in groups.items():
@@ -419,13 +419,19 @@ class NodeCore:
         return [c.reported_bytes for c in self._children.values()]
 
     def _root_plans(self, now: float) -> list[Instruction]:
-        """The root (or a node acting as one) plans windows w and w+1 during window w."""
+        """The root (or a node acting as one) plans window w+1 from the middle of window
+        w on, so that every node decides from half a window of byte estimates; window
+        0 has no plan (hop by hop)."""
         if not self.config.plans or self.parent is not None or self._max_cp < 0:
             return []
-        w = window_of(self._max_cp, self.config.plan_window)
+        n = self.config.plan_window
+        w = window_of(self._max_cp, n)
         mine = (self.config.node_id, self.config.address)
+        due = [w] if w > 0 else []
+        if self._max_cp - w * n >= n // 2:
+            due.append(w + 1)
         changed = False
-        for window in (w, w + 1):
+        for window in due:
             if window not in self._plans:
                 self._plans[window] = mine
                 changed = True

@@ -14,6 +14,7 @@ import fsspec
 
 from client.direct import DirectUploader
 from client.handle import ChangelogHandle
+from client.hedging import UploadPolicy
 from client.reader import iter_changes, read_changes
 from client.storage import ObjectStore
 from client.uploader import SegmentUploader
@@ -45,6 +46,7 @@ class ChangelogClient:
         target_object_bytes: int = 1,
         preemptive_bytes: int = DEFAULT_PREEMPTIVE_BYTES,
         ack_timeout: float = 10.0,
+        upload_policy: UploadPolicy | None = None,
     ) -> ChangelogClient:
         """Open a client on ``base_path`` (fsspec URL).
 
@@ -52,16 +54,21 @@ class ChangelogClient:
         ``target_object_bytes`` batch the writers of this client into one object (the
         defaults write one object per segment). ``node``: a ZeroMQ endpoint of the
         aggregator node; a segment not acked within ``ack_timeout`` seconds is written
-        straight to DFS instead.
+        straight to DFS instead. ``upload_policy`` sets hedging of in-process uploads
+        (default: client.hedging.UploadPolicy()).
         """
         store = ObjectStore(base_path, storage_options, fs=fs)
         uploader: SegmentUploader
         if node is None:
-            uploader = DirectUploader(store, persist_delay, target_object_bytes)
+            uploader = DirectUploader(
+                store, persist_delay, target_object_bytes, upload_policy=upload_policy
+            )
         else:
             from client.node_uploader import NodeUploader
 
-            uploader = NodeUploader(node, store, ack_timeout=ack_timeout)
+            uploader = NodeUploader(
+                node, store, ack_timeout=ack_timeout, upload_policy=upload_policy
+            )
         return cls(store, uploader, preemptive_bytes)
 
     def create_writer(

@@ -82,12 +82,17 @@ class Batch:
         """When the delay rule fires (None when empty)."""
         return None if self.first_at is None else self.first_at + self.persist_delay
 
-    def take(self) -> list[PersistItem]:
+    def take(self, reason: str | None = None) -> list[PersistItem]:
+        """Empty the batch. After a ``size`` cut the writers that already persisted for
+        a checkpoint stay counted, so the rest of that checkpoint still flushes as soon
+        as its last writer persists (not only after the persist delay); other flushes
+        forget them."""
         items = self.items
         self.items = []
         self.nbytes = 0
         self.first_at = None
-        self._persisted = defaultdict(set)
+        if reason != "size":
+            self._persisted = defaultdict(set)
         return items
 
     def __len__(self) -> int:

@@ -47,8 +47,10 @@ class DirectUploader:
         persist_delay: float = 0.0,
         target_bytes: int = 1,
         upload_threads: int = 4,
+        upload_policy: UploadPolicy | None = None,
     ) -> None:
         self.store = store
+        self.upload_policy = upload_policy
         self._batch = Batch(target_bytes=target_bytes, persist_delay=persist_delay)
         self._writers: set[str] = set()
         self._cond = threading.Condition()
@@ -84,8 +86,9 @@ class DirectUploader:
         with self._cond:
             while not self._closed or self._batch.items:
                 now = time.monotonic()
-                if self._closed or self._batch.due(now, len(self._writers)):
-                    items = self._batch.take()
+                reason = self._batch.due(now, len(self._writers))
+                if self._closed or reason:
+                    items = self._batch.take(reason)
                     self._pool.submit(self._flush, items)
                     continue
                 deadline = self._batch.deadline()
@@ -97,7 +100,7 @@ class DirectUploader:
             return
         try:
             self.requests += 1
-            _, refs = write_items(self.store, data_items)
+            _, refs = write_items(self.store, data_items, self.upload_policy)
             self.objects_written += 1
         except BaseException as e:  # noqa: BLE001 - every failure goes to the futures
             for i in data_items:

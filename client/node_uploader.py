@@ -23,6 +23,7 @@ from client.batching import PersistItem
 from client.direct import DirectUploader
 from client.errors import DstlError
 from client.handle import SegmentRef
+from client.hedging import UploadPolicy
 from client.storage import ObjectStore
 from client.wire import Ack, Error, Message, Persist, Register, Unregister, WireItem, dump, load
 
@@ -53,6 +54,7 @@ class NodeUploader:
         ack_timeout: float = 10.0,
         lease_renewal: float = 2.0,
         retry_after: float = 5.0,
+        upload_policy: UploadPolicy | None = None,
     ) -> None:
         self.address = address
         self.store = store
@@ -60,7 +62,7 @@ class NodeUploader:
         self._renewal = lease_renewal
         self._retry_after = retry_after
         self._node_down_until = float("-inf")
-        self._fallback = DirectUploader(store)
+        self._fallback = DirectUploader(store, upload_policy=upload_policy)
         self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, Future]] = queue.SimpleQueue()
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)

@@ -31,23 +31,13 @@ def with_faults(
 
 @dataclass
 class LocalS3:
-    """A moto S3 server on 127.0.0.1 with one bucket; stop() ends it."""
+    """A moto S3 server on 127.0.0.1 with one bucket: ``endpoint`` (http URL) and the
+    s3fs ``storage_options`` to reach it (dummy credentials). ``stop()`` ends it."""
 
     endpoint: str
     bucket: str
     server: Any = field(repr=False)
-
-    def storage_options(self) -> dict[str, Any]:
-        """s3fs options for this server (dummy credentials, no instance metadata)."""
-        return {
-            "endpoint_url": self.endpoint,
-            "key": "testing",
-            "secret": "testing",
-            "client_kwargs": {"region_name": "us-east-1"},
-            "use_listings_cache": False,
-            "skip_instance_cache": True,
-            "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},
-        }
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
     def url(self, prefix: str) -> str:
         return f"s3://{self.bucket}/{prefix.strip('/')}"
@@ -56,30 +46,51 @@ class LocalS3:
         self.server.stop()
 
 
+_DUMMY_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_CONFIG_FILE": os.devnull,
+}
+
+
 def start_local_s3(bucket: str = LOCAL_S3_BUCKET) -> LocalS3:
-    """Start moto's S3 server on a free loopback port and create ``bucket``. Sets
-    dummy AWS credentials in this process's environment (inherited by the processes it
-    starts) so that nothing looks for real credentials or instance metadata."""
+    """Start moto's S3 server on a free loopback port and create ``bucket``. Sets dummy
+    AWS credentials (no instance metadata, no credential files, no proxy for loopback)
+    in this process's environment, inherited by the processes it starts."""
     import logging
 
+    import boto3
     from moto.server import ThreadedMotoServer
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no per-request access log
-
-    for k, v in {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():  # fmt: skip
-        os.environ.setdefault(k, v)
-    os.environ["NO_PROXY"] = ",".join(p for p in (os.environ.get("NO_PROXY"), "127.0.0.1") if p)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per S3 request
+    os.environ.update(_DUMMY_AWS_ENV)
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        os.environ.pop(var, None)
+    no_proxy = ",".join(p for p in (os.environ.get("NO_PROXY"), "127.0.0.1,localhost") if p)
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = no_proxy
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    s3 = LocalS3(f"http://{host}:{port}", bucket, server)
-    import boto3
-
+    endpoint = f"http://{host}:{port}"
+    options: dict[str, Any] = {
+        "endpoint_url": endpoint,
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"region_name": "us-east-1"},
+        "use_listings_cache": False,
+        "skip_instance_cache": True,
+        # retries are client.storage's job; fail fast on a dead endpoint
+        "config_kwargs": {
+            "retries": {"max_attempts": 1, "mode": "standard"},
+            "connect_timeout": 5,
+            "read_timeout": 30,
+        },
+    }
     boto3.client(
-        "s3", endpoint_url=s3.endpoint, aws_access_key_id="testing",
+        "s3", endpoint_url=endpoint, aws_access_key_id="testing",
         aws_secret_access_key="testing", region_name="us-east-1",
     ).create_bucket(Bucket=bucket)  # fmt: skip
-    return s3
+    return LocalS3(endpoint, bucket, server, options)

@@ -103,3 +103,18 @@ def test_read_past_end_is_corruption(tmp_path: Path) -> None:
     with pytest.raises(CorruptObjectError) as info:
         list(ChangelogClient(store, client.uploader, 1).read_changes(h, 1))
     assert info.value.path == ref.path
+
+
+def test_batch_counts_persisted_writers_across_a_size_cut() -> None:
+    from client.batching import Batch, PersistItem
+
+    b = Batch(target_bytes=10, persist_delay=60.0)
+    b.add(PersistItem("w1", 0, 1, 7, (0,), b"x" * 12), now=0.0)
+    assert b.due(0.0, expected_writers=2) == "size"
+    b.take("size")
+    b.add(PersistItem("w2", 0, 1, 7, (0,), b"y"), now=0.1)
+    assert b.due(0.1, expected_writers=2) == "all-persisted", "w1 still counts for checkpoint 7"
+    b.take("all-persisted")
+    b.add(PersistItem("w3", 1, 2, 8, (0,), b"z"), now=0.2)
+    assert b.due(0.2, expected_writers=2) is None
+    assert b.due(60.3, expected_writers=2) == "delay"

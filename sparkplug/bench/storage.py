@@ -14,69 +14,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from client.faults import FaultSpec
+from sparkplug.storage_target import LocalS3
+from sparkplug.storage_target import start_local_s3 as _start_local_s3
 
 __all__ = ["BenchStorage", "LocalS3", "start_local_s3"]
 
 S3_BUCKET = "bench"
 
 
-@dataclass
-class LocalS3:
-    """A running moto ThreadedMotoServer on loopback: ``endpoint`` (http URL) and the s3fs
-    ``storage_options`` to reach it."""
-
-    endpoint: str
-    storage_options: dict[str, Any]
-    server: Any
-
-    def stop(self) -> None:
-        self.server.stop()
-
-
 def start_local_s3() -> LocalS3:
-    """Start moto's S3 server on a free 127.0.0.1 port with bucket ``bench``. Sets dummy
-    AWS credentials (and no instance metadata, no credential files, no proxy for
-    loopback) in ``os.environ`` so that child processes inherit them."""
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per S3 request
-
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-        "AWS_CONFIG_FILE": os.devnull,
-    }
-    os.environ.update(env)
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        os.environ.pop(var, None)
-    no_proxy = ",".join(p for p in (os.environ.get("NO_PROXY"), "127.0.0.1,localhost") if p)
-    os.environ["NO_PROXY"] = os.environ["no_proxy"] = no_proxy
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    opts: dict[str, Any] = {
-        "endpoint_url": endpoint,
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"region_name": "us-east-1"},
-        "use_listings_cache": False,
-        "skip_instance_cache": True,
-        "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"},
-                          "connect_timeout": 5, "read_timeout": 30},
-    }  # fmt: skip
-    import boto3
-
-    boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id="testing",
-        aws_secret_access_key="testing", region_name="us-east-1",
-    ).create_bucket(Bucket=S3_BUCKET)  # fmt: skip
-    return LocalS3(endpoint, opts, server)
+    """The local moto S3 server of ``sparkplug.storage_target`` with bucket ``bench``."""
+    return _start_local_s3(S3_BUCKET)
 
 
 @dataclass
@@ -94,7 +42,7 @@ class BenchStorage:
 
     def __post_init__(self) -> None:
         if self.s3 is not None:
-            self.base_path = f"s3://{S3_BUCKET}"
+            self.base_path = f"s3://{self.s3.bucket}"
             self.storage_options = {**self.s3.storage_options, **self.storage_options}
         elif self.base_path is None:
             self._tmp = tempfile.mkdtemp(prefix="dstl-bench-")

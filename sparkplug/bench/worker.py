@@ -19,8 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from client.api import DEFAULT_PREEMPTIVE_BYTES, ChangelogClient
-from client.batching import PersistItem
-from client.direct import DirectUploader, write_items
+from client.direct import DirectUploader
 from client.handle import ChangelogHandle
 from client.hedging import UploadPolicy, uploader_for
 from client.storage import ObjectStore
@@ -77,33 +76,6 @@ class ProcessStats:
     uploads: dict[str, int] = field(default_factory=dict)
 
 
-class _PolicyUploader(DirectUploader):
-    """The in-process uploader with an explicit hedging policy: ``ChangelogClient.open``
-    and ``DirectUploader`` always use the default UploadPolicy(), so ``--hedge-timeout``
-    could not reach them otherwise."""
-
-    def __init__(
-        self, store: ObjectStore, persist_delay: float, target_bytes: int, policy: UploadPolicy
-    ) -> None:
-        self.policy = policy
-        super().__init__(store, persist_delay, target_bytes)
-
-    def _flush(self, items: list[PersistItem]) -> None:
-        data_items = [i for i in items if i.data is not None]
-        if not data_items:
-            return
-        try:
-            self.requests += 1
-            _, refs = write_items(self.store, data_items, self.policy)
-            self.objects_written += 1
-        except BaseException as e:  # noqa: BLE001 - every failure goes to the futures
-            for i in data_items:
-                i.token.set_exception(e)
-            return
-        for i, ref in zip(data_items, refs, strict=True):
-            i.token.set_result(ref)
-
-
 class _Executor:
     """The clients and writers of one executor process for one design."""
 
@@ -137,7 +109,7 @@ class _Executor:
         self.offset = cfg.seed % _POOL_BYTES
 
     def _direct(self, delay: float, target: int) -> ChangelogClient:
-        uploader = _PolicyUploader(self.store, delay, target, self.policy)
+        uploader = DirectUploader(self.store, delay, target, upload_policy=self.policy)
         return ChangelogClient(self.store, uploader, DEFAULT_PREEMPTIVE_BYTES)
 
     def _change(self, n: int) -> bytes:

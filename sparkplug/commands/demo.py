@@ -68,7 +68,7 @@ def demo(
         s3 = start_local_s3()
         base_path, opts_json = (
             s3.url(base_path.replace("://", "/")),
-            {**s3.storage_options(), **opts_json},
+            {**s3.storage_options, **opts_json},
         )
         console.print(f"local S3 server at {s3.endpoint}; base path {base_path}")
     if dfs_faults:
