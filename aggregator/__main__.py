@@ -20,11 +20,12 @@ def main() -> None:
     p.add_argument("--exit-with-pid", type=int, default=None)
     p.add_argument("--base-path", default=None)
     p.add_argument("--stats-file", type=Path, default=None)
+    p.add_argument("--snapshot-file", type=Path, default=None, help="statistics on SIGUSR1")
     p.add_argument("--no-plans", action="store_true", help="forward hop by hop (no plans)")
     a = p.parse_args()
     topo = load_topology(a.topology, base_path=a.base_path, plans=False if a.no_plans else None)
     run_node(topo, a.node_id, a.depth, a.bind, a.parent, a.address_file, a.exit_with_pid,
-             a.stats_file)  # fmt: skip
+             a.stats_file, a.snapshot_file)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ class NodeHandle:
     address: str
     process: subprocess.Popen[bytes]
     metrics_url: str | None = None  # http://host:port/metrics, None when not served
+    stats_file: Path | None = None  # final statistics, written on SIGTERM
+    snapshot_file: Path | None = None  # statistics written on SIGUSR1
 
     @property
     def pid(self) -> int:
@@ -97,7 +99,8 @@ def start_node_process(
 ) -> NodeHandle:
     """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address
     file (endpoint, then metrics URL when the topology sets ``metrics_port``).
-    The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM."""
+    The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM
+    and a snapshot to ``workdir/<node_id>.snapshot.json`` on SIGUSR1."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "aggregator", "--topology", str(topology_file),
@@ -111,7 +114,9 @@ def start_node_process(
         cmd += ["--exit-with-pid", str(exit_with_pid)]
     if not plans:
         cmd += ["--no-plans"]
-    cmd += ["--stats-file", str(workdir / f"{node_id}.stats.json")]
+    stats_file = workdir / f"{node_id}.stats.json"
+    snapshot_file = workdir / f"{node_id}.snapshot.json"
+    cmd += ["--stats-file", str(stats_file), "--snapshot-file", str(snapshot_file)]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     while not addr_file.exists():
@@ -122,7 +127,8 @@ def start_node_process(
             raise TimeoutError(f"node {node_id} did not publish its address in {timeout} s")
         time.sleep(0.02)
     lines = addr_file.read_text().splitlines()  # endpoint, then the metrics URL if served
-    return NodeHandle(node_id, depth, lines[0], proc, lines[1] if len(lines) > 1 else None)
+    metrics_url = lines[1] if len(lines) > 1 else None
+    return NodeHandle(node_id, depth, lines[0], proc, metrics_url, stats_file, snapshot_file)
 
 
 def start_tree(

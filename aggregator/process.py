@@ -90,9 +90,12 @@ def run_node(
     address_file: Path | None = None,
     exit_with_pid: int | None = None,
     stats_file: Path | None = None,
+    snapshot_file: Path | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or until process ``exit_with_pid`` is gone), then
-    write the node's final statistics as JSON to ``stats_file``. Blocking."""
+    write the node's final statistics as JSON to ``stats_file``. On SIGUSR1 the current
+    statistics go to ``snapshot_file`` without stopping (benchmarks split counters at
+    plan-window boundaries this way). Blocking."""
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node {node_id} %(message)s")
     metrics = node_metrics(topo, node_id, bind)
     node = build_node(topo, node_id, depth, bind, parent, metrics=metrics)
@@ -103,6 +106,10 @@ def run_node(
         tmp.replace(address_file)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: node.stop())
+    if snapshot_file is not None:
+        # written from another thread: the handler may interrupt the loop holding a lock
+        signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(
+            target=write_stats, args=(node, snapshot_file), daemon=True).start())  # fmt: skip
     if exit_with_pid is not None:
         threading.Thread(target=_watch_pid, args=(exit_with_pid, node), daemon=True).start()
     node.serve()

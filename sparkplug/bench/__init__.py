@@ -5,7 +5,7 @@ Flink DSTL style), ``tree`` (aggregator node processes with plans) and ``tree-no
 (the same, forwarding hop by hop).
 
 Modules: :mod:`.workload` (bytes per writer per checkpoint), :mod:`.worker` (the
-per-executor process), :mod:`.nodes` and :mod:`.node_main` (the node processes),
+per-executor process), :mod:`.nodes` (the node processes),
 :mod:`.storage` (base paths, fault injection, local S3), :mod:`.designs` (the driver),
 :mod:`.metrics` and :mod:`.report`.
 """

@@ -5,7 +5,7 @@ process per node stopped by its PID), with two additions for measuring: every no
 writes under its own base path ``<base>/<node id>`` (so an object's path names the
 writer node that wrote it) and may get its own fault-injection seed, and
 :meth:`BenchTree.snapshot` reads every node's counters without stopping it (SIGUSR1,
-see :mod:`sparkplug.bench.node_main`).
+see ``aggregator.process.run_node``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,26 +22,13 @@ from typing import Any
 
 import yaml
 
+from aggregator.launcher import NodeHandle, start_node_process
 from topology.tree import Tree
 
-__all__ = ["BenchTree", "NodeProcess", "start_bench_tree"]
+__all__ = ["BenchTree", "start_bench_tree"]
 
 _START_TIMEOUT_S = 30.0
 _SNAPSHOT_TIMEOUT_S = 10.0
-
-
-@dataclass
-class NodeProcess:
-    node_id: str
-    depth: int
-    address: str
-    process: subprocess.Popen[bytes]
-    stats_file: Path
-    snapshot_file: Path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
 
 
 @dataclass
@@ -51,7 +37,7 @@ class BenchTree:
 
     tree: Tree
     workdir: Path
-    nodes: dict[str, NodeProcess] = field(default_factory=dict)
+    nodes: dict[str, NodeHandle] = field(default_factory=dict)
 
     def address(self, node_id: str) -> str:
         return self.nodes[node_id].address
@@ -61,12 +47,14 @@ class BenchTree:
         ``aggregator.process.write_stats``). Waits at most 10 s per node; a node that
         does not answer is left out."""
         for h in self.nodes.values():
+            assert h.snapshot_file is not None
             h.snapshot_file.unlink(missing_ok=True)
             if h.process.poll() is None:
                 os.kill(h.pid, signal.SIGUSR1)
         out: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + _SNAPSHOT_TIMEOUT_S
         for node_id, h in self.nodes.items():
+            assert h.snapshot_file is not None
             while not h.snapshot_file.exists() and h.process.poll() is None:
                 if time.monotonic() > deadline:
                     break
@@ -91,8 +79,8 @@ class BenchTree:
                 h.process.wait(timeout=10)
         out: dict[str, dict[str, Any]] = {}
         for node_id, h in self.nodes.items():
-            with contextlib.suppress(OSError, ValueError):
-                out[node_id] = json.loads(h.stats_file.read_text())
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                out[node_id] = json.loads(h.stats_file.read_text())  # type: ignore[union-attr]
         return out
 
 
@@ -131,25 +119,6 @@ def start_bench_tree(
 
 def _start(
     topo_file: Path, node_id: str, depth: int, parent: str | None, workdir: Path, base: str
-) -> NodeProcess:
-    addr = workdir / f"{node_id}.addr"
-    addr.unlink(missing_ok=True)
-    stats = workdir / f"{node_id}.stats.json"
-    snap = workdir / f"{node_id}.snap.json"
-    cmd = [sys.executable, "-m", "sparkplug.bench.node_main", "--topology", str(topo_file),
-           "--node-id", node_id, "--depth", str(depth), "--base-path", base,
-           "--address-file", str(addr), "--stats-file", str(stats),
-           "--snapshot-file", str(snap), "--exit-with-pid", str(os.getpid())]  # fmt: skip
-    if parent:
-        cmd += ["--parent", parent]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    while not addr.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"node {node_id} exited with code {proc.returncode} at start")
-        if time.monotonic() > deadline:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-            raise TimeoutError(f"node {node_id} did not publish its address in 30 s")
-        time.sleep(0.02)
-    return NodeProcess(node_id, depth, addr.read_text().strip(), proc, stats, snap)
+) -> NodeHandle:
+    return start_node_process(topo_file, node_id, depth, parent, workdir, base_path=base,
+                              exit_with_pid=os.getpid(), timeout=_START_TIMEOUT_S)  # fmt: skip
