@@ -85,6 +85,7 @@ class _Batch:
     number that invalidates a pending delay flush."""
 
     items: int = 0
+    persisted: int = 0
     nbytes: int = 0
     foreign: int = 0
     hops: int = 0
@@ -133,6 +134,10 @@ class _Sim:
         self.cp_plan: dict[int, Plan | None] = {}
         self.batches: dict[int, list[_Batch]] = {}
         self.expected: dict[int, list[int]] = {}
+        # a size cut that found every expected writer persisted leaves that full set in
+        # the real batch (client.batching.Batch.take keeps it), so the node's next
+        # arrival, in any checkpoint, flushes at once as "all-persisted"
+        self.stale_full = [False] * n
         self.post_order = [index[n] for n in self.tree.post_order()]
         self.children = [[index[k] for k in self.tree.children(n)] for n in self.ids]
 
@@ -271,22 +276,19 @@ class _Sim:
 
     # -- node_rules: the real node's batching and routing (aggregator.core) --------------
     def _node_plans(self, c: int, own: np.ndarray) -> None:
-        """The plan of checkpoint ``c`` as the real root and nodes make it: the root plans
-        windows w and w+1 when it first sees a checkpoint of window w, every node then
-        decides from its estimates at that moment (``decide_local``, which
-        ``compute_plan`` reproduces for the whole tree). Checkpoint 0 is flushed before
-        any plan exists."""
+        """The plan of checkpoint ``c`` as the real root and nodes make it: window 0 has
+        none (hop by hop); the root plans window w+1 when it first sees checkpoint
+        ``w*N + N//2`` and every node decides from its estimates at that moment
+        (``decide_local``, which ``compute_plan`` reproduces for the whole tree)."""
         cfg = self.cfg
         n = cfg.plan_window
         w = window_of(c, n)
-        if cfg.design == "tree" and c % n == 0:
-            est = self.estimator.estimate()
-            for window in (w, w + 1):
-                if window not in self.plans:
-                    self.plans[window] = compute_plan(self.tree, est, cfg.target_object_bytes,
-                                                      window=window, plan_window=n)
+        if cfg.design == "tree" and c - w * n == n // 2 and w + 1 not in self.plans:
+            self.plans[w + 1] = compute_plan(self.tree, self.estimator.estimate(),
+                                             cfg.target_object_bytes, window=w + 1,
+                                             plan_window=n)
             self.plans.pop(w - 2, None)
-        self.cp_plan[c] = self.plans.get(w) if c > 0 else None
+        self.cp_plan[c] = self.plans.get(w)
         self.cp_plan.pop(c - 2, None)
         self.estimator.update(dict(zip(self.ids, own.tolist(), strict=True)))
 
@@ -326,12 +328,13 @@ class _Sim:
             b.gen += 1
             self.at(self.env.now + self.cfg.persist_delay_s, self._node_delay, c, v, b.gen)
         b.items += items
+        b.persisted += items
         b.nbytes += nbytes
         b.foreign += nbytes if foreign else 0
         b.hops = max(b.hops, hops)
         if b.nbytes >= self.cfg.target_object_bytes:
             self._node_flush(c, v, "size")
-        elif b.items >= self.expected[c][v]:
+        elif b.persisted >= self.expected[c][v] or self.stale_full[v]:
             self._node_flush(c, v, "all-persisted")
 
     def _node_delay(self, c: int, v: int, gen: int) -> None:
@@ -355,6 +358,11 @@ class _Sim:
             self.relayed[c] += b.foreign
             self.send(c, v, dst, b.nbytes, b.hops + 1, self._node_arrive, b.items, True)
         b.items = b.nbytes = b.foreign = b.hops = 0
+        if reason != "size":  # client.batching.Batch.take: a size cut keeps the count
+            b.persisted = 0
+            self.stale_full[v] = False
+        elif b.persisted >= self.expected[c][v]:
+            self.stale_full[v] = True
         b.gen += 1
 
     def _release(self, c: int) -> None:

@@ -39,10 +39,10 @@ class SimConfig:
     ``node_rules`` makes the tree designs follow the real node (``aggregator.core``)
     exactly instead of the idealised rules: per node one batch, flushed as ONE object
     (never cut) on size (>= target), when every writer expected there has persisted, or
-    ``persist_delay_s`` after its first item; checkpoint 0 has no plan (hop by hop),
-    windows 0 and 1 are planned at checkpoint 0 from no estimates (only the root
-    writes), window w >= 2 at the first checkpoint of window w-1; children's reports
-    (residual writers) lag one checkpoint. See :mod:`simulations.cluster`.
+    ``persist_delay_s`` after its first item (a size cut keeps the count of writers
+    that persisted); window 0 has no plan (hop by hop), window w+1 is planned at the
+    middle checkpoint of window w; children's reports (residual writers) lag one
+    checkpoint. See :mod:`simulations.cluster`.
     """
 
     executors: int = 7
