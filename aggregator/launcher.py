@@ -67,22 +67,28 @@ class LocalTree:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every node (leaves first), SIGKILL after ``timeout`` seconds."""
-        for node_id in self.tree.post_order():
-            h = self.nodes.get(node_id)
-            if h is not None and h.process.poll() is None:
-                h.process.terminate()
-        deadline = time.monotonic() + timeout
-        for h in self.nodes.values():
-            try:
-                h.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                h.kill()
+        stop_nodes(self.tree, self.nodes, timeout)
 
     def __enter__(self) -> LocalTree:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_nodes(tree: Tree, nodes: dict[str, NodeHandle], timeout: float) -> None:
+    """SIGTERM the node processes (leaves first), SIGKILL those still running after
+    ``timeout`` seconds. Blocking."""
+    for node_id in tree.post_order():
+        h = nodes.get(node_id)
+        if h is not None and h.process.poll() is None:
+            h.process.terminate()
+    deadline = time.monotonic() + timeout
+    for h in nodes.values():
+        try:
+            h.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            h.kill()
 
 
 def start_node_process(

@@ -44,7 +44,9 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from client.metrics_endpoint import MetricsEndpoint
 
 if TYPE_CHECKING:
     from aggregator.core import NodeStatistics
@@ -170,21 +172,14 @@ class NodeMetrics:
             "dstl_parent_down", "1 while the parent is marked unreachable.", lbl, registry=r
         ).labels(node_id)
         self._lock = threading.Lock()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self.endpoint = MetricsEndpoint(r, host, port)
         self.host = host
-        self.port: int | None = None
-        if port is not None:
-            self._server, self._thread = start_http_server(port, addr=host, registry=r)
-            self.port = int(self._server.server_port)
+        self.port = self.endpoint.port
 
     @property
     def url(self) -> str | None:
         """``http://host:port/metrics``, or None when not served."""
-        if self.port is None:
-            return None
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return self.endpoint.url
 
     def observe_upload(self, size_bytes: int, segments: int, latency_s: float, ok: bool) -> None:
         """One object upload: ``size_bytes`` segment bytes, ``segments`` segments,
@@ -221,10 +216,4 @@ class NodeMetrics:
 
     def close(self) -> None:
         """Stop serving (idempotent). Recording still works afterwards."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-            self._thread = None
+        self.endpoint.close()

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from client.metrics_endpoint import MetricsEndpoint
 
 if TYPE_CHECKING:
     from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
@@ -102,21 +104,14 @@ class CoordinatorMetrics:
         self._lock = threading.Lock()
         self._previous: frozenset[tuple[str, int, int]] = frozenset()
         self._epochs: dict[int, float] = {}  # epoch -> trigger time (monotonic seconds)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self.endpoint = MetricsEndpoint(r, host, port)
         self.host = host
-        self.port: int | None = None
-        if port is not None:
-            self._server, self._thread = start_http_server(port, addr=host, registry=r)
-            self.port = int(self._server.server_port)
+        self.port = self.endpoint.port
 
     @property
     def url(self) -> str | None:
         """``http://host:port/metrics``, or None when not served."""
-        if self.port is None:
-            return None
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return self.endpoint.url
 
     def checkpoint_completed(self, checkpoint: CompletedCheckpoint, duration_s: float) -> None:
         """``checkpoint`` is written, ``duration_s`` seconds after its trigger."""
@@ -160,10 +155,4 @@ class CoordinatorMetrics:
 
     def close(self) -> None:
         """Stop serving (idempotent). Recording still works afterwards."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-            self._thread = None
+        self.endpoint.close()

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from aggregator.launcher import NodeHandle, start_node_process
+from aggregator.launcher import NodeHandle, start_node_process, stop_nodes
 from topology.tree import Tree
 
 __all__ = ["BenchTree", "start_bench_tree"]
@@ -66,17 +65,7 @@ class BenchTree:
     def stop(self, timeout: float = 15.0) -> dict[str, dict[str, Any]]:
         """SIGTERM every node (leaves first), SIGKILL after ``timeout`` seconds; returns
         the final statistics of the nodes that wrote them."""
-        for node_id in self.tree.post_order():
-            h = self.nodes.get(node_id)
-            if h is not None and h.process.poll() is None:
-                h.process.terminate()
-        deadline = time.monotonic() + timeout
-        for h in self.nodes.values():
-            try:
-                h.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.kill(h.pid, signal.SIGKILL)
-                h.process.wait(timeout=10)
+        stop_nodes(self.tree, self.nodes, timeout)
         out: dict[str, dict[str, Any]] = {}
         for node_id, h in self.nodes.items():
             with contextlib.suppress(OSError, ValueError, AttributeError):
