@@ -349,7 +349,7 @@ class NodeCore:
 
     def _flush(self, reason: str, now: float) -> list[Instruction]:
         groups: dict[str, list[PersistItem]] = defaultdict(list)
-        for item in self.batch.take(reason):
+        for item in self.batch.take(reason, self.expected_writers()):
             groups[self._route(item, reason, now)].append(item)
         out: list[Instruction] = []
         for dest, items in groups.items():

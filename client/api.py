@@ -15,6 +15,7 @@ import fsspec
 from client.direct import DirectUploader
 from client.handle import ChangelogHandle
 from client.hedging import UploadPolicy
+from client.inflight import DEFAULT_MAX_IN_FLIGHT, InFlightLimit
 from client.reader import iter_changes, read_changes
 from client.storage import ObjectStore
 from client.uploader import SegmentUploader
@@ -27,11 +28,16 @@ class ChangelogClient:
     """Creates writers and reads handles back. One per task (or per process)."""
 
     def __init__(
-        self, store: ObjectStore, uploader: SegmentUploader, preemptive_bytes: int
+        self,
+        store: ObjectStore,
+        uploader: SegmentUploader,
+        preemptive_bytes: int,
+        max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self.store = store
         self.uploader = uploader
         self._preemptive = preemptive_bytes
+        self.in_flight = InFlightLimit(max_in_flight_bytes)
         self._writers: list[ChangelogWriter] = []
 
     @classmethod
@@ -47,6 +53,7 @@ class ChangelogClient:
         preemptive_bytes: int = DEFAULT_PREEMPTIVE_BYTES,
         ack_timeout: float = 10.0,
         upload_policy: UploadPolicy | None = None,
+        max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> ChangelogClient:
         """Open a client on ``base_path`` (fsspec URL).
 
@@ -55,7 +62,9 @@ class ChangelogClient:
         defaults write one object per segment). ``node``: a ZeroMQ endpoint of the
         aggregator node; a segment not acked within ``ack_timeout`` seconds is written
         straight to DFS instead. ``upload_policy`` sets hedging of in-process uploads
-        (default: client.hedging.UploadPolicy()).
+        (default: client.hedging.UploadPolicy()). Starting an upload blocks while
+        more than ``max_in_flight_bytes`` of this client's segments are not yet durable
+        (back-pressure on ``append``; Flink's default, 100 MB).
         """
         store = ObjectStore(base_path, storage_options, fs=fs)
         uploader: SegmentUploader
@@ -69,13 +78,15 @@ class ChangelogClient:
             uploader = NodeUploader(
                 node, store, ack_timeout=ack_timeout, upload_policy=upload_policy
             )
-        return cls(store, uploader, preemptive_bytes)
+        return cls(store, uploader, preemptive_bytes, max_in_flight_bytes)
 
     def create_writer(
         self, log_id: str, key_groups: range, *, initial_sqn: int = 0
     ) -> ChangelogWriter:
         """A writer for ``key_groups``; ``log_id`` must be unique among live writers."""
-        w = ChangelogWriter(log_id, key_groups, self.uploader, initial_sqn, self._preemptive)
+        w = ChangelogWriter(
+            log_id, key_groups, self.uploader, initial_sqn, self._preemptive, self.in_flight
+        )
         self._writers.append(w)
         return w
 

@@ -82,16 +82,20 @@ class Batch:
         """When the delay rule fires (None when empty)."""
         return None if self.first_at is None else self.first_at + self.persist_delay
 
-    def take(self, reason: str | None = None) -> list[PersistItem]:
+    def take(self, reason: str | None = None, expected_writers: int = 0) -> list[PersistItem]:
         """Empty the batch. After a ``size`` cut the writers that already persisted for
-        a checkpoint stay counted, so the rest of that checkpoint still flushes as soon
-        as its last writer persists (not only after the persist delay); other flushes
-        forget them."""
+        a checkpoint not yet complete (fewer than ``expected_writers``) stay counted, so
+        the rest of that checkpoint still flushes as soon as its last writer persists
+        (not only after the persist delay); complete checkpoints, and everything after
+        other flushes, are forgotten."""
         items = self.items
         self.items = []
         self.nbytes = 0
         self.first_at = None
-        if reason != "size":
+        if reason == "size":
+            kept = {c: w for c, w in self._persisted.items() if len(w) < expected_writers}
+            self._persisted = defaultdict(set, kept)
+        else:
             self._persisted = defaultdict(set)
         return items
 

@@ -88,7 +88,7 @@ class DirectUploader:
                 now = time.monotonic()
                 reason = self._batch.due(now, len(self._writers))
                 if self._closed or reason:
-                    items = self._batch.take(reason)
+                    items = self._batch.take(reason, len(self._writers))
                     self._pool.submit(self._flush, items)
                     continue
                 deadline = self._batch.deadline()

@@ -12,6 +12,9 @@ SQN rules (the off-by-one contract):
   lying entirely below it (FLIP-158, Example, "State materialization completes").
 - A failed upload keeps its changes: the next ``persist_durably`` covering them uploads
   them again.
+- Back-pressure: with an ``InFlightLimit`` shared by the client's writers, starting an
+  upload (pre-emptive from ``append``, or from ``persist_durably``) blocks while the
+  bytes sent but not yet durable would exceed the limit (Flink: 100 MB).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from client.batching import PersistItem
 from client.errors import DstlError, PersistError
 from client.handle import ChangelogHandle, SegmentRef
+from client.inflight import InFlightLimit
 from client.segment import encode_segment, segment_crc, segment_key_groups
 from client.uploader import SegmentUploader
 
@@ -65,6 +69,7 @@ class ChangelogWriter:
         uploader: SegmentUploader,
         initial_sqn: int = 0,
         preemptive_bytes: int = 5 * 1024 * 1024,
+        in_flight: InFlightLimit | None = None,
     ) -> None:
         if not log_id or len(log_id) > 256:
             raise ValueError("log_id must be 1..256 characters")
@@ -72,6 +77,7 @@ class ChangelogWriter:
         self.key_groups = key_groups
         self._uploader = uploader
         self._preemptive = preemptive_bytes
+        self._in_flight = in_flight
         self._lock = threading.RLock()
         self._sqn = initial_sqn
         self._truncated = initial_sqn
@@ -203,11 +209,16 @@ class ChangelogWriter:
             self.log_id, lo, hi, checkpoint_id, segment_key_groups(changes), data, segment_crc(data)
         )
         self._uploads_started += 1
+        limit, size = self._in_flight, len(data)
+        if limit is not None:
+            limit.acquire(size)  # back-pressure: blocks append/persist while too much is in flight
         try:
             fut = self._uploader.submit(item)
         except Exception as e:  # noqa: BLE001 - a refused submit is a failed upload
             fut = Future()
             fut.set_exception(e)
+        if limit is not None:
+            fut.add_done_callback(lambda _: limit.release(size))
         return _Upload(lo, hi, fut)
 
     def _marker(self, checkpoint_id: int, to: int) -> PersistItem:

@@ -134,10 +134,6 @@ class _Sim:
         self.cp_plan: dict[int, Plan | None] = {}
         self.batches: dict[int, list[_Batch]] = {}
         self.expected: dict[int, list[int]] = {}
-        # a size cut that found every expected writer persisted leaves that full set in
-        # the real batch (client.batching.Batch.take keeps it), so the node's next
-        # arrival, in any checkpoint, flushes at once as "all-persisted"
-        self.stale_full = [False] * n
         self.post_order = [index[n] for n in self.tree.post_order()]
         self.children = [[index[k] for k in self.tree.children(n)] for n in self.ids]
 
@@ -334,7 +330,7 @@ class _Sim:
         b.hops = max(b.hops, hops)
         if b.nbytes >= self.cfg.target_object_bytes:
             self._node_flush(c, v, "size")
-        elif b.persisted >= self.expected[c][v] or self.stale_full[v]:
+        elif b.persisted >= self.expected[c][v]:
             self._node_flush(c, v, "all-persisted")
 
     def _node_delay(self, c: int, v: int, gen: int) -> None:
@@ -358,11 +354,9 @@ class _Sim:
             self.relayed[c] += b.foreign
             self.send(c, v, dst, b.nbytes, b.hops + 1, self._node_arrive, b.items, True)
         b.items = b.nbytes = b.foreign = b.hops = 0
-        if reason != "size":  # client.batching.Batch.take: a size cut keeps the count
+        # client.batching.Batch.take: a size cut keeps the count of an incomplete checkpoint
+        if reason != "size" or b.persisted >= self.expected[c][v]:
             b.persisted = 0
-            self.stale_full[v] = False
-        elif b.persisted >= self.expected[c][v]:
-            self.stale_full[v] = True
         b.gen += 1
 
     def _release(self, c: int) -> None:

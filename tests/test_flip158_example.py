@@ -88,3 +88,49 @@ def test_truncate_and_errors(tmp_path: Path) -> None:
     assert list(client.read_changes(h, 3)) == [b"y"]
     assert list(client.read_changes(h, 2)) == []
     client.close()
+
+
+def test_append_blocks_while_too_much_is_in_flight(tmp_path: Path) -> None:
+    """Back-pressure: with 1 KiB in flight allowed and an upload that cannot finish,
+    the next pre-emptive upload (started by append) waits until the first is durable."""
+    import threading
+    from concurrent.futures import Future
+
+    from client.batching import PersistItem
+    from client.handle import SegmentRef
+    from client.inflight import InFlightLimit
+    from client.writer import ChangelogWriter
+
+    class HeldUploader:
+        def __init__(self) -> None:
+            self.futures: list[Future[SegmentRef | None]] = []
+
+        def register(self, log_id: str) -> None: ...
+
+        def unregister(self, log_id: str) -> None: ...
+
+        def submit(self, item: PersistItem) -> Future[SegmentRef | None]:
+            self.futures.append(Future())
+            return self.futures[-1]
+
+        def close(self) -> None: ...
+
+    up = HeldUploader()
+    limit = InFlightLimit(1024)
+    w = ChangelogWriter("bp", range(1), up, preemptive_bytes=600, in_flight=limit)  # type: ignore[arg-type]
+    w.append(0, b"a" * 700)  # pre-emptive upload 1: 700+ bytes in flight
+    assert len(up.futures) == 1
+    done = threading.Event()
+
+    def second() -> None:
+        w.append(0, b"b" * 700)  # upload 2 would exceed 1 KiB: append blocks
+        done.set()
+
+    t = threading.Thread(target=second, daemon=True)
+    t.start()
+    assert not done.wait(0.3), "append must wait while the limit is reached"
+    assert limit.statistics().waits == 1
+    up.futures[0].set_result(None)  # upload 1 durable: capacity is back
+    assert done.wait(10), "append resumes once the in-flight bytes drop"
+    t.join(10)
+    assert len(up.futures) == 2

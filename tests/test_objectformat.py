@@ -111,10 +111,18 @@ def test_batch_counts_persisted_writers_across_a_size_cut() -> None:
     b = Batch(target_bytes=10, persist_delay=60.0)
     b.add(PersistItem("w1", 0, 1, 7, (0,), b"x" * 12), now=0.0)
     assert b.due(0.0, expected_writers=2) == "size"
-    b.take("size")
+    b.take("size", expected_writers=2)
     b.add(PersistItem("w2", 0, 1, 7, (0,), b"y"), now=0.1)
     assert b.due(0.1, expected_writers=2) == "all-persisted", "w1 still counts for checkpoint 7"
     b.take("all-persisted")
     b.add(PersistItem("w3", 1, 2, 8, (0,), b"z"), now=0.2)
     assert b.due(0.2, expected_writers=2) is None
     assert b.due(60.3, expected_writers=2) == "delay"
+    # a checkpoint already complete at a size cut is not carried into the next batch
+    b.take("delay")
+    b.add(PersistItem("w1", 2, 3, 9, (0,), b"x" * 6), now=61.0)
+    b.add(PersistItem("w2", 2, 3, 9, (0,), b"x" * 6), now=61.0)
+    assert b.due(61.0, expected_writers=2) == "size"
+    b.take("size", expected_writers=2)
+    b.add(PersistItem("w1", 3, 4, 10, (0,), b"x"), now=61.1)
+    assert b.due(61.1, expected_writers=2) is None, "checkpoint 9 was complete: forgotten"
