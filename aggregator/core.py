@@ -125,6 +125,7 @@ class NodeCore:
     batch: Batch = field(init=False)
     parent: str | None = field(init=False)
     _writers: dict[str, float] = field(default_factory=dict)  # own log_id -> last seen
+    _writer_cp: dict[str, int] = field(default_factory=dict)  # own log_id -> last checkpoint
     _children: dict[str, _Child] = field(default_factory=dict)
     _sent: dict[int, _Sent] = field(default_factory=dict)
     _writing: dict[int, tuple[PersistItem, ...]] = field(default_factory=dict)
@@ -179,7 +180,15 @@ class NodeCore:
     @property
     def writers_below(self) -> int:
         """Residual writers of this subtree: own plus the children's residual writers."""
-        return len(self._writers) + sum(c.writers for c in self._children.values())
+        return self._live_writers() + sum(c.writers for c in self._children.values())
+
+    def _live_writers(self) -> int:
+        """Own writers expected to persist for the next checkpoint: registered ones that
+        persisted for the current or previous checkpoint, or have not persisted for any
+        yet. A writer of a crashed task stops counting within two checkpoints, long
+        before its lease ends, so the all-persisted rule works right after a recovery."""
+        recent = self._max_cp - 1
+        return sum(1 for w in self._writers if self._writer_cp.get(w, recent) >= recent)
 
     def expected_writers(self) -> int:
         """Writers whose persist requests reach this node's batch: with a plan naming
@@ -187,7 +196,7 @@ class NodeCore:
         own writers come here; otherwise the whole residual subtree does."""
         planned = self.writer_for(None)
         if planned is not None and planned[0] != self.config.node_id:
-            return len(self._writers)
+            return self._live_writers()
         return self.writers_below
 
     def writer_for(self, checkpoint: int | None) -> tuple[str, str] | None:
@@ -219,6 +228,7 @@ class NodeCore:
                 return []
             case Unregister(log_id):
                 self._writers.pop(log_id, None)
+                self._writer_cp.pop(log_id, None)
                 return []
             case Stats(node, writers, nbytes, cp):
                 known = node in self._children
@@ -244,6 +254,8 @@ class NodeCore:
             self._counters["bytes_received"] += item.size
             if via is None:  # from this executor's own writers
                 self._writers[w.log_id] = now  # a persist also renews the writer's lease
+                if w.checkpoint_id is not None:
+                    self._writer_cp[w.log_id] = w.checkpoint_id
                 self._counters["bytes_own"] += item.size
                 self._own_bytes(w.checkpoint_id, item.size)
             self.batch.add(item, now)
@@ -409,6 +421,7 @@ class NodeCore:
         lease = self.config.writer_lease
         for log_id in [w for w, seen in self._writers.items() if now - seen > lease]:
             del self._writers[log_id]
+            self._writer_cp.pop(log_id, None)
         for node in [n for n, c in self._children.items() if now - c.seen > lease]:
             del self._children[node]
 
