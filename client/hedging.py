@@ -33,7 +33,9 @@ size threshold              ``batch.persist-size-threshold`` ``target_object_byt
                             10 MB                            4 MiB (topology YAML)
 pre-emptive upload          ``preemptive-persist-threshold`` 5 MiB per writer
                             5 MB                             (``ChangelogClient.open``)
-max in flight               ``upload.max-in-flight`` 100 MB  not enforced here
+max in flight               ``upload.max-in-flight`` 100 MB  100 MiB per client
+                                                             (``max_in_flight_bytes``,
+                                                             back-pressure on append)
 upload timeout              ``upload.timeout`` 1 s           ``upload_timeout`` 1 s, or
                                                              adaptive (off by default)
 attempts                    ``upload.max-attempts`` 3        ``attempts`` 3 per upload
