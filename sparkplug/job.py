@@ -39,6 +39,7 @@ class DemoOptions:
     max_attempts: int = 4
     retained_checkpoints: int = 2
     limit_records: int | None = None
+    metrics_port: int | None = None  # coordinator here, nodes from metrics_port + 1
 
 
 @dataclass
@@ -87,6 +88,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
         opts.checkpoint_interval,
         opts.materialization_interval,
         retained_checkpoints=opts.retained_checkpoints,
+        metrics_port=opts.metrics_port,
     )
     df = load_table(opts.limit_records)
     total = sum(shard_lengths(df, opts.tasks, opts.replay))
@@ -132,6 +134,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
         "mismatched_keys": mismatched[:50],
         "keys": len(batch),
         "base_path": store.base_url,
+        "metrics": _metrics_urls(coord, nodes),
         "wall_s": round(time.monotonic() - started, 1),
     }
 
@@ -140,7 +143,8 @@ def _start_nodes(sc: Any, opts: DemoOptions, topo: Any) -> NodePlacement:
     if opts.master.startswith("local-cluster["):
         n = executor_count(None, opts.master)
         return executor_nodes(sc, topo, n, opts.base_path, opts.storage_options)
-    return local_nodes(opts.topology, opts.tasks, opts.base_path, opts.storage_options)
+    node_port = opts.metrics_port and opts.metrics_port + 1  # None or 0 (free ports) stay
+    return local_nodes(opts.topology, opts.tasks, opts.base_path, opts.storage_options, node_port)
 
 
 def _run_attempts(
@@ -212,6 +216,14 @@ def _restore_all(
         backend = restore_state(store, tc, key_group_range(t, tasks))
         out.update(dict(backend.items(STATE)))
     return out
+
+
+def _metrics_urls(coord: Coordinator, nodes: NodePlacement) -> dict[str, Any] | None:
+    if coord.metrics is None:
+        return None
+    tree = nodes.local_tree
+    node_urls = {} if tree is None else {n: tree.metrics_url(n) for n in tree.tree.nodes}
+    return {"coordinator": coord.metrics.url, "nodes": node_urls}
 
 
 def _pct(sorted_s: list[float], q: float) -> float | None:

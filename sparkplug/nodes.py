@@ -44,12 +44,19 @@ class NodePlacement:
 
 
 def local_nodes(
-    topology_file: Path, tasks: int, base_path: str, storage_options: dict[str, Any]
+    topology_file: Path,
+    tasks: int,
+    base_path: str,
+    storage_options: dict[str, Any],
+    metrics_port: int | None = None,
 ) -> NodePlacement:
     """Start the topology's nodes here; task i -> node i mod n (breadth-first order).
     The nodes get the job's base path and storage options (a copy of the topology file
-    with those fields replaced)."""
-    topo = load_topology(topology_file, base_path=base_path, storage_options=storage_options)
+    with those fields replaced), and ``metrics_port`` as the topology's if given."""
+    topo = load_topology(
+        topology_file, base_path=base_path, storage_options=storage_options,
+        metrics_port=metrics_port,
+    )  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
     effective = workdir / "topology.yaml"
     effective.write_text(yaml.safe_dump(topo.model_dump(mode="json", exclude_none=True)))

@@ -39,8 +39,10 @@ def _check(r: dict, nodes: int) -> None:
 
 
 def test_demo_local_mode_with_task_kill(tmp_path: Path) -> None:
-    r = _demo(tmp_path, "--tasks", "4", "--master", "local[4]")
+    r = _demo(tmp_path, "--tasks", "4", "--master", "local[4]", "--metrics-port", "0")
     _check(r, nodes=7)
+    assert r["metrics"]["coordinator"].startswith("http://127.0.0.1:")
+    assert len(r["metrics"]["nodes"]) == 7 and all(r["metrics"]["nodes"].values())
     assert r["writers"] == 8  # 4 tasks x 2 attempts
     # changes of a checkpoint stay far below target_object_bytes: about one object each
     assert r["objects_per_checkpoint"] <= 1.5

@@ -46,6 +46,9 @@ def demo(
     s3_local: bool = typer.Option(
         False, help="Start a local S3 server (moto) and use s3://dstl-demo/<base-path>."
     ),
+    metrics_port: int = typer.Option(
+        -1, help="Serve Prometheus metrics: coordinator on PORT, node k on PORT+1+k (0: free ports)."
+    ),
     fresh: bool = typer.Option(
         True, help="Delete this job's earlier checkpoints and objects under the base path first."
     ),
@@ -91,6 +94,7 @@ def demo(
         kill_task_after=kill_task_after,
         records_per_second=records_per_second,
         storage_options=opts_json,
+        metrics_port=None if metrics_port < 0 else metrics_port,
         limit_records=limit_records or None,
     )
     try:
