@@ -158,18 +158,35 @@ class _Sim:
                 self.ack(c, self.store.put(c, t, s) + back)
         self.ack(c, t + back)
 
-    def send(self, c: int, src: int, dst: int, nbytes: int, hops: int,
-             then: Callable[..., None], *extra: Any) -> None:
+    def send(
+        self,
+        c: int,
+        src: int,
+        dst: int,
+        nbytes: int,
+        hops: int,
+        then: Callable[..., None],
+        *extra: Any,
+    ) -> None:
         """One message from node ``src`` to ``dst`` (one hop), delivered to
         ``then(c, dst, nbytes, hops, *extra)``."""
         bw = self.cfg.node_bandwidth
         start = max(self.env.now, self.tx_free[src])
         self.tx_free[src] = start + nbytes / bw
-        self.at(self.tx_free[src] + self.cfg.hop_latency_s, self._receive, c, dst, nbytes,
-                hops, then, *extra)
+        self.at(
+            self.tx_free[src] + self.cfg.hop_latency_s,
+            self._receive,
+            c,
+            dst,
+            nbytes,
+            hops,
+            then,
+            *extra,
+        )
 
-    def _receive(self, c: int, dst: int, nbytes: int, hops: int,
-                 then: Callable[..., None], *extra: Any) -> None:
+    def _receive(
+        self, c: int, dst: int, nbytes: int, hops: int, then: Callable[..., None], *extra: Any
+    ) -> None:
         start = max(self.env.now, self.rx_free[dst])
         self.rx_free[dst] = start + nbytes / self.cfg.node_bandwidth
         self.cpu_free[dst] = max(self.rx_free[dst], self.cpu_free[dst]) + self.cfg.cpu_per_message_s
@@ -189,9 +206,17 @@ class _Sim:
         if design == "tree" and c % cfg.plan_window == 0:
             w = window_of(c, cfg.plan_window)
             # the plan for window w was computed during window w-1 from its estimates
-            self.plan = None if w == 0 else compute_plan(
-                self.tree, self.estimator.estimate(), cfg.target_object_bytes,
-                window=w, plan_window=cfg.plan_window)
+            self.plan = (
+                None
+                if w == 0
+                else compute_plan(
+                    self.tree,
+                    self.estimator.estimate(),
+                    cfg.target_object_bytes,
+                    window=w,
+                    plan_window=cfg.plan_window,
+                )
+            )
         if design == "tree":
             self.estimator.update(dict(zip(self.ids, own.tolist(), strict=True)))
         if design == "task":
@@ -280,9 +305,13 @@ class _Sim:
         n = cfg.plan_window
         w = window_of(c, n)
         if cfg.design == "tree" and c - w * n == n // 2 and w + 1 not in self.plans:
-            self.plans[w + 1] = compute_plan(self.tree, self.estimator.estimate(),
-                                             cfg.target_object_bytes, window=w + 1,
-                                             plan_window=n)
+            self.plans[w + 1] = compute_plan(
+                self.tree,
+                self.estimator.estimate(),
+                cfg.target_object_bytes,
+                window=w + 1,
+                plan_window=n,
+            )
             self.plans.pop(w - 2, None)
         self.cp_plan[c] = self.plans.get(w)
         self.cp_plan.pop(c - 2, None)
@@ -316,8 +345,9 @@ class _Sim:
         for i, r in enumerate(ready):  # the tasks' segments reach their own node's batch
             self.at(r, self._node_arrive, c, i, own_l[i], 0, cfg.tasks_per_executor, False)
 
-    def _node_arrive(self, c: int, v: int, nbytes: int, hops: int, items: int,
-                     foreign: bool) -> None:
+    def _node_arrive(
+        self, c: int, v: int, nbytes: int, hops: int, items: int, foreign: bool
+    ) -> None:
         b = self.batches[c][v]
         if b.items == 0:
             b.first_at = self.env.now
@@ -383,8 +413,10 @@ def simulate(cfg: SimConfig) -> SimResult:
     sim.env.run()
     measured = range(cfg.warmup, cfg.warmup + cfg.checkpoints)
     lat = np.array([(sim.done[c] - c * cfg.checkpoint_interval_s) * 1000 for c in measured])
-    pct = {k: float(np.percentile(lat, q)) for k, q in
-           (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9))}
+    pct = {
+        k: float(np.percentile(lat, q))
+        for k, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9))
+    }
     tot = StoreCounters()
     for c in measured:
         k = sim.store.counters[c]

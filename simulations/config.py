@@ -81,8 +81,10 @@ class SimConfig:
         if self.executors < 1 or self.tasks_per_executor < 1 or self.checkpoints < 1:
             raise ValueError("executors, tasks per executor and checkpoints must be >= 1")
         if self.tree is not None and len(self.tree) != self.executors:
-            raise ValueError(f"the topology has {len(self.tree)} nodes but executors is "
-                             f"{self.executors} (one node per executor)")
+            raise ValueError(
+                f"the topology has {len(self.tree)} nodes but executors is "
+                f"{self.executors} (one node per executor)"
+            )
         if self.branching < 1 or self.target_object_bytes < 1 or self.bytes_per_checkpoint < 0:
             raise ValueError("branching and target_object_bytes must be >= 1, bytes >= 0")
         if self.dfs_latency_scale <= 0 or self.persist_delay_s < 0:

@@ -107,7 +107,8 @@ class ObjectStore:
     rng: random.Random
     prefixes: int = 1
     counters: defaultdict[int, StoreCounters] = field(
-        default_factory=lambda: defaultdict(StoreCounters))
+        default_factory=lambda: defaultdict(StoreCounters)
+    )
     _next_prefix: int = 0
 
     def put(self, checkpoint: int, t: float, size_bytes: int) -> float:

@@ -49,8 +49,10 @@ def best(results: Sequence[SimResult]) -> SimResult | None:
     ok = [r for r in results if r.within_rate_limit]
     if not ok:
         return None
-    return min(ok, key=lambda r: (r.checkpoint_ms["p99"], r.checkpoint_ms["p50"],
-                                  r.requests_per_checkpoint))
+    return min(
+        ok,
+        key=lambda r: (r.checkpoint_ms["p99"], r.checkpoint_ms["p50"], r.requests_per_checkpoint),
+    )
 
 
 def _label(r: SimResult, by_branching: bool) -> str:
@@ -86,13 +88,19 @@ def plot(results: Sequence[SimResult], path: str | Path, title: str = "") -> Pat
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     xlab = "target object size (MiB)" if x_is_target else "branching factor"
     xpts = [x / 2**20 for x in xs] if x_is_target else list(xs)
-    panels = (("checkpoint p50 (ms)", lambda r: r.checkpoint_ms["p50"]),
-              ("checkpoint p99 (ms)", lambda r: r.checkpoint_ms["p99"]),
-              ("requests per checkpoint", lambda r: r.requests_per_checkpoint))
+    panels = (
+        ("checkpoint p50 (ms)", lambda r: r.checkpoint_ms["p50"]),
+        ("checkpoint p99 (ms)", lambda r: r.checkpoint_ms["p99"]),
+        ("requests per checkpoint", lambda r: r.requests_per_checkpoint),
+    )
     cmap = plt.get_cmap("viridis")
     colour = {b: cmap(i / max(1, len(branchings) - 1) * 0.9) for i, b in enumerate(branchings)}
-    style = {"task": ("k", "--", ""), "executor": ("tab:red", "--", ""),
-             "tree": (None, "-", "o"), "tree-noplan": (None, ":", "x")}
+    style = {
+        "task": ("k", "--", ""),
+        "executor": ("tab:red", "--", ""),
+        "tree": (None, "-", "o"),
+        "tree-noplan": (None, ":", "x"),
+    }
     for ax, (ylab, f) in zip(axes, panels, strict=True):
         for label, rs in lines.items():
             c, ls, mk = style[rs[0].design]
@@ -100,8 +108,14 @@ def plot(results: Sequence[SimResult], path: str | Path, title: str = "") -> Pat
                 ax.plot(xpts, [f(rs[0])] * len(xpts), color=c, ls=ls, label=label)
             else:
                 rs = sorted(rs, key=xval)
-                ax.plot([xval(r) for r in rs], [f(r) for r in rs], color=colour[rs[0].branching],
-                        ls=ls, marker=mk, label=label)
+                ax.plot(
+                    [xval(r) for r in rs],
+                    [f(r) for r in rs],
+                    color=colour[rs[0].branching],
+                    ls=ls,
+                    marker=mk,
+                    label=label,
+                )
         ax.set_xlabel(xlab)
         ax.set_ylabel(ylab)
         ax.set_yscale("log")

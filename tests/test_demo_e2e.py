@@ -21,7 +21,9 @@ def _demo(tmp_path: Path, *args: str) -> dict:
     cmd = [sys.executable, "-m", "sparkplug.cli", "demo", "--base-path", str(tmp_path / "dfs"),
            "--report", str(report), "--limit-records", "30000", "--records-per-second", "10000",
            "--kill-task-after", "4", "--materialization-interval", "1.0", *args]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420, env=os.environ)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=420, env=os.environ
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(report.read_text())
 

@@ -53,7 +53,8 @@ def test_scaled() -> None:
     fast = S3.scaled(0.01)
     assert fast.quantile(99) == pytest.approx(0.01039)
     assert fast.quantile(50, S3.reference_bytes * 2) == pytest.approx(
-        0.01 * S3.quantile(50, S3.reference_bytes * 2))
+        0.01 * S3.quantile(50, S3.reference_bytes * 2)
+    )
     with pytest.raises(ValueError):
         S3.scaled(0)
 

@@ -38,8 +38,9 @@ def trees_and_loads(draw: st.DrawFn, with_down: bool = False):
     return tree, own, target, frozenset(down), order_seed
 
 
-def plan_by_messages(tree: Tree, own: dict[str, float], target: float,
-                     down: frozenset[str], order_seed: int) -> dict[str, tuple[bool, str]]:
+def plan_by_messages(
+    tree: Tree, own: dict[str, float], target: float, down: frozenset[str], order_seed: int
+) -> dict[str, tuple[bool, str]]:
     """Each live node decides from its own bytes and its live children's reports, in a
     random order of message delivery; then writer addresses flow down."""
     rng = random.Random(order_seed)
@@ -114,8 +115,9 @@ def test_local_equals_global_with_down_nodes(case) -> None:
 
 def test_small_example() -> None:
     # root <- a <- a1, a2 ; root <- b
-    tree = Tree.from_edges(["root", "a", "b", "a1", "a2"],
-                           [("root", "a"), ("root", "b"), ("a", "a1"), ("a", "a2")])
+    tree = Tree.from_edges(
+        ["root", "a", "b", "a1", "a2"], [("root", "a"), ("root", "b"), ("a", "a1"), ("a", "a2")]
+    )
     own = {"root": 1, "a": 1, "b": 3, "a1": 6, "a2": 2}
     plan = compute_plan(tree, own, 5)
     assert plan.routes() == {"root": "root", "a": "root", "b": "root", "a1": "a1", "a2": "root"}

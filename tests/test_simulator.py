@@ -23,9 +23,17 @@ MiB = 1024 * 1024
 def test_one_task_reproduces_the_latency_table() -> None:
     """Issue 5, "Proof": one task, design task, reference-size objects, hedging off."""
     model = get_model("flip158-s3")
-    r = simulate(SimConfig(design="task", executors=1, tasks_per_executor=1,
-                           bytes_per_checkpoint=model.reference_bytes, checkpoints=50_000,
-                           hedge_timeout_s=None, seed=1))
+    r = simulate(
+        SimConfig(
+            design="task",
+            executors=1,
+            tasks_per_executor=1,
+            bytes_per_checkpoint=model.reference_bytes,
+            checkpoints=50_000,
+            hedge_timeout_s=None,
+            seed=1,
+        )
+    )
     table = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
     for key, p in table.items():
         tol = 0.05 if p == 99.9 else 0.02
@@ -35,9 +43,16 @@ def test_one_task_reproduces_the_latency_table() -> None:
 
 @pytest.mark.parametrize("design", ["task", "executor", "tree", "tree-noplan"])
 def test_designs_object_counts(design: Design) -> None:
-    cfg = SimConfig(design=design, executors=7, tasks_per_executor=4, branching=2,
-                    bytes_per_checkpoint=MiB, target_object_bytes=4 * MiB, checkpoints=8,
-                    hedge_timeout_s=None)
+    cfg = SimConfig(
+        design=design,
+        executors=7,
+        tasks_per_executor=4,
+        branching=2,
+        bytes_per_checkpoint=MiB,
+        target_object_bytes=4 * MiB,
+        checkpoints=8,
+        hedge_timeout_s=None,
+    )
     r = simulate(cfg)
     expected = {"task": 28, "executor": 7}.get(design)
     if expected is not None:
@@ -53,12 +68,18 @@ def test_designs_object_counts(design: Design) -> None:
 
 
 def test_plans_take_one_hop_noplan_relays() -> None:
-    tree = Tree.from_edges(["root", "a", "b", "a1", "a2", "b1", "b2"],
-                           [("root", "a"), ("root", "b"), ("a", "a1"), ("a", "a2"),
-                            ("b", "b1"), ("b", "b2")])
-    base: dict[str, Any] = dict(executors=7, tree=tree, tasks_per_executor=4,
-                                bytes_per_checkpoint=MiB, target_object_bytes=64 * MiB,
-                                checkpoints=8)
+    tree = Tree.from_edges(
+        ["root", "a", "b", "a1", "a2", "b1", "b2"],
+        [("root", "a"), ("root", "b"), ("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2")],
+    )
+    base: dict[str, Any] = dict(
+        executors=7,
+        tree=tree,
+        tasks_per_executor=4,
+        bytes_per_checkpoint=MiB,
+        target_object_bytes=64 * MiB,
+        checkpoints=8,
+    )
     planned = simulate(SimConfig(design="tree", **base))
     noplan = simulate(SimConfig(design="tree-noplan", **base))
     assert planned.relay_fraction == 0.0  # one hop to the writer after the first window
@@ -74,8 +95,15 @@ def test_deterministic() -> None:
 
 
 def test_throttling_kicks_in_over_the_rate_limit() -> None:
-    cfg = SimConfig(design="task", executors=100, tasks_per_executor=4, put_rate_limit=100,
-                    checkpoints=3, hedge_timeout_s=None, dfs_latency="local")
+    cfg = SimConfig(
+        design="task",
+        executors=100,
+        tasks_per_executor=4,
+        put_rate_limit=100,
+        checkpoints=3,
+        hedge_timeout_s=None,
+        dfs_latency="local",
+    )
     r = simulate(cfg)
     assert r.throttled_requests > 0 and not r.within_rate_limit
     tree = simulate(replace(cfg, design="tree"))
@@ -93,12 +121,19 @@ def test_throttle_admits_rate_per_window_and_backs_off() -> None:
 
 
 def test_workload_distributions() -> None:
-    cfg = SimConfig(executors=100, tasks_per_executor=4, distribution="skewed",
-                    hot_fraction=0.1, hot_factor=10.0, bytes_per_checkpoint=1000)
+    cfg = SimConfig(
+        executors=100,
+        tasks_per_executor=4,
+        distribution="skewed",
+        hot_fraction=0.1,
+        hot_factor=10.0,
+        bytes_per_checkpoint=1000,
+    )
     x = Workload(cfg).next()
     assert x.shape == (100, 4) and (x.sum(axis=1) == 40_000).sum() == 10
-    ln = Workload(SimConfig(executors=1000, distribution="lognormal",
-                            bytes_per_checkpoint=1000)).next()
+    ln = Workload(
+        SimConfig(executors=1000, distribution="lognormal", bytes_per_checkpoint=1000)
+    ).next()
     assert ln.mean() == pytest.approx(1000, rel=0.1)
 
 
@@ -112,12 +147,18 @@ def test_config_errors() -> None:
 
 
 def test_sweep_names_the_best_under_the_limit() -> None:
-    base = SimConfig(executors=30, tasks_per_executor=2, checkpoints=4, put_rate_limit=40,
-                     dfs_latency="local", hedge_timeout_s=None)
-    out = sweep(base, branching=[2, 4], targets=[MiB, 4 * MiB],
-                designs=["task", "executor", "tree"])
+    base = SimConfig(
+        executors=30,
+        tasks_per_executor=2,
+        checkpoints=4,
+        put_rate_limit=40,
+        dfs_latency="local",
+        hedge_timeout_s=None,
+    )
+    out = sweep(
+        base, branching=[2, 4], targets=[MiB, 4 * MiB], designs=["task", "executor", "tree"]
+    )
     assert len(out) == 2 + 4  # task and executor do not depend on the swept values
     b = best(out)
     assert b is not None and b.within_rate_limit
-    assert b.checkpoint_ms["p99"] == min(r.checkpoint_ms["p99"] for r in out
-                                         if r.within_rate_limit)
+    assert b.checkpoint_ms["p99"] == min(r.checkpoint_ms["p99"] for r in out if r.within_rate_limit)

@@ -18,12 +18,16 @@ WRITERS = 8
 def _clients(tree, base: str, ack_timeout: float = 5.0) -> list[ChangelogClient]:
     # writers 0-3 on node a, 4-7 on node b (two "executors")
     return [
-        ChangelogClient.open(base, node=tree.address("a" if i < 4 else "b"), ack_timeout=ack_timeout)
+        ChangelogClient.open(
+            base, node=tree.address("a" if i < 4 else "b"), ack_timeout=ack_timeout
+        )
         for i in range(WRITERS)
     ]
 
 
-def _run_checkpoints(clients, writers, checkpoints: int, start_cp: int = 1) -> list[list[ChangelogHandle]]:
+def _run_checkpoints(
+    clients, writers, checkpoints: int, start_cp: int = 1
+) -> list[list[ChangelogHandle]]:
     out = []
     for cp in range(start_cp, start_cp + checkpoints):
         for i, w in enumerate(writers):
@@ -47,7 +51,11 @@ def test_tree_merges_writers_into_shared_objects(tmp_path: Path) -> None:
     last = handles[-1]
     # every change of every checkpoint is readable, in order
     for i, h in enumerate(last):
-        got = [c.decode() for kg in range(4) for c in ChangelogClient(store, None, 1).read_changes(h, kg)]  # type: ignore[arg-type]
+        got = [
+            c.decode()
+            for kg in range(4)
+            for c in ChangelogClient(store, None, 1).read_changes(h, kg)
+        ]  # type: ignore[arg-type]
         want = [f"w{i}-cp{cp}-{k}" for cp in range(1, 6) for k in range(5)]
         assert sorted(got) == sorted(want)
     # the root wrote objects shared by many writers: about 1 object per checkpoint

@@ -85,8 +85,17 @@ class LatencyModel:
         object.__setattr__(self, "_ys", tuple(ys))
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable despite the read-only mapping
-        return (LatencyModel, (self.name, dict(self.percentiles), self.reference_bytes,
-                               self.bandwidth, self.floor_s, self.floor_fraction))
+        return (
+            LatencyModel,
+            (
+                self.name,
+                dict(self.percentiles),
+                self.reference_bytes,
+                self.bandwidth,
+                self.floor_s,
+                self.floor_fraction,
+            ),
+        )
 
     @property
     def max_s(self) -> float:
@@ -108,8 +117,9 @@ class LatencyModel:
         ``(size - reference) / bandwidth``, at least ``floor_s``."""
         if size_bytes < 0:
             raise ValueError(f"size must be >= 0, got {size_bytes}")
-        return max(self.floor_s,
-                   reference_latency + (size_bytes - self.reference_bytes) / self.bandwidth)
+        return max(
+            self.floor_s, reference_latency + (size_bytes - self.reference_bytes) / self.bandwidth
+        )
 
     def sample(self, rng: random.Random, size_bytes: int) -> float:
         """One request latency in seconds for an object of ``size_bytes``."""
@@ -134,16 +144,24 @@ _FLIP158_S3 = {50: 0.459, 90: 0.740, 95: 0.833, 99: 1.039, 99.9: 3.202}
 _FLIP158_S3_HEDGED = {50: 0.495, 90: 0.733, 95: 0.807, 99: 0.937, 99.9: 1.689}
 _FIVE_MB = 5 * 1000 * 1000
 
-MODELS: Mapping[str, LatencyModel] = MappingProxyType({
-    m.name: m
-    for m in (
-        LatencyModel("flip158-s3", _FLIP158_S3, _FIVE_MB, bandwidth=32 * MiB, floor_s=0.02),
-        LatencyModel("flip158-s3-hedged", _FLIP158_S3_HEDGED, _FIVE_MB,
-                     bandwidth=32 * MiB, floor_s=0.02),
-        LatencyModel("local", {50: 0.002, 90: 0.003, 99: 0.005, 99.9: 0.010}, MiB,
-                     bandwidth=500 * MiB, floor_s=0.0005),
-    )
-})
+MODELS: Mapping[str, LatencyModel] = MappingProxyType(
+    {
+        m.name: m
+        for m in (
+            LatencyModel("flip158-s3", _FLIP158_S3, _FIVE_MB, bandwidth=32 * MiB, floor_s=0.02),
+            LatencyModel(
+                "flip158-s3-hedged", _FLIP158_S3_HEDGED, _FIVE_MB, bandwidth=32 * MiB, floor_s=0.02
+            ),
+            LatencyModel(
+                "local",
+                {50: 0.002, 90: 0.003, 99: 0.005, 99.9: 0.010},
+                MiB,
+                bandwidth=500 * MiB,
+                floor_s=0.0005,
+            ),
+        )
+    }
+)
 
 
 def get_model(name: str) -> LatencyModel:

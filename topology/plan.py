@@ -49,8 +49,9 @@ __all__ = [
 def window_of(checkpoint: int, plan_window: int) -> int:
     """The plan window holding ``checkpoint`` (both >= 0 / >= 1); ValueError otherwise."""
     if checkpoint < 0 or plan_window < 1:
-        raise ValueError(f"checkpoint must be >= 0 and plan_window >= 1, got "
-                         f"{checkpoint}, {plan_window}")
+        raise ValueError(
+            f"checkpoint must be >= 0 and plan_window >= 1, got {checkpoint}, {plan_window}"
+        )
     return checkpoint // plan_window
 
 
@@ -132,8 +133,10 @@ class Plan:
         object.__setattr__(self, "down", frozenset(self.down))
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable despite the read-only mapping
-        return (Plan, (self.window, self.plan_window, self.target_object_bytes,
-                       dict(self.nodes), self.down))
+        return (
+            Plan,
+            (self.window, self.plan_window, self.target_object_bytes, dict(self.nodes), self.down),
+        )
 
     @property
     def first_checkpoint(self) -> int:

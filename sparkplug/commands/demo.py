@@ -47,7 +47,7 @@ def demo(
         False, help="Start a local S3 server (moto) and use s3://dstl-demo/<base-path>."
     ),
     metrics_port: int = typer.Option(
-        -1, help="Serve Prometheus metrics: coordinator on PORT, node k on PORT+1+k (0: free ports)."
+        -1, help="Prometheus metrics: coordinator on PORT, node k on PORT+1+k (0: free ports)."
     ),
     fresh: bool = typer.Option(
         True, help="Delete this job's earlier checkpoints and objects under the base path first."
