@@ -365,8 +365,41 @@ class NodeCore:
             groups[self._route(item, reason, now)].append(item)
         out: list[Instruction] = []
         for dest, items in groups.items():
-            out += self._write(items) if dest == SELF else self._send(dest, items, now)
+            if dest == SELF:
+                out += self._write(items) + self._markers_upstream(items, now)
+            else:
+                out += self._send(dest, items, now)
         return out
+
+    def _markers_upstream(self, written: list[PersistItem], now: float) -> list[Instruction]:
+        """Items written here that would otherwise have gone upstream (a size cut): the
+        node upstream still counts their writers for the all-persisted rule, so it gets
+        a data-less marker per (writer, checkpoint) instead of waiting for its delay."""
+        markers: dict[str, dict[tuple[str, int], PersistItem]] = defaultdict(dict)
+        for item in written:
+            upstream = self._upstream_of(item, now)
+            if upstream is None or item.checkpoint_id is None:
+                continue
+            key = (item.log_id, item.checkpoint_id)
+            markers[upstream][key] = PersistItem(
+                item.log_id, item.sqn_to, item.sqn_to, item.checkpoint_id, (), None
+            )
+        return [
+            i for address, m in markers.items() for i in self._send(address, list(m.values()), now)
+        ]
+
+    def _upstream_of(self, item: PersistItem, now: float) -> str | None:
+        """Where ``item`` goes when it is not written here: the planned writer node,
+        else the parent; None when that is this node or unreachable."""
+        planned = self.writer_for(item.checkpoint_id)
+        if planned is not None:
+            node_id, address = planned
+            if node_id == self.config.node_id or not address or not self._up(address, now):
+                return None
+            return address
+        if self.parent is None or not self._up(self.parent, now):
+            return None
+        return self.parent
 
     def _send(self, address: str, items: list[PersistItem], now: float) -> list[Instruction]:
         wire_items, payloads = [], []

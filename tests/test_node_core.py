@@ -95,3 +95,16 @@ def test_unexpected_message_from_below_gets_an_error_reply() -> None:
     out = core.handle(FromBelow(CLIENT, Ack(()), 0.0))
     assert out[0] == Reply(CLIENT, Error("unexpected Ack from below"))
     assert core.statistics().rejected_messages == 1
+
+
+def test_a_size_cut_written_here_sends_markers_upstream() -> None:
+    """The parent counts this node's writers for the all-persisted rule: items written
+    here on a size cut are announced to it as data-less markers (no persist delay)."""
+    core = _core(target=100)
+    out = core.handle(FromBelow(CLIENT, _persist("w1", 0, 150), 0.0))
+    assert "WriteObject" in _kinds(out)
+    sends = [i for i in out if isinstance(i, SendTo) and isinstance(i.msg, Persist)]
+    assert len(sends) == 1 and sends[0].address == PARENT
+    (marker,) = sends[0].msg.items
+    assert (marker.log_id, marker.checkpoint_id, marker.size) == ("w1", 0, 0)
+    assert sends[0].msg.payloads == ()
