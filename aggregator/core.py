@@ -138,6 +138,7 @@ class NodeCore:
     _own_cp_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     _max_cp: int = -1
     _last_stats: float = 0.0
+    _reported_writers: int = -1
     _counters: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def __post_init__(self) -> None:
@@ -506,12 +507,18 @@ class NodeCore:
         return out
 
     def _report_stats(self, now: float) -> list[Instruction]:
-        if self.parent is None or now < self._last_stats + self.config.stats_interval:
+        """Stats to the parent every ``stats_interval`` seconds, and at once when the
+        residual writer count changes (the parent's all-persisted rule depends on it)."""
+        if self.parent is None:
             return []
-        self._last_stats = now
         planned = self.writer_for(None)
         writes = planned is not None and planned[0] == self.config.node_id
-        residual = self._own_estimate() + sum(self._child_reports())
         writers = 0 if writes else self.writers_below
+        due = now >= self._last_stats + self.config.stats_interval
+        if not due and writers == self._reported_writers:
+            return []
+        self._last_stats = now
+        self._reported_writers = writers
+        residual = self._own_estimate() + sum(self._child_reports())
         stats = Stats(self.config.node_id, writers, 0.0 if writes else residual, self._max_cp)
         return [SendTo(self.parent, stats)]

@@ -13,7 +13,7 @@ from aggregator.events import (
     WriteObject,
 )
 from client.handle import SegmentRef
-from client.wire import Ack, AckEntry, Error, Persist, Register, WireItem
+from client.wire import Ack, AckEntry, Error, Persist, Register, Stats, WireItem
 
 CLIENT = b"client-1"
 PARENT = "tcp://parent:1"
@@ -108,3 +108,12 @@ def test_a_size_cut_written_here_sends_markers_upstream() -> None:
     (marker,) = sends[0].msg.items
     assert (marker.log_id, marker.checkpoint_id, marker.size) == ("w1", 0, 0)
     assert sends[0].msg.payloads == ()
+
+
+def test_a_changed_writer_count_is_reported_at_once() -> None:
+    core = _core()
+    core.handle(Tick(1.0))  # the periodic report
+    out = core.handle(FromBelow(CLIENT, Register("w1"), 1.01))  # well before the next one
+    stats = [i.msg for i in out if isinstance(i, SendTo) and isinstance(i.msg, Stats)]
+    assert stats and stats[-1].writers == 1
+    assert not [i for i in core.handle(Tick(1.02)) if isinstance(i, SendTo)]
