@@ -56,6 +56,26 @@ _DUMMY_AWS_ENV = {
 }
 
 
+def s3_storage_options(
+    endpoint: str, key: str, secret: str, region: str = "us-east-1"
+) -> dict[str, Any]:
+    """s3fs options for an S3-compatible server at ``endpoint`` (http URL); retries are
+    left to client.storage, and a dead endpoint fails fast."""
+    return {
+        "endpoint_url": endpoint,
+        "key": key,
+        "secret": secret,
+        "client_kwargs": {"region_name": region},
+        "use_listings_cache": False,
+        "skip_instance_cache": True,
+        "config_kwargs": {
+            "retries": {"max_attempts": 1, "mode": "standard"},
+            "connect_timeout": 5,
+            "read_timeout": 30,
+        },
+    }
+
+
 def start_local_s3(bucket: str = LOCAL_S3_BUCKET) -> LocalS3:
     """Start moto's S3 server on a free loopback port and create ``bucket``. Sets dummy
     AWS credentials (no instance metadata, no credential files, no proxy for loopback)
@@ -75,20 +95,7 @@ def start_local_s3(bucket: str = LOCAL_S3_BUCKET) -> LocalS3:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    options: dict[str, Any] = {
-        "endpoint_url": endpoint,
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"region_name": "us-east-1"},
-        "use_listings_cache": False,
-        "skip_instance_cache": True,
-        # retries are client.storage's job; fail fast on a dead endpoint
-        "config_kwargs": {
-            "retries": {"max_attempts": 1, "mode": "standard"},
-            "connect_timeout": 5,
-            "read_timeout": 30,
-        },
-    }
+    options = s3_storage_options(endpoint, "testing", "testing")
     boto3.client(
         "s3", endpoint_url=endpoint, aws_access_key_id="testing",
         aws_secret_access_key="testing", region_name="us-east-1",

@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from sparkplug.storage_target import s3_storage_options
+
 BUCKET = "dstl-test"
 _KEY = "testing"
 _SECRET = "testing"
@@ -66,20 +68,7 @@ def _isolated_env(mp: pytest.MonkeyPatch) -> None:
 
 
 def _storage_options(endpoint: str, key: str, secret: str) -> dict[str, Any]:
-    return {
-        "endpoint_url": endpoint,
-        "key": key,
-        "secret": secret,
-        "client_kwargs": {"region_name": _REGION},
-        "use_listings_cache": False,
-        "skip_instance_cache": True,
-        # Leave retrying to client.storage; fail fast on a dead endpoint.
-        "config_kwargs": {
-            "retries": {"max_attempts": 1, "mode": "standard"},
-            "connect_timeout": 5,
-            "read_timeout": 30,
-        },
-    }
+    return s3_storage_options(endpoint, key, secret, _REGION)
 
 
 def _post(url: str) -> None:

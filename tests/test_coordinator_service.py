@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -26,16 +25,10 @@ from coordinator import (
 from coordinator.cleanup import list_data_files
 from coordinator.store import CheckpointStore
 from coordinator.testing import completed
+from tests.waiting import wait_until
 
 NUM_TASKS = 3
 KG_PER_TASK = 4
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def _task(address: str, base: str, task: int, stop: threading.Event, errors: list) -> None:
@@ -108,7 +101,7 @@ def test_end_to_end_checkpoints_materialization_and_deletion(tmp_path: Path) -> 
                 and all(t.materialized is not None for t in latest.tasks.values())
             )
 
-        _wait(done)
+        wait_until(done)
     finally:
         stop.set()
         for th in threads:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 import socket
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,16 +32,10 @@ from coordinator import (
 from sparkplug.commands import status as status_command
 from sparkplug.commands.status import p99_from_buckets
 from tests.tree_fixtures import THREE_NODES, start
+from tests.waiting import wait_until
 from topology.config import parse_topology
 
 WRITERS_PER_LEAF = 2
-
-
-def _wait(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -124,7 +117,7 @@ def test_node_metrics_show_dfs_requests_after_persists(tree: tuple[MetricsTree, 
     t, base = tree
     _persist(t, base, 3)
     # counters come from the node loop every ~0.5 s: wait until they caught up
-    _wait(lambda: _total(t, "dstl_objects_written_total") >= 1)
+    wait_until(lambda: _total(t, "dstl_objects_written_total") >= 1)
     objects = _total(t, "dstl_objects_written_total")
     assert _total(t, "dstl_dfs_request_size_bytes_count") == objects
     assert _total(t, "dstl_dfs_request_latency_seconds_count") == objects
@@ -132,7 +125,7 @@ def test_node_metrics_show_dfs_requests_after_persists(tree: tuple[MetricsTree, 
     # every segment written (4 writers x 3 checkpoints) is in some request
     assert _total(t, "dstl_dfs_request_segments_sum") == 4 * 3
     assert _total(t, "dstl_dfs_request_size_bytes_sum") > 4 * 3 * 500
-    _wait(
+    wait_until(
         lambda: (
             _total(t, "dstl_bytes_written_total") == _total(t, "dstl_dfs_request_size_bytes_sum")
         )
@@ -235,7 +228,7 @@ def test_coordinator_metrics_show_checkpoints_and_materializations(tmp_path: Pat
     for th in threads:
         th.start()
     try:
-        _wait(
+        wait_until(
             lambda: (
                 bool(errors)
                 or scrape(url).get("dstl_checkpoints_completed_total", 0) >= 4
@@ -305,7 +298,7 @@ def test_status_lists_every_node_and_marks_a_stopped_one_down(
 ) -> None:
     t, base = tree
     _persist(t, base, 2)
-    _wait(lambda: _total(t, "dstl_objects_written_total") >= 1)
+    wait_until(lambda: _total(t, "dstl_objects_written_total") >= 1)
     topo_file = tmp_path / "topo.yaml"
     topo_file.write_text(yaml.safe_dump({"base_path": base, "nodes": THREE_NODES}))
     eps = ",".join(f"{n}={t.url(n)}" for n in t.nodes)
@@ -321,7 +314,7 @@ def test_status_lists_every_node_and_marks_a_stopped_one_down(
         assert _row(res.output, leaf).split()[1:3] in (["root", "forwarder"], ["root", "writer"])
     url_b = t.url("b")
     t.nodes["b"].stop()  # the node closes its metrics server when its loop ends
-    _wait(lambda: not _answers(url_b))
+    wait_until(lambda: not _answers(url_b))
     res = runner.invoke(status_app(), args, env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "2/3 nodes up" in res.output
