@@ -141,7 +141,7 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
 
 def _start_nodes(sc: Any, opts: DemoOptions, topo: Any) -> NodePlacement:
     if opts.master.startswith("local-cluster["):
-        n = executor_count(None, opts.master)
+        n = executor_count(opts.master)
         return executor_nodes(sc, topo, n, opts.base_path, opts.storage_options)
     node_port = opts.metrics_port and opts.metrics_port + 1  # None or 0 (free ports) stay
     return local_nodes(opts.topology, opts.tasks, opts.base_path, opts.storage_options, node_port)

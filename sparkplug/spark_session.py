@@ -42,7 +42,7 @@ def spark_session(master: str, app: str = "dstltree") -> Any:
     return spark
 
 
-def executor_count(spark: Any, master: str) -> int:
+def executor_count(master: str) -> int:
     """Executors of a local-cluster master (from its spec), else 1."""
     if master.startswith("local-cluster["):
         return int(master[len("local-cluster[") :].split(",")[0])

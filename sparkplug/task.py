@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from client import ChangelogClient, ChangelogHandle, ObjectStore
+from client.reader import iter_changes
 from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from coordinator.protocol import ApplyMaterialization, Fenced, Materialize, TriggerCheckpoint
 from coordinator.store import CheckpointStore
@@ -68,7 +69,6 @@ class _Run:
     materialized: MaterializedRef | None = None
     base_handles: tuple[ChangelogHandle, ...] = ()
     after_sqn: int = 0
-    acked: int = 0
 
 
 def run_task(cfg: TaskConfig, task: int, executor: str | None) -> dict[str, Any]:
@@ -109,16 +109,21 @@ def run_task(cfg: TaskConfig, task: int, executor: str | None) -> dict[str, Any]
 
 
 def restore_state(
-    store: ObjectStore, tc: TaskCheckpoint, kgs: range, max_parallelism: int = 128
+    store: ObjectStore,
+    tc: TaskCheckpoint,
+    kgs: range,
+    max_parallelism: int = 128,
+    into: KeyedStateBackend | None = None,
 ) -> KeyedStateBackend:
-    """A backend holding task ``tc``'s state: snapshot plus changelog replay."""
-    backend = KeyedStateBackend(kgs, None, max_parallelism)
+    """Task ``tc``'s state: its snapshot plus the replay of its changelog handles (range
+    reads of only their segments), in ``into`` (an empty backend) or a new backend.
+    Raises CorruptObjectError / StorageError naming the object."""
+    backend = into if into is not None else KeyedStateBackend(kgs, None, max_parallelism)
     backend.value_state(STATE)
     if tc.materialized is not None:
         backend.restore_snapshot(store.read(tc.materialized.path))
-    client = ChangelogClient(store, None, 1)  # type: ignore[arg-type]  # reading only
     for h in tc.changelog:
-        for _, kg, change in client.iter_changes(h):
+        for _, kg, change in iter_changes(store, h):
             backend.apply_change(kg, change)
     return backend
 
@@ -128,8 +133,7 @@ def _restore(run: _Run, latest: CompletedCheckpoint | None) -> None:
     if latest is None or run.task not in latest.tasks:
         return
     tc = latest.tasks[run.task]
-    restored = restore_state(run.store, tc, run.backend.key_groups, run.cfg.max_parallelism)
-    run.backend._states, run.backend._kinds = restored._states, restored._kinds
+    restore_state(run.store, tc, run.backend.key_groups, run.cfg.max_parallelism, run.backend)
     run.offset = tc.source_offset
     run.materialized = tc.materialized
     run.base_handles = tc.changelog
@@ -189,7 +193,6 @@ def _command(run: _Run, link: TaskLink, cmd: object) -> bool:
                 run.task, run.cfg.attempt, run.offset, run.materialized, (*run.base_handles, handle)
             ),
         )
-        run.acked += 1
     elif isinstance(cmd, Materialize):
         sqn = writer.next_sqn()
         data = run.backend.snapshot()

@@ -9,6 +9,7 @@ from pathlib import Path
 import zmq
 
 from client import ChangelogClient, ChangelogHandle, ObjectStore
+from client.reader import read_changes
 from client.wire import Error, Persist, WireItem, dump, load
 from tests.tree_fixtures import start
 
@@ -51,11 +52,7 @@ def test_tree_merges_writers_into_shared_objects(tmp_path: Path) -> None:
     last = handles[-1]
     # every change of every checkpoint is readable, in order
     for i, h in enumerate(last):
-        got = [
-            c.decode()
-            for kg in range(4)
-            for c in ChangelogClient(store, None, 1).read_changes(h, kg)
-        ]  # type: ignore[arg-type]
+        got = [c.decode() for kg in range(4) for c in read_changes(store, h, kg)]  # type: ignore[arg-type]
         want = [f"w{i}-cp{cp}-{k}" for cp in range(1, 6) for k in range(5)]
         assert sorted(got) == sorted(want)
     # the root wrote objects shared by many writers: about 1 object per checkpoint
@@ -113,10 +110,9 @@ def test_killing_a_node_mid_flush_loses_no_acknowledged_change(tmp_path: Path) -
         for c in clients:
             c.close()
     store = ObjectStore(base)
-    reader = ChangelogClient(store, None, 1)  # type: ignore[arg-type]
     for i, (h, h2) in enumerate(zip(handles, more, strict=True)):
-        got = [c.decode() for kg in range(4) for c in reader.read_changes(h2, kg)]
+        got = [c.decode() for kg in range(4) for c in read_changes(store, h2, kg)]
         assert f"w{i}-killed" in got
-        assert f"w{i}-killed" in [c.decode() for c in reader.read_changes(h, i % 4)]
+        assert f"w{i}-killed" in [c.decode() for c in read_changes(store, h, i % 4)]
         for cp_handles in acked:  # earlier acknowledged changes are all still readable
-            assert list(reader.read_changes(cp_handles[i], i % 4))
+            assert list(read_changes(store, cp_handles[i], i % 4))
