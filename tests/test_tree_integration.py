@@ -52,7 +52,7 @@ def test_tree_merges_writers_into_shared_objects(tmp_path: Path) -> None:
     last = handles[-1]
     # every change of every checkpoint is readable, in order
     for i, h in enumerate(last):
-        got = [c.decode() for kg in range(4) for c in read_changes(store, h, kg)]  # type: ignore[arg-type]
+        got = [c.decode() for kg in range(4) for c in read_changes(store, h, kg)]
         want = [f"w{i}-cp{cp}-{k}" for cp in range(1, 6) for k in range(5)]
         assert sorted(got) == sorted(want)
     # the root wrote objects shared by many writers: about 1 object per checkpoint
