@@ -84,6 +84,7 @@ class ChangelogWriter:
         self._uploaded_to = initial_sqn
         self._changesets: dict[int, dict[int, list[bytes]]] = {}
         self._sizes: dict[int, int] = defaultdict(int)
+        self._not_uploaded = 0  # bytes with SQN >= _uploaded_to (kept, not summed per append)
         self._uploads: list[_Upload] = []
         self._uploads_started = 0
         self._closed = False
@@ -103,7 +104,8 @@ class ChangelogWriter:
                 bytes(change)
             )
             self._sizes[self._sqn] += len(change)
-            if self._not_uploaded_bytes() >= self._preemptive:
+            self._not_uploaded += len(change)
+            if self._not_uploaded >= self._preemptive:
                 self._preemptive_upload()
 
     def next_sqn(self) -> int:
@@ -135,6 +137,7 @@ class ChangelogWriter:
             elif checkpoint_id is not None:
                 self._uploader.submit(self._marker(checkpoint_id, to))
             self._uploaded_to = max(self._uploaded_to, to)
+            self._not_uploaded = 0  # everything before ``to`` is uploaded; ``to`` is empty
             relevant = [u for u in self._uploads if u.sqn_to > after and u.sqn_from < to]
         return _combine(self.log_id, (after, to), relevant)
 
@@ -150,6 +153,7 @@ class ChangelogWriter:
             self._uploads = [u for u in self._uploads if u.sqn_to > before]
             self._truncated = before
             self._uploaded_to = max(self._uploaded_to, before)
+            self._not_uploaded = self._count_not_uploaded()
 
     def close(self) -> None:
         """Stop accepting appends and unregister from the uploader. Changes not yet
@@ -172,7 +176,7 @@ class ChangelogWriter:
                 self._sqn,
                 self._truncated,
                 sum(self._sizes.values()),
-                self._not_uploaded_bytes(),
+                self._not_uploaded,
                 len(self._uploads),
                 self._uploads_started,
             )
@@ -182,7 +186,7 @@ class ChangelogWriter:
         if self._closed:
             raise DstlError(f"writer {self.log_id} is closed")
 
-    def _not_uploaded_bytes(self) -> int:
+    def _count_not_uploaded(self) -> int:
         return sum(n for s, n in self._sizes.items() if s >= self._uploaded_to)
 
     def _has_changes(self, lo: int, hi: int) -> bool:
@@ -192,6 +196,7 @@ class ChangelogWriter:
         to = self.next_sqn()
         self._start_upload(self._uploaded_to, to, None)
         self._uploaded_to = to
+        self._not_uploaded = 0
 
     def _reupload_failed(self, after: int, to: int, checkpoint_id: int | None) -> None:
         for i, u in enumerate(self._uploads):
