@@ -3,12 +3,13 @@
 No sockets, threads or clocks here (pattern of dask/distributed's worker state machine):
 ``aggregator.node`` drives it over ZeroMQ; tests drive it directly.
 
-Rules (DESIGN.md, Data flow 3-4, The plan, Invariants):
+Rules (docs/design.md, Data flow 3-4, The plan, Invariants):
 - Items from below join the batch. The batch is flushed on size (>= target bytes),
   when every writer routed here has persisted for one checkpoint, or ``persist_delay``
   seconds after its first item (FLIP-158, Implementation notes).
 - At a flush each item goes to its route: with a plan for the item's window, the
-  planned writer node (this node, or an ancestor reached directly: one hop); without a
+  planned collector (the node that writes the object: this node, or an ancestor
+  reached directly: one hop); without a
   plan, the parent (hop by hop), except on a size flush, at the root or while the
   parent is unreachable, when this node writes ONE object itself.
 - Frames are passed on untouched; acks go back to whoever sent the items.
@@ -19,48 +20,63 @@ Rules (DESIGN.md, Data flow 3-4, The plan, Invariants):
 - Acks are sent only after the object holding the item was fully written.
 - Statistics flow up (residual writers and bytes per checkpoint, highest checkpoint
   seen); plans for window w+1 flow down during window w (FLIP-158, Future directions).
+
+Convention (dask/distributed worker_state_machine.py, shared with the coordinator's
+core): events and instructions are frozen dataclasses (``aggregator.events``);
+:meth:`NodeCore.handle` dispatches on the event type (``_handle_event``, one method per
+type) and, when built with ``validate=True``, then calls :meth:`NodeCore.validate`,
+which raises :class:`NodeInvariantError` naming the violated invariant.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import singledispatchmethod
 
-from aggregator.events import (
+from dstltree.aggregator.events import (
     Event,
-    FromBelow,
-    FromUpstream,
     Instruction,
+    MalformedFromBelow,
+    MessageFromBelow,
+    MessageFromUpstream,
     ObjectFailed,
     ObjectWritten,
-    Reply,
-    SendTo,
-    Tick,
+    ReplyBelow,
+    SendUpstream,
+    TimePassed,
     WriteObject,
 )
-from client.batching import Batch, PersistItem
-from client.wire import (
-    Ack,
+from dstltree.client.batching import Batch, PersistItem, RemoteOrigin
+from dstltree.client.handle import SegmentRef
+from dstltree.client.wire import (
     AckEntry,
     Error,
     Persist,
+    PersistAck,
+    PersistRequest,
     Plan,
     Register,
     Stats,
     Unregister,
-    WireItem,
 )
-from topology.plan import ByteEstimator, decide_local, window_of
+from dstltree.topology.plan import ByteEstimator, decide_local, window_of
 
 SELF = ""  # route: write here
+_PLANS_KEPT = 3  # plan windows remembered below the newest (bookkeeping bound)
+
+
+class NodeInvariantError(RuntimeError):
+    """:meth:`NodeCore.validate` found a violated invariant; the message names it."""
 
 
 @dataclass(frozen=True)
 class NodeConfig:
     """Thresholds of one node. Sizes in bytes, times in seconds. ``address`` is this
-    node's own endpoint (passed down in plans); ``parent_address`` None at the root."""
+    node's own endpoint (passed down in plans); ``parent_address`` None at the root.
+    ``registration_lease``: a writer or child not heard from for this long is forgotten."""
 
     node_id: str
     parent_address: str | None
@@ -69,7 +85,7 @@ class NodeConfig:
     persist_delay: float = 0.05
     parent_timeout: float = 2.0
     parent_retry_after: float = 5.0
-    writer_lease: float = 10.0
+    registration_lease: float = 10.0
     stats_interval: float = 0.2
     plans: bool = True
     plan_window: int = 16
@@ -117,60 +133,80 @@ class _Child:
     seen: float
 
 
-@dataclass
 class NodeCore:
-    """State of one node; see the module docstring for the rules."""
+    """State of one node; see the module docstring for the rules. ``validate``: check
+    the invariants after every event (:meth:`validate`; tests)."""
 
-    config: NodeConfig
-    batch: Batch = field(init=False)
-    parent: str | None = field(init=False)
-    _writers: dict[str, float] = field(default_factory=dict)  # own log_id -> last seen
-    _writer_cp: dict[str, int] = field(default_factory=dict)  # own log_id -> last checkpoint
-    _children: dict[str, _Child] = field(default_factory=dict)
-    _sent: dict[int, _Sent] = field(default_factory=dict)
-    _writing: dict[int, tuple[PersistItem, ...]] = field(default_factory=dict)
-    _ids: Any = field(default_factory=lambda: itertools.count(1))
-    _down: dict[str, float] = field(default_factory=dict)  # address -> down until
-    _plans: dict[int, tuple[str, str]] = field(default_factory=dict)  # window -> writer
-    _pushed: dict[tuple[bytes, int], bool] = field(default_factory=dict)
-    _ancestors: tuple[tuple[str, str], ...] = ()
-    _estimator: ByteEstimator = field(default_factory=lambda: ByteEstimator(16))
-    _own_cp_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    _max_cp: int = -1
-    _last_stats: float = 0.0
-    _reported_writers: int = -1
-    _counters: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-    def __post_init__(self) -> None:
-        self.batch = Batch(self.config.target_bytes, self.config.persist_delay)
-        self.parent = self.config.parent_address
+    def __init__(self, config: NodeConfig, validate: bool = False) -> None:
+        self.config = config
+        self.batch = Batch(config.target_bytes, config.persist_delay)
+        self.parent: str | None = config.parent_address
+        self._validate = validate
+        self._writers: dict[str, float] = {}  # own log_id -> last seen
+        self._writer_cp: dict[str, int] = {}  # own log_id -> last checkpoint
+        self._children: dict[str, _Child] = {}
+        self._sent: dict[int, _Sent] = {}
+        self._writing: dict[int, tuple[PersistItem, ...]] = {}
+        self._ids: Iterator[int] = itertools.count(1)
+        self._down: dict[str, float] = {}  # address -> down until
+        self._plans: dict[int, tuple[str, str]] = {}  # window -> collector (id, address)
+        self._pushed: dict[tuple[bytes, int], bool] = {}
+        self._ancestors: tuple[tuple[str, str], ...] = ()
+        self._estimator = ByteEstimator(16)
+        self._own_cp_bytes: dict[int, int] = defaultdict(int)
+        self._max_cp = -1
+        self._last_stats = 0.0
+        self._reported_writers = -1
+        self._counters: dict[str, int] = defaultdict(int)
+        self._last: tuple[Event, dict[RemoteOrigin, str], list[Instruction]] | None = None
 
     # -- public --------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Instruction]:
-        """Apply one event; return what the shell must do, in order."""
-        match event:
-            case FromBelow(identity, msg, now):
-                out = self._from_below(identity, msg, now)
-            case FromUpstream(address, msg, now):
-                out = self._from_upstream(address, msg, now)
-            case ObjectWritten(oid, _, refs, now):
-                out = self._written(oid, refs)
-            case ObjectFailed(oid, error, now):
-                out = self._failed(oid, error)
-            case Tick(now):
-                out = []
-            case _:
-                raise TypeError(f"unknown event {event!r}")
-        out += self._housekeeping(now)
+        """Apply one event; return what the shell must do, in order. Built with
+        ``validate=True``, the invariants are checked afterwards (NodeInvariantError)."""
+        before = self._item_states() if self._validate else {}
+        out = self._handle_event(event)
+        out += self._housekeeping(event.now)
+        if self._validate:
+            self._last = (event, before, out)
+            self.validate()
         return out
 
-    def reject(self, identity: bytes, reason: str) -> list[Instruction]:
-        """A message from below could not be decoded: reply with an error."""
-        self._counters["rejected"] += 1
-        return [Reply(identity, Error(reason))]
+    @singledispatchmethod
+    def _handle_event(self, event: Event) -> list[Instruction]:
+        raise TypeError(f"unknown event {event!r}")
+
+    @_handle_event.register
+    def _(self, event: MessageFromBelow) -> list[Instruction]:
+        return self._from_below(event.identity, event.message, event.now)
+
+    @_handle_event.register
+    def _(self, event: MalformedFromBelow) -> list[Instruction]:
+        return self._reject(event.identity, event.reason)
+
+    @_handle_event.register
+    def _(self, event: MessageFromUpstream) -> list[Instruction]:
+        msg = event.message
+        if isinstance(msg, PersistAck):
+            return self._relay_acks(event.address, msg.items)
+        if isinstance(msg, Plan) and event.address == self.parent:
+            return self._on_plan(msg, event.now)
+        return []
+
+    @_handle_event.register
+    def _(self, event: ObjectWritten) -> list[Instruction]:
+        return self._written(event.object_id, event.refs)
+
+    @_handle_event.register
+    def _(self, event: ObjectFailed) -> list[Instruction]:
+        return self._failed(event.object_id, event.error)
+
+    @_handle_event.register
+    def _(self, event: TimePassed) -> list[Instruction]:
+        return []
 
     def next_deadline(self) -> float | None:
-        """The earliest time a Tick would change something (None: nothing pending)."""
+        """The earliest time a TimePassed would change something (None: nothing pending)."""
         times = [s.deadline for s in self._sent.values()]
         if (d := self.batch.deadline()) is not None:
             times.append(d)
@@ -193,15 +229,16 @@ class NodeCore:
 
     def expected_writers(self) -> int:
         """Writers whose persist requests reach this node's batch: with a plan naming
-        another writer node, the children send there directly and only this executor's
+        another collector, the children send there directly and only this executor's
         own writers come here; otherwise the whole residual subtree does."""
-        planned = self.writer_for(None)
+        planned = self.collector_for(None)
         if planned is not None and planned[0] != self.config.node_id:
             return self._live_writers()
         return self.writers_below
 
-    def writer_for(self, checkpoint: int | None) -> tuple[str, str] | None:
-        """(writer id, address) planned for ``checkpoint``'s window, or None."""
+    def collector_for(self, checkpoint: int | None) -> tuple[str, str] | None:
+        """(collector id, address) planned for ``checkpoint``'s window (None: the
+        highest checkpoint seen), or None without a plan."""
         if not self.config.plans:
             return None
         cp = self._max_cp if checkpoint is None else checkpoint
@@ -212,16 +249,115 @@ class NodeCore:
     def statistics(self, now: float = 0.0) -> NodeStatistics:
         c = self._counters
         window = None if self._max_cp < 0 else window_of(self._max_cp, self.config.plan_window)
-        planned = self.writer_for(None)
         return NodeStatistics(
-            self.config.node_id, self.writers_below, c["objects"], c["bytes_written"],
-            c["segments_written"], c["bytes_forwarded"], c["bytes_relayed"], c["bytes_received"],
-            c["bytes_own"], self.batch.nbytes, len(self._sent), c["parent_timeouts"],
-            c["rejected"], self.parent is not None and not self._up(self.parent, now),
-            c["plan_changes"], window, planned is not None and planned[0] == self.config.node_id,
-        )  # fmt: skip
+            self.config.node_id,
+            self.writers_below,
+            c["objects"],
+            c["bytes_written"],
+            c["segments_written"],
+            c["bytes_forwarded"],
+            c["bytes_relayed"],
+            c["bytes_received"],
+            c["bytes_own"],
+            self.batch.nbytes,
+            len(self._sent),
+            c["parent_timeouts"],
+            c["rejected"],
+            self.parent is not None and not self._up(self.parent, now),
+            c["plan_changes"],
+            window,
+            self._collects(),
+        )
+
+    def _collects(self) -> bool:
+        planned = self.collector_for(None)
+        return planned is not None and planned[0] == self.config.node_id
+
+    # -- invariants ----------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check the invariants (docs/design.md, Invariants); raise NodeInvariantError
+        naming the first one violated:
+
+        - ``one-state``: every item with data is in exactly one of batched, sent
+          upstream awaiting an ack, being written (acked items are in none);
+        - ``ack-to-sender``, ``ack-once``, ``ack-after-write``: in the last event's
+          output, an ack names a request pending at that sender, once, and reports
+          success only for the object just written or the upstream that acked it;
+        - ``bounded``: leases, deadlines, down marks and plans are pruned on time.
+        """
+        states = self._item_states()
+        if self._last is not None:
+            event, before, out = self._last
+            self._check_acks(event, before, states, out)
+            self._check_bounds(event.now)
+
+    def _item_states(self) -> dict[RemoteOrigin, str]:
+        states: dict[RemoteOrigin, str] = {}
+
+        def put(item: PersistItem, state: str) -> None:
+            origin = item.origin
+            if item.data is None or not isinstance(origin, RemoteOrigin):
+                return
+            if origin in states:
+                raise NodeInvariantError(f"one-state: {origin} is {states[origin]} and {state}")
+            states[origin] = state
+
+        for item in self.batch.items:
+            put(item, "batched")
+        for sent in self._sent.values():
+            put(sent.item, f"sent:{sent.address}")
+        for oid, items in self._writing.items():
+            for item in items:
+                put(item, f"writing:{oid}")
+        return states
+
+    def _check_acks(
+        self,
+        event: Event,
+        before: dict[RemoteOrigin, str],
+        now_states: dict[RemoteOrigin, str],
+        out: list[Instruction],
+    ) -> None:
+        by_key = {(o.identity, o.request_id): (o, st) for o, st in before.items()}
+        done = {(o.identity, o.request_id) for o in now_states}
+        seen: set[tuple[bytes, int]] = set()
+        for ins in out:
+            if not (isinstance(ins, ReplyBelow) and isinstance(ins.message, PersistAck)):
+                continue
+            for entry in ins.message.items:
+                key = (ins.identity, entry.id)
+                if key not in by_key:
+                    raise NodeInvariantError(f"ack-to-sender: {key} was not pending there")
+                if key in seen or key in done:
+                    raise NodeInvariantError(f"ack-once: {key} acked twice or still pending")
+                seen.add(key)
+                if by_key[key][1] != _ack_source(event, entry):
+                    raise NodeInvariantError(
+                        f"ack-after-write: {key} was {by_key[key][1]} when acked by {event!r}"
+                    )
+
+    def _check_bounds(self, now: float) -> None:
+        lease = self.config.registration_lease
+        if any(now - seen > lease for seen in self._writers.values()) or any(
+            now - c.seen > lease for c in self._children.values()
+        ):
+            raise NodeInvariantError("bounded: a registration outlived its lease")
+        if any(s.deadline <= now for s in self._sent.values()):
+            raise NodeInvariantError("bounded: an item sent upstream is past its deadline")
+        if any(until <= now for until in self._down.values()):
+            raise NodeInvariantError("bounded: an expired down mark is kept")
+        if len(self._plans) > _PLANS_KEPT + 1:
+            raise NodeInvariantError(f"bounded: {len(self._plans)} plan windows kept")
+        if any(w not in self._plans for _, w in self._pushed):
+            raise NodeInvariantError("bounded: a pushed plan is remembered without its plan")
+        if any(i.data is None for items in self._writing.values() for i in items):
+            raise NodeInvariantError("one-state: an item without data is being written")
 
     # -- messages from below -------------------------------------------------------------
+    def _reject(self, identity: bytes, reason: str) -> list[Instruction]:
+        self._counters["rejected"] += 1
+        return [ReplyBelow(identity, Error(reason))]
+
     def _from_below(self, identity: bytes, msg: object, now: float) -> list[Instruction]:
         match msg:
             case Register(log_id):
@@ -236,30 +372,23 @@ class NodeCore:
                 self._children[node] = _Child(identity, writers, nbytes, now)
                 self._see_checkpoint(cp)
                 return [] if known else self._push_plans(now)
-            case Persist(items, payloads, via):
-                self._accept(identity, items, payloads, via, now)
+            case Persist(requests, via):
+                for r in requests:
+                    self._accept(identity, r, via is not None, now)
                 return []
-        return self.reject(identity, f"unexpected {type(msg).__name__} from below")
+        return self._reject(identity, f"unexpected {type(msg).__name__} from below")
 
-    def _accept(
-        self, identity: bytes, items: tuple[WireItem, ...], payloads: tuple[Any, ...],
-        via: str | None, now: float,
-    ) -> None:  # fmt: skip
-        frames = iter(payloads)
-        for w in items:
-            data = next(frames) if w.size > 0 else None
-            item = PersistItem(
-                w.log_id, w.sqn_from, w.sqn_to, w.checkpoint_id, w.key_groups, data, w.crc32,
-                token=(identity, w.id, via is not None),
-            )  # fmt: skip
-            self._counters["bytes_received"] += item.size
-            if via is None:  # from this executor's own writers
-                self._writers[w.log_id] = now  # a persist also renews the writer's lease
-                if w.checkpoint_id is not None:
-                    self._writer_cp[w.log_id] = w.checkpoint_id
-                self._counters["bytes_own"] += item.size
-                self._own_bytes(w.checkpoint_id, item.size)
-            self.batch.add(item, now)
+    def _accept(self, identity: bytes, request: PersistRequest, relayed: bool, now: float) -> None:
+        item = request.item.from_origin(RemoteOrigin(identity, request.id, relayed))
+        log_id, cp = item.meta.log_id, item.checkpoint_id
+        self._counters["bytes_received"] += item.size
+        if not relayed:  # from this executor's own writers
+            self._writers[log_id] = now  # a persist also renews the writer's lease
+            if cp is not None:
+                self._writer_cp[log_id] = cp
+            self._counters["bytes_own"] += item.size
+            self._own_bytes(cp, item.size)
+        self.batch.add(item, now)
 
     def _own_bytes(self, checkpoint: int | None, size: int) -> None:
         cp = self._max_cp + 1 if checkpoint is None else checkpoint
@@ -278,65 +407,61 @@ class NodeCore:
         self._max_cp = cp
 
     # -- messages from upstream ----------------------------------------------------------
-    def _from_upstream(self, address: str, msg: object, now: float) -> list[Instruction]:
-        if isinstance(msg, Ack):
-            return self._relay_acks(msg.items)
-        if isinstance(msg, Plan) and address == self.parent:
-            return self._on_plan(msg, now)
-        return []
-
     def _on_plan(self, plan: Plan, now: float) -> list[Instruction]:
-        """The parent's writer for ``plan.window``: decide locally and pass down."""
+        """The parent's collector for ``plan.window``: decide locally and pass down."""
         self._ancestors = plan.ancestors
         decision = decide_local(
-            self.config.node_id, self._own_estimate(), self._child_reports(),
-            self.config.target_bytes, is_root=False,
-        )  # fmt: skip
+            self.config.node_id,
+            self._own_estimate(),
+            self._child_reports(),
+            self.config.target_bytes,
+            is_root=False,
+        )
         mine = (self.config.node_id, self.config.address)
-        writer = mine if decision.writes else (plan.writer, plan.address)
-        if self._plans.get(plan.window) != writer:
+        collector = mine if decision.writes else (plan.collector, plan.address)
+        if self._plans.get(plan.window) != collector:
             self._counters["plan_changes"] += 1
-        self._plans[plan.window] = writer
+        self._plans[plan.window] = collector
         self._forget_old_plans(plan.window)
         return self._push_plans(now)
 
-    def _relay_acks(self, entries: tuple[AckEntry, ...]) -> list[Instruction]:
-        replies: dict[bytes, list[AckEntry]] = defaultdict(list)
+    def _relay_acks(self, address: str, entries: tuple[AckEntry, ...]) -> list[Instruction]:
+        """Acks from ``address`` for items sent there: success goes back to each item's
+        sender; an error means this node writes the item itself (never acked here)."""
+        acks: list[tuple[PersistItem, AckEntry]] = []
         failed: list[PersistItem] = []
         for e in entries:
-            sent = self._sent.pop(e.id, None)
-            if sent is None:
+            sent = self._sent.get(e.id)
+            if sent is None or sent.address != address:
                 continue  # late ack after a timeout: this node wrote the item itself
+            del self._sent[e.id]
             if e.error is not None:
                 failed.append(sent.item)
-                continue
-            identity, orig_id, _ = sent.item.token
-            replies[identity].append(AckEntry(orig_id, e.path, e.offset, e.length))
-        out: list[Instruction] = [Reply(i, Ack(tuple(a))) for i, a in replies.items()]
+            else:
+                acks.append((sent.item, e))
+        out = _acks_to_origins(acks)
         if failed:
             out += self._write(failed)
         return out
 
     # -- objects -------------------------------------------------------------------------
-    def _written(self, oid: int, refs: tuple[Any, ...]) -> list[Instruction]:
+    def _written(self, oid: int, refs: tuple[SegmentRef, ...]) -> list[Instruction]:
         items = self._writing.pop(oid, ())
-        replies: dict[bytes, list[AckEntry]] = defaultdict(list)
-        for item, ref in zip(items, refs, strict=True):
-            identity, orig_id, _ = item.token
-            replies[identity].append(AckEntry(orig_id, ref.path, ref.offset, ref.length))
-        if items:
-            self._counters["objects"] += 1
-            self._counters["segments_written"] += len(items)
-            self._counters["bytes_written"] += sum(i.size for i in items)
-        return [Reply(i, Ack(tuple(a))) for i, a in replies.items()]
+        if not items:
+            return []
+        self._counters["objects"] += 1
+        self._counters["segments_written"] += len(items)
+        self._counters["bytes_written"] += sum(i.size for i in items)
+        return _acks_to_origins(
+            [(i, AckEntry(0, r.path, r.offset)) for i, r in zip(items, refs, strict=True)]
+        )
 
     def _failed(self, oid: int, error: str) -> list[Instruction]:
+        """The senders write the items again (a client falls back to DFS, a child node
+        writes itself): an error ack, never a success."""
         items = self._writing.pop(oid, ())
-        replies: dict[bytes, list[AckEntry]] = defaultdict(list)
-        for item in items:
-            identity, orig_id, _ = item.token
-            replies[identity].append(AckEntry(orig_id, error=f"object write failed: {error}"))
-        return [Reply(i, Ack(tuple(a))) for i, a in replies.items()]
+        entry = AckEntry(0, error=f"object write failed: {error}")
+        return _acks_to_origins([(i, entry) for i in items])
 
     def _write(self, items: list[PersistItem]) -> list[Instruction]:
         data = tuple(i for i in items if i.data is not None)
@@ -349,7 +474,7 @@ class NodeCore:
     # -- routing and flushing ------------------------------------------------------------
     def _route(self, item: PersistItem, reason: str, now: float) -> str:
         """SELF or the upstream address for ``item`` at a flush."""
-        planned = self.writer_for(item.checkpoint_id)
+        planned = self.collector_for(item.checkpoint_id)
         if planned is not None:
             node_id, address = planned
             if node_id == self.config.node_id or not address:
@@ -381,18 +506,16 @@ class NodeCore:
             upstream = self._upstream_of(item, now)
             if upstream is None or item.checkpoint_id is None:
                 continue
-            key = (item.log_id, item.checkpoint_id)
-            markers[upstream][key] = PersistItem(
-                item.log_id, item.sqn_to, item.sqn_to, item.checkpoint_id, (), None
-            )
+            key = (item.meta.log_id, item.checkpoint_id)
+            markers[upstream][key] = PersistItem.marker(key[0], item.meta.sqn_to, key[1])
         return [
             i for address, m in markers.items() for i in self._send(address, list(m.values()), now)
         ]
 
     def _upstream_of(self, item: PersistItem, now: float) -> str | None:
-        """Where ``item`` goes when it is not written here: the planned writer node,
-        else the parent; None when that is this node or unreachable."""
-        planned = self.writer_for(item.checkpoint_id)
+        """Where ``item`` goes when it is not written here: the planned collector, else
+        the parent; None when that is this node or unreachable."""
+        planned = self.collector_for(item.checkpoint_id)
         if planned is not None:
             node_id, address = planned
             if node_id == self.config.node_id or not address or not self._up(address, now):
@@ -403,25 +526,22 @@ class NodeCore:
         return self.parent
 
     def _send(self, address: str, items: list[PersistItem], now: float) -> list[Instruction]:
-        wire_items, payloads = [], []
+        requests = []
         for item in items:
             fid = next(self._ids)
             if item.data is not None:
                 self._sent[fid] = _Sent(item, address, now + self.config.parent_timeout)
-                payloads.append(item.data)
                 self._counters["bytes_forwarded"] += item.size
-                if item.token[2]:
+                if isinstance(item.origin, RemoteOrigin) and item.origin.relayed:
                     self._counters["bytes_relayed"] += item.size
-            wire_items.append(
-                WireItem(fid, item.log_id, item.sqn_from, item.sqn_to, item.checkpoint_id,
-                         item.key_groups, item.size, item.crc32)
-            )  # fmt: skip
-        return [SendTo(address, Persist(tuple(wire_items), tuple(payloads), self.config.node_id))]
+            requests.append(PersistRequest(fid, item))
+        return [SendUpstream(address, Persist(tuple(requests), self.config.node_id))]
 
     def _up(self, address: str, now: float) -> bool:
         return now >= self._down.get(address, float("-inf"))
 
     def _expire_sent(self, now: float) -> list[Instruction]:
+        self._down = {a: until for a, until in self._down.items() if until > now}
         late = [fid for fid, s in self._sent.items() if s.deadline <= now]
         if not late:
             return []
@@ -438,6 +558,7 @@ class NodeCore:
             if address and address != self.parent and self._up(address, now):
                 self.parent = address
                 self._plans.clear()  # the next plan comes from the new parent
+                self._pushed.clear()  # and goes down again, even for known windows
                 return
 
     # -- time-driven rules ---------------------------------------------------------------
@@ -452,7 +573,7 @@ class NodeCore:
         return out
 
     def _expire_leases(self, now: float) -> None:
-        lease = self.config.writer_lease
+        lease = self.config.registration_lease
         for log_id in [w for w, seen in self._writers.items() if now - seen > lease]:
             del self._writers[log_id]
             self._writer_cp.pop(log_id, None)
@@ -487,9 +608,10 @@ class NodeCore:
         return self._push_plans(now) if changed else []
 
     def _forget_old_plans(self, newest: int) -> None:
-        for window in [x for x in self._plans if x < newest - 2]:
+        oldest = newest - (_PLANS_KEPT - 1)
+        for window in [x for x in self._plans if x < oldest]:
             del self._plans[window]
-        self._pushed = {k: v for k, v in self._pushed.items() if k[1] >= newest - 2}
+        self._pushed = {k: v for k, v in self._pushed.items() if k[1] in self._plans}
 
     def _push_plans(self, now: float) -> list[Instruction]:
         """Send every plan a child has not had yet (with the ancestors chain)."""
@@ -498,12 +620,12 @@ class NodeCore:
         chain = ((self.config.node_id, self.config.address), *self._ancestors)
         out: list[Instruction] = []
         for child in self._children.values():
-            for window, (writer, address) in sorted(self._plans.items()):
+            for window, (collector, address) in sorted(self._plans.items()):
                 key = (child.identity, window)
                 if self._pushed.get(key):
                     continue
                 self._pushed[key] = True
-                out.append(Reply(child.identity, Plan(window, writer, address, chain)))
+                out.append(ReplyBelow(child.identity, Plan(window, collector, address, chain)))
         return out
 
     def _report_stats(self, now: float) -> list[Instruction]:
@@ -511,14 +633,36 @@ class NodeCore:
         residual writer count changes (the parent's all-persisted rule depends on it)."""
         if self.parent is None:
             return []
-        planned = self.writer_for(None)
-        writes = planned is not None and planned[0] == self.config.node_id
-        writers = 0 if writes else self.writers_below
+        collects = self._collects()
+        writers = 0 if collects else self.writers_below
         due = now >= self._last_stats + self.config.stats_interval
         if not due and writers == self._reported_writers:
             return []
         self._last_stats = now
         self._reported_writers = writers
         residual = self._own_estimate() + sum(self._child_reports())
-        stats = Stats(self.config.node_id, writers, 0.0 if writes else residual, self._max_cp)
-        return [SendTo(self.parent, stats)]
+        stats = Stats(self.config.node_id, writers, 0.0 if collects else residual, self._max_cp)
+        return [SendUpstream(self.parent, stats)]
+
+
+def _acks_to_origins(acks: list[tuple[PersistItem, AckEntry]]) -> list[Instruction]:
+    """One PersistAck per sender: each entry renamed to the item's own request id."""
+    replies: dict[bytes, list[AckEntry]] = defaultdict(list)
+    for item, entry in acks:
+        origin = item.origin
+        if isinstance(origin, RemoteOrigin):
+            replies[origin.identity].append(
+                AckEntry(origin.request_id, entry.path, entry.offset, entry.error)
+            )
+    return [ReplyBelow(i, PersistAck(tuple(a))) for i, a in replies.items()]
+
+
+def _ack_source(event: Event, entry: AckEntry) -> str | None:
+    """The state an item must have been in for ``event`` to ack it with ``entry``."""
+    if isinstance(event, ObjectWritten) and entry.error is None:
+        return f"writing:{event.object_id}"
+    if isinstance(event, ObjectFailed) and entry.error is not None:
+        return f"writing:{event.object_id}"
+    if isinstance(event, MessageFromUpstream) and entry.error is None:
+        return f"sent:{event.address}"
+    return None

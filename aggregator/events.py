@@ -1,84 +1,111 @@
-"""Events into and instructions out of the node state machine (no I/O)."""
+"""Events into and instructions out of the node state machine (no I/O).
+
+Convention (as dask/distributed's worker_state_machine.py, shared with the coordinator's
+core): events are frozen dataclasses carrying ``now`` (seconds, the shell's monotonic
+clock); protocol messages are wrapped, never mirrored; instructions are frozen
+dataclasses the shell executes in order.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.batching import PersistItem
-from client.handle import SegmentRef
-from client.wire import Message
+from dstltree.client.batching import PersistItem
+from dstltree.client.handle import SegmentRef
+from dstltree.client.wire import Message
 
 
 # -- events ------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class FromBelow:
-    """A message from a client or child node, identified by its ROUTER identity."""
+class MessageFromBelow:
+    """``message`` from a client or child node, identified by its ROUTER ``identity``."""
 
-    identity: bytes
-    msg: Message
     now: float
+    identity: bytes
+    message: Message
 
 
 @dataclass(frozen=True)
-class FromUpstream:
-    """A message from an upstream node (parent, ancestor or planned writer) at
+class MalformedFromBelow:
+    """A message from ROUTER ``identity`` that could not be decoded (``reason``)."""
+
+    now: float
+    identity: bytes
+    reason: str
+
+
+@dataclass(frozen=True)
+class MessageFromUpstream:
+    """``message`` from an upstream node (parent, ancestor or planned collector) at
     ``address``: acks for items sent there, or plans from the parent."""
 
-    address: str
-    msg: Message
     now: float
+    address: str
+    message: Message
 
 
 @dataclass(frozen=True)
-class Tick:
+class TimePassed:
+    """Nothing arrived; deadlines up to ``now`` are due."""
+
     now: float
 
 
 @dataclass(frozen=True)
 class ObjectWritten:
-    """The shell wrote object ``object_id``; ``refs`` align with its data items."""
+    """The shell wrote object ``object_id`` at ``path``; ``refs`` align with the items
+    of its WriteObject."""
 
+    now: float
     object_id: int
     path: str
     refs: tuple[SegmentRef, ...]
-    now: float
 
 
 @dataclass(frozen=True)
 class ObjectFailed:
+    """Writing object ``object_id`` failed with ``error`` (after the upload retries)."""
+
+    now: float
     object_id: int
     error: str
-    now: float
 
 
-Event = FromBelow | FromUpstream | Tick | ObjectWritten | ObjectFailed
+Event = (
+    MessageFromBelow
+    | MalformedFromBelow
+    | MessageFromUpstream
+    | TimePassed
+    | ObjectWritten
+    | ObjectFailed
+)
 
 
 # -- instructions ------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Reply:
-    """Send ``msg`` to the client or child with ROUTER ``identity``."""
+class ReplyBelow:
+    """Send ``message`` to the client or child with ROUTER ``identity``."""
 
     identity: bytes
-    msg: Message
+    message: Message
 
 
 @dataclass(frozen=True)
-class SendTo:
-    """Send ``msg`` to the upstream node at ``address`` (the shell opens at most one
+class SendUpstream:
+    """Send ``message`` to the upstream node at ``address`` (the shell opens at most one
     connection per address, lazily)."""
 
     address: str
-    msg: Message
+    message: Message
 
 
 @dataclass(frozen=True)
 class WriteObject:
-    """Write ``items`` (all with data) as one object, then feed back ObjectWritten or
-    ObjectFailed with the same ``object_id``."""
+    """Write ``items`` (all with data) as one object off the event loop, then feed back
+    ObjectWritten or ObjectFailed with the same ``object_id``."""
 
     object_id: int
     items: tuple[PersistItem, ...]
 
 
-Instruction = Reply | SendTo | WriteObject
+Instruction = ReplyBelow | SendUpstream | WriteObject

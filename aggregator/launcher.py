@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topology.config import TopologyConfig
-from topology.tree import Tree
+from dstltree.topology.config import TopologyConfig
+from dstltree.topology.tree import Tree
 
 
 @dataclass
@@ -52,18 +52,6 @@ class LocalTree:
     def metrics_url(self, node_id: str) -> str | None:
         """The node's metrics URL (topology ``metrics_port``), or None."""
         return self.nodes[node_id].metrics_url
-
-    def final_statistics(self) -> dict[str, dict]:
-        """Each stopped node's final statistics (node id -> JSON document)."""
-        import json
-
-        out = {}
-        assert self.workdir is not None
-        for node_id in self.nodes:
-            f = self.workdir / f"{node_id}.stats.json"
-            if f.exists():
-                out[node_id] = json.loads(f.read_text())
-        return out
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every node (leaves first), SIGKILL after ``timeout`` seconds."""
@@ -109,9 +97,22 @@ def start_node_process(
     and a snapshot to ``workdir/<node_id>.snapshot.json`` on SIGUSR1."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "aggregator", "--topology", str(topology_file),
-           "--node-id", node_id, "--depth", str(depth), "--bind", bind,
-           "--address-file", str(addr_file)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dstltree.cli",
+        "node",
+        "--topology",
+        str(topology_file),
+        "--node-id",
+        node_id,
+        "--depth",
+        str(depth),
+        "--bind",
+        bind,
+        "--address-file",
+        str(addr_file),
+    ]
     if parent:
         cmd += ["--parent", parent]
     if base_path:
@@ -155,11 +156,16 @@ def start_tree(
             parent = tree.parent(node_id)
             bind = binds.get(node_id, "auto")
             h = start_node_process(
-                topology_file, node_id, tree.depth(node_id),
-                running.nodes[parent].address if parent else None, wd,
-                bind="tcp://127.0.0.1:0" if bind == "auto" else bind, base_path=base_path,
-                exit_with_pid=os.getpid(), plans=plans,
-            )  # fmt: skip
+                topology_file,
+                node_id,
+                tree.depth(node_id),
+                running.nodes[parent].address if parent else None,
+                wd,
+                bind="tcp://127.0.0.1:0" if bind == "auto" else bind,
+                base_path=base_path,
+                exit_with_pid=os.getpid(),
+                plans=plans,
+            )
             running.nodes[node_id] = h
     except BaseException:
         running.stop()

@@ -4,7 +4,7 @@ Every node has its own :class:`prometheus_client.CollectorRegistry` (several nod
 share one process in tests) and, unless its port is None, serves it as text on
 ``http://HOST:PORT/metrics``. Every metric carries the label ``node`` (the node id).
 
-DFS requests (one per object a writer node uploads; hedged attempts of the same upload
+DFS requests (one per object a collector uploads; hedged attempts of the same upload
 count once here):
 
 - ``dstl_dfs_request_size_bytes`` (histogram): segment bytes in the object, i.e. the
@@ -18,7 +18,7 @@ count once here):
 - ``dstl_dfs_hedged_attempts_total``: extra attempts started because an attempt was
   slower than the upload timeout.
 
-Node counters, from :class:`aggregator.core.NodeStatistics` (bytes are segment bytes):
+Node counters, from :class:`dstltree.aggregator.core.NodeStatistics` (bytes are segment bytes):
 ``dstl_objects_written_total``, ``dstl_segments_written_total``,
 ``dstl_bytes_written_total``, ``dstl_bytes_received_total``,
 ``dstl_bytes_relayed_total`` (received from a child node and sent on),
@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from client.metrics_endpoint import MetricsEndpoint
+from dstltree.client.metrics_endpoint import MetricsEndpoint
 
 if TYPE_CHECKING:
-    from aggregator.core import NodeStatistics
-    from topology.config import TopologyConfig
+    from dstltree.aggregator.core import NodeStatistics
+    from dstltree.topology.config import TopologyConfig
 
 log = logging.getLogger("dstltree.metrics")
 
@@ -81,7 +81,7 @@ _COUNTER_HELP = {
     "bytes_relayed": "Segment bytes received from child nodes and sent upstream.",
     "bytes_forwarded": "Segment bytes sent upstream (own writers' and relayed).",
     "parent_timeouts": "Times items sent upstream were not acked in time.",
-    "plan_changes": "Times the planned writer of a plan window changed.",
+    "plan_changes": "Times the planned collector of a plan window changed.",
     "rejected_messages": "Malformed or unexpected messages answered with an error.",
 }
 # HedgingStats field -> counter name.
@@ -126,19 +126,37 @@ class NodeMetrics:
     def __init__(self, node_id: str, port: int | None, host: str = "127.0.0.1") -> None:
         self.node_id = node_id
         self.registry = CollectorRegistry(auto_describe=True)
+        self._upload_metrics(node_id)
+        self._state_gauges(node_id)
+        self._lock = threading.Lock()
+        self.endpoint = MetricsEndpoint(self.registry, host, port)
+        self.host = host
+        self.port = self.endpoint.port
+
+    def _upload_metrics(self, node_id: str) -> None:
+        """Histograms and counters of DFS uploads and the node's counters."""
         r, lbl = self.registry, ["node"]
         self.request_size = Histogram(
-            "dstl_dfs_request_size_bytes", "Segment bytes per DFS object upload.", lbl,
-            registry=r, buckets=SIZE_BUCKETS,
-        ).labels(node_id)  # fmt: skip
+            "dstl_dfs_request_size_bytes",
+            "Segment bytes per DFS object upload.",
+            lbl,
+            registry=r,
+            buckets=SIZE_BUCKETS,
+        ).labels(node_id)
         self.request_latency = Histogram(
-            "dstl_dfs_request_latency_seconds", "Seconds per DFS object upload (hedges and "
-            "retries included).", lbl, registry=r, buckets=LATENCY_BUCKETS,
-        ).labels(node_id)  # fmt: skip
+            "dstl_dfs_request_latency_seconds",
+            "Seconds per DFS object upload (hedges and retries included).",
+            lbl,
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        ).labels(node_id)
         self.request_segments = Histogram(
-            "dstl_dfs_request_segments", "Segments (FLIP-158 'logs') per DFS object upload.",
-            lbl, registry=r, buckets=SEGMENT_BUCKETS,
-        ).labels(node_id)  # fmt: skip
+            "dstl_dfs_request_segments",
+            "Segments (FLIP-158 'logs') per DFS object upload.",
+            lbl,
+            registry=r,
+            buckets=SEGMENT_BUCKETS,
+        ).labels(node_id)
         self.errors = Counter(
             "dstl_dfs_errors", "DFS object uploads that failed.", lbl, registry=r
         ).labels(node_id)
@@ -151,6 +169,10 @@ class NodeMetrics:
             for field, (name, text) in _UPLOAD_COUNTERS.items()
         }
         self._last: dict[str, int] = {}
+
+    def _state_gauges(self, node_id: str) -> None:
+        """Gauges of the node's current state (batch, in flight, plan, parent)."""
+        r, lbl = self.registry, ["node"]
         self.queued_bytes = Gauge(
             "dstl_queued_bytes", "Segment bytes queued in the batch (bytes).", lbl, registry=r
         ).labels(node_id)
@@ -161,9 +183,11 @@ class NodeMetrics:
             "dstl_writers_below", "Residual writers of this node's subtree.", lbl, registry=r
         ).labels(node_id)
         self.writes_for_window = Gauge(
-            "dstl_writes_for_window", "1 if this node writes for the current plan window.",
-            lbl, registry=r,
-        ).labels(node_id)  # fmt: skip
+            "dstl_writes_for_window",
+            "1 if this node writes for the current plan window.",
+            lbl,
+            registry=r,
+        ).labels(node_id)
         self.plan_window = Gauge(
             "dstl_plan_window", "Current plan window (-1: none yet).", lbl, registry=r
         ).labels(node_id)
@@ -171,10 +195,6 @@ class NodeMetrics:
         self.parent_down = Gauge(
             "dstl_parent_down", "1 while the parent is marked unreachable.", lbl, registry=r
         ).labels(node_id)
-        self._lock = threading.Lock()
-        self.endpoint = MetricsEndpoint(r, host, port)
-        self.host = host
-        self.port = self.endpoint.port
 
     @property
     def url(self) -> str | None:

@@ -19,27 +19,28 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from aggregator.core import NodeConfig, NodeCore, NodeStatistics
-from aggregator.events import (
+from dstltree.aggregator.core import NodeConfig, NodeCore, NodeStatistics
+from dstltree.aggregator.events import (
     Event,
-    FromBelow,
-    FromUpstream,
     Instruction,
+    MalformedFromBelow,
+    MessageFromBelow,
+    MessageFromUpstream,
     ObjectFailed,
     ObjectWritten,
-    Reply,
-    SendTo,
-    Tick,
+    ReplyBelow,
+    SendUpstream,
+    TimePassed,
     WriteObject,
 )
-from client.direct import write_items
-from client.errors import WireError
-from client.hedging import UploadPolicy
-from client.storage import ObjectStore
-from client.wire import dump, load
+from dstltree.aggregator.object_writer import ObjectWriter
+from dstltree.client.errors import WireError
+from dstltree.client.wire import dump, load
+from dstltree.storage.hedging import UploadPolicy
+from dstltree.storage.store import ObjectStore
 
 if TYPE_CHECKING:
-    from aggregator.metrics import NodeMetrics
+    from dstltree.aggregator.metrics import NodeMetrics
 
 log = logging.getLogger("dstltree.node")
 _MAX_POLL_MS = 100
@@ -50,7 +51,9 @@ class Node:
     """One aggregator node. ``bind`` is a ZeroMQ endpoint; ``tcp://HOST:0`` picks a free
     port (see :attr:`address`). The parent's endpoint is ``config.parent_address``.
     ``metrics``: updated from the loop and the uploads; the node closes it (stops its
-    HTTP server) when it stops serving."""
+    HTTP server) when it stops serving. Objects are written by :attr:`writer`, this
+    node's own :class:`ObjectWriter` (hedged per ``upload_policy``), on
+    ``upload_threads`` threads off the event loop."""
 
     def __init__(
         self,
@@ -64,7 +67,8 @@ class Node:
     ) -> None:
         self.store = store
         self.max_message_bytes = max_message_bytes
-        self.upload_policy = upload_policy
+        self.writer = ObjectWriter(store, upload_policy)
+        self.upload_policy = self.writer.policy
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._front = self._ctx.socket(zmq.ROUTER)
         self._front.setsockopt(zmq.LINGER, 0)
@@ -101,7 +105,7 @@ class Node:
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
                 self._drain_results()
-                self._run(self.core.handle(Tick(time.monotonic())))
+                self._run(self.core.handle(TimePassed(time.monotonic())))
                 with self._lock:
                     self._stats = self.core.statistics(now)
                 if self.metrics is not None and now >= self._metrics_due:
@@ -131,11 +135,8 @@ class Node:
             return self._stats
 
     def _update_metrics(self) -> None:
-        from client.hedging import uploader_for
-
         if self.metrics is not None:
-            uploads = uploader_for(self.store, self.upload_policy).stats.snapshot()
-            self.metrics.update(self.statistics(), uploads)
+            self.metrics.update(self.statistics(), self.writer.upload_stats())
 
     # -- loop parts ----------------------------------------------------------------------
     def _poll_ms(self) -> int:
@@ -155,9 +156,9 @@ class Node:
                 msg = load(frames[1:], self.max_message_bytes)
             except WireError as e:
                 log.warning("rejected message: %s", e)
-                self._run(self.core.reject(identity, str(e)))
+                self._run(self.core.handle(MalformedFromBelow(now, identity, str(e))))
                 continue
-            self._run(self.core.handle(FromBelow(identity, msg, now)))
+            self._run(self.core.handle(MessageFromBelow(now, identity, msg)))
 
     def _drain_up(self, address: str, sock: zmq.Socket, now: float) -> None:
         for _ in range(1000):
@@ -170,7 +171,7 @@ class Node:
             except WireError as e:
                 log.warning("bad message from %s: %s", address, e)
                 continue
-            self._run(self.core.handle(FromUpstream(address, msg, now)))
+            self._run(self.core.handle(MessageFromUpstream(now, address, msg)))
 
     def _socket_to(self, address: str) -> zmq.Socket:
         """The DEALER to an upstream node, opened on first use (one per address)."""
@@ -194,9 +195,9 @@ class Node:
     def _run(self, instructions: list[Instruction]) -> None:
         for ins in instructions:
             match ins:
-                case Reply(identity, msg):
+                case ReplyBelow(identity, msg):
                     self._send(self._front, [identity, *dump(msg)])
-                case SendTo(address, msg):
+                case SendUpstream(address, msg):
                     self._send(self._socket_to(address), dump(msg))
                 case WriteObject(oid, items):
                     try:
@@ -216,12 +217,12 @@ class Node:
         t0 = time.monotonic()
         ok = False
         try:
-            path, refs = write_items(self.store, list(items), self.upload_policy)
-            event: Event = ObjectWritten(oid, path, tuple(refs), time.monotonic())
+            path, refs = self.writer.write(items)
+            event: Event = ObjectWritten(time.monotonic(), oid, path, tuple(refs))
             ok = True
         except Exception as e:  # noqa: BLE001 - reported to the origins as an error ack
             log.warning("object write failed: %s", e)
-            event = ObjectFailed(oid, str(e), time.monotonic())
+            event = ObjectFailed(time.monotonic(), oid, str(e))
         if self.metrics is not None:
             size = sum(i.size for i in items)
             self.metrics.observe_upload(size, len(items), time.monotonic() - t0, ok)

@@ -16,33 +16,27 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from aggregator.core import NodeConfig
-from aggregator.metrics import NodeMetrics, metrics_port_for
-from aggregator.node import Node
-from client.hedging import UploadPolicy
-from client.storage import ObjectStore
-from topology.config import TopologyConfig
+from dstltree.aggregator.core import NodeConfig
+from dstltree.aggregator.metrics import NodeMetrics, metrics_port_for
+from dstltree.aggregator.node import Node
+from dstltree.storage.hedging import UploadPolicy
+from dstltree.storage.store import ObjectStore
+from dstltree.topology.config import TopologyConfig
 
 
 def node_config(
     topo: TopologyConfig, node_id: str, depth: int, parent: str | None, plans: bool = True
 ) -> NodeConfig:
-    """The node's thresholds; its parent timeout grows with depth so that ancestors give
-    up on their parents before their children give up on them."""
+    """The node's thresholds; its parent timeout is ``topo.ack_timeout(depth)``."""
     return NodeConfig(
         node_id=node_id,
         parent_address=parent,
         target_bytes=int(topo.target_object_bytes),
         persist_delay=topo.persist_delay,
-        parent_timeout=topo.parent_timeout * max(depth, 1),
+        parent_timeout=topo.ack_timeout(depth),
         plans=plans and topo.plans,
         plan_window=topo.plan_window,
     )
-
-
-def client_ack_timeout(topo: TopologyConfig, depth: int) -> float:
-    """How long a writer waits for its node (at ``depth``) before writing directly."""
-    return topo.parent_timeout * (depth + 2) + 1.0
 
 
 def build_node(
@@ -54,11 +48,20 @@ def build_node(
     store: ObjectStore | None = None,
     metrics: NodeMetrics | None = None,
 ) -> Node:
+    """The node ``node_id`` at ``depth`` of ``topo``, bound to ``bind``, with its own
+    object writer hedging uploads per the topology (``upload_attempts``,
+    ``upload_timeout``). ``store``: default, the topology's base path."""
     store = store or ObjectStore(topo.base_path, topo.storage_options)
     cfg = node_config(topo, node_id, depth, parent)
     policy = UploadPolicy(attempts=topo.upload_attempts, upload_timeout=topo.upload_timeout)
-    return Node(cfg, store, bind=bind, max_message_bytes=int(topo.max_message_bytes),
-                upload_policy=policy, metrics=metrics)  # fmt: skip
+    return Node(
+        cfg,
+        store,
+        bind=bind,
+        max_message_bytes=int(topo.max_message_bytes),
+        upload_policy=policy,
+        metrics=metrics,
+    )
 
 
 def node_metrics(topo: TopologyConfig, node_id: str, bind: str) -> NodeMetrics | None:
@@ -108,8 +111,12 @@ def run_node(
         signal.signal(sig, lambda *_: node.stop())
     if snapshot_file is not None:
         # written from another thread: the handler may interrupt the loop holding a lock
-        signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(
-            target=write_stats, args=(node, snapshot_file), daemon=True).start())  # fmt: skip
+        signal.signal(
+            signal.SIGUSR1,
+            lambda *_: threading.Thread(
+                target=write_stats, args=(node, snapshot_file), daemon=True
+            ).start(),
+        )
     if exit_with_pid is not None:
         threading.Thread(target=_watch_pid, args=(exit_with_pid, node), daemon=True).start()
     node.serve()
@@ -118,11 +125,10 @@ def run_node(
 
 
 def write_stats(node: Node, path: Path) -> None:
-    """The node's counters plus its DFS upload statistics (requests, hedges), as JSON."""
-    from client.hedging import uploader_for
-
+    """The node's counters plus its DFS upload statistics (requests, hedges, from its
+    own object writer), as JSON."""
     doc = asdict(node.statistics())
-    doc["uploads"] = uploader_for(node.store, node.upload_policy).stats.snapshot()
+    doc["uploads"] = node.writer.upload_stats()
     doc["process_cpu_s"] = sum(os.times()[:2])
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))

@@ -1,11 +1,10 @@
 """The StateChangelog API of FLIP-158 for one task: writers, SQNs, handles, the object
-format and its reader, the wire messages."""
+format and its reader, the wire messages. The storage boundary below it
+(:class:`ObjectStore` and the storage errors) is :mod:`dstltree.storage`, re-exported
+here."""
 
-# importing the fault-injecting filesystem registers fsspec's "faulty" protocol, so that
-# ``faulty::file:///...`` base paths work in every process (nodes included)
-from client import faults as _faults  # noqa: F401
-from client.api import ChangelogClient
-from client.errors import (
+from dstltree.client.api import ChangelogClient
+from dstltree.client.errors import (
     CorruptObjectError,
     DstlError,
     PersistError,
@@ -13,9 +12,9 @@ from client.errors import (
     StorageError,
     WireError,
 )
-from client.handle import ChangelogHandle, SegmentRef
-from client.storage import ObjectStore
-from client.writer import ChangelogWriter
+from dstltree.client.handle import ChangelogHandle, SegmentRef
+from dstltree.client.writer import ChangelogWriter
+from dstltree.storage.store import ObjectStore
 
 __all__ = [
     "ChangelogClient",

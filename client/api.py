@@ -12,14 +12,14 @@ from typing import Any
 
 import fsspec
 
-from client.direct import DirectUploader
-from client.handle import ChangelogHandle
-from client.hedging import UploadPolicy
-from client.inflight import DEFAULT_MAX_IN_FLIGHT, InFlightLimit
-from client.reader import iter_changes, read_changes
-from client.storage import ObjectStore
-from client.uploader import SegmentUploader
-from client.writer import ChangelogWriter
+from dstltree.client.direct import DirectUploader
+from dstltree.client.handle import ChangelogHandle
+from dstltree.client.inflight import DEFAULT_MAX_IN_FLIGHT, InFlightLimit
+from dstltree.client.reader import iter_changes, read_changes
+from dstltree.client.uploader import SegmentUploader
+from dstltree.client.writer import ChangelogWriter
+from dstltree.storage.hedging import UploadPolicy
+from dstltree.storage.store import ObjectStore
 
 DEFAULT_PREEMPTIVE_BYTES = 5 * 1024 * 1024  # Flink DSTL pre-emptive upload threshold
 
@@ -62,7 +62,7 @@ class ChangelogClient:
         defaults write one object per segment). ``node``: a ZeroMQ endpoint of the
         aggregator node; a segment not acked within ``ack_timeout`` seconds is written
         straight to DFS instead. ``upload_policy`` sets hedging of in-process uploads
-        (default: client.hedging.UploadPolicy()). Starting an upload blocks while
+        (default: storage.hedging.UploadPolicy()). Starting an upload blocks while
         more than ``max_in_flight_bytes`` of this client's segments are not yet durable
         (back-pressure on ``append``; Flink's default, 100 MB).
         """
@@ -73,7 +73,7 @@ class ChangelogClient:
                 store, persist_delay, target_object_bytes, upload_policy=upload_policy
             )
         else:
-            from client.node_uploader import NodeUploader
+            from dstltree.client.node_uploader import NodeUploader
 
             uploader = NodeUploader(
                 node, store, ack_timeout=ack_timeout, upload_policy=upload_policy

@@ -10,39 +10,63 @@ No I/O and no clock: callers pass ``now`` (seconds, monotonic).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 
-from client.objectformat import Buffer, SegmentInput
+from dstltree.client.handle import SegmentRef
+from dstltree.client.objectformat import Buffer
+from dstltree.client.segment import SegmentMeta
 
 
-@dataclass
+@dataclass(frozen=True)
+class LocalOrigin:
+    """An item submitted in this process: its ``future`` gets the segment's reference."""
+
+    future: Future[SegmentRef | None] = field(compare=False)
+
+
+@dataclass(frozen=True)
+class RemoteOrigin:
+    """An item received by a node: ack it to ROUTER ``identity`` under the sender's
+    ``request_id``; ``relayed`` when the sender is a child node (not a local client)."""
+
+    identity: bytes
+    request_id: int
+    relayed: bool = False
+
+
+Origin = LocalOrigin | RemoteOrigin
+
+
+@dataclass(frozen=True)
 class PersistItem:
-    """One writer's persist (or pre-emptive upload) request.
+    """One writer's persist (or pre-emptive upload) request: the segment's ``meta``, the
+    ``checkpoint_id`` it was persisted for (None: pre-emptive), its encoded bytes
+    ``data`` (None for a marker: "this writer persisted for ``checkpoint_id`` and had no
+    new changes") and its ``origin``, whom to ack (None until the receiver sets it)."""
 
-    ``data`` is the encoded segment, or None for a marker that only says "this writer
-    persisted for ``checkpoint_id`` and had no new changes". ``token`` is opaque to the
-    batch: whoever must be acked (a future, a route).
-    """
-
-    log_id: str
-    sqn_from: int
-    sqn_to: int
+    meta: SegmentMeta
     checkpoint_id: int | None
-    key_groups: tuple[int, ...]
-    data: Buffer | None
-    crc32: int = 0
-    token: Any = None
+    data: Buffer | None = field(default=None, repr=False)
+    origin: Origin | None = None
+
+    @classmethod
+    def marker(cls, log_id: str, sqn: int, checkpoint_id: int) -> PersistItem:
+        """A data-less item: writer ``log_id`` persisted for ``checkpoint_id`` up to ``sqn``."""
+        return cls(SegmentMeta(log_id, sqn, sqn), checkpoint_id)
 
     @property
     def size(self) -> int:
         return 0 if self.data is None else len(self.data)
 
-    def segment_input(self) -> SegmentInput:
-        assert self.data is not None
-        return SegmentInput(
-            self.log_id, self.sqn_from, self.sqn_to, self.key_groups, self.data, self.crc32
-        )
+    def from_origin(self, origin: Origin | None) -> PersistItem:
+        return replace(self, origin=origin)
+
+    def future(self) -> Future[SegmentRef | None]:
+        """The future of a :class:`LocalOrigin` item; TypeError for any other origin."""
+        if not isinstance(self.origin, LocalOrigin):
+            raise TypeError(f"{self.meta.log_id}: not a local item ({self.origin!r})")
+        return self.origin.future
 
 
 @dataclass
@@ -62,7 +86,7 @@ class Batch:
         self.items.append(item)
         self.nbytes += item.size
         if item.checkpoint_id is not None:
-            self._persisted[item.checkpoint_id].add(item.log_id)
+            self._persisted[item.checkpoint_id].add(item.meta.log_id)
 
     def due(self, now: float, expected_writers: int) -> str | None:
         """Why the batch must be flushed now, or None."""

@@ -4,42 +4,47 @@ With ``persist_delay=0`` and a tiny target every segment becomes its own object 
 flat, Spark-RocksDB-changelog-style baseline, design ``task``); with a delay it batches
 all writers of this process into one object per flush (Flink DSTL style, design
 ``executor``). It is also the fallback route of the node uploader.
+
+:func:`write_items` is the one place where persist items become an object; the node's
+writer (aggregator/object_writer.py) calls it too.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from client.batching import Batch, PersistItem
-from client.errors import DstlError
-from client.handle import SegmentRef
-from client.hedging import UploadPolicy, uploader_for
-from client.objectformat import build_object
-from client.storage import ObjectStore
+from dstltree.client.batching import Batch, LocalOrigin, PersistItem
+from dstltree.client.errors import DstlError
+from dstltree.client.handle import SegmentRef
+from dstltree.client.objectformat import build_object
+from dstltree.storage.hedging import HedgedUploader, UploadPolicy
+from dstltree.storage.store import ObjectStore
 
 
 def write_items(
-    store: ObjectStore, items: list[PersistItem], policy: UploadPolicy | None = None
+    uploader: HedgedUploader, items: Sequence[PersistItem]
 ) -> tuple[str, list[SegmentRef]]:
-    """Write the data items as ONE object; returns its URL and one ref per item, in
-    order. Blocking. The upload is hedged per ``policy`` (default UploadPolicy():
-    a new attempt under a new name after 1 s, 3 attempts; see client.hedging): the refs
-    name the winning attempt's object only. Statistics accumulate in
-    ``client.hedging.uploader_for(store, policy).stats``. Raises StorageError."""
+    """Write the items that carry data as ONE object (segments back to back, index,
+    footer: ``build_object``) with ``uploader``, whose policy hedges the upload
+    (storage/hedging.py). Returns the object URL and one ref per data item, in order;
+    the refs name the winning attempt's object only. Blocking. Raises StorageError."""
     with_data = [i for i in items if i.data is not None]
-    parts, entries = build_object([i.segment_input() for i in with_data])
-    path = uploader_for(store, policy).upload(parts).path
-    refs = [
-        SegmentRef(i.sqn_from, i.sqn_to, path, e.offset, e.length, e.crc32, i.key_groups)
-        for i, e in zip(with_data, entries, strict=True)
-    ]
+    parts, offsets = build_object([(i.meta, i.data) for i in with_data if i.data is not None])
+    path = uploader.upload(parts).path
+    refs = [SegmentRef(i.meta, path, o) for i, o in zip(with_data, offsets, strict=True)]
     return path, refs
 
 
 class DirectUploader:
-    """Batches persist items of this process and writes them to ``store``."""
+    """Batches persist items of this process and writes them to ``store``.
+
+    Uploads go through :attr:`hedged`, a HedgedUploader with ``upload_policy`` (default
+    UploadPolicy()) created here, so its statistics are this uploader's alone. An owner
+    of several uploaders may pass its own ``hedged`` instead, to share one (then
+    ``upload_policy`` is not used)."""
 
     def __init__(
         self,
@@ -48,9 +53,10 @@ class DirectUploader:
         target_bytes: int = 1,
         upload_threads: int = 4,
         upload_policy: UploadPolicy | None = None,
+        hedged: HedgedUploader | None = None,
     ) -> None:
         self.store = store
-        self.upload_policy = upload_policy
+        self.hedged = hedged or HedgedUploader(store, upload_policy)
         self._batch = Batch(target_bytes=target_bytes, persist_delay=persist_delay)
         self._writers: set[str] = set()
         self._cond = threading.Condition()
@@ -74,7 +80,7 @@ class DirectUploader:
         fut: Future[SegmentRef | None] = Future()
         if item.data is None:
             fut.set_result(None)
-        item.token = fut
+        item = item.from_origin(LocalOrigin(fut))
         with self._cond:
             if self._closed:
                 raise DstlError("uploader is closed")
@@ -100,14 +106,14 @@ class DirectUploader:
             return
         try:
             self.requests += 1
-            _, refs = write_items(self.store, data_items, self.upload_policy)
+            _, refs = write_items(self.hedged, data_items)
             self.objects_written += 1
         except BaseException as e:  # noqa: BLE001 - every failure goes to the futures
             for i in data_items:
-                i.token.set_exception(e)
+                i.future().set_exception(e)
             return
         for i, ref in zip(data_items, refs, strict=True):
-            i.token.set_result(ref)
+            i.future().set_result(ref)
 
     def close(self) -> None:
         """Flush what is pending, wait for uploads, stop the thread. Blocking."""

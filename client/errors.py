@@ -1,10 +1,18 @@
-"""Errors of the changelog client. Storage errors keep the fsspec/OS cause chained."""
+"""Errors of the changelog client. The storage errors (and the common base DstlError) are
+defined by the storage boundary, :mod:`dstltree.storage.errors`, and re-exported here."""
 
 from __future__ import annotations
 
+from dstltree.storage.errors import DstlError, RetryableStorageError, StorageError
 
-class DstlError(Exception):
-    """Base class of every dstltree error."""
+__all__ = [
+    "CorruptObjectError",
+    "DstlError",
+    "PersistError",
+    "RetryableStorageError",
+    "StorageError",
+    "WireError",
+]
 
 
 class CorruptObjectError(DstlError):
@@ -18,23 +26,6 @@ class CorruptObjectError(DstlError):
         self.path = path
         self.offset = offset
         self.reason = reason
-
-
-class StorageError(DstlError):
-    """A DFS operation failed; ``path`` names the object, ``op`` the operation."""
-
-    retryable: bool = False
-
-    def __init__(self, op: str, path: str, detail: str) -> None:
-        super().__init__(f"{op} {path}: {detail}")
-        self.op = op
-        self.path = path
-
-
-class RetryableStorageError(StorageError):
-    """A transient DFS failure (throttling, 5xx, timeout, connection reset)."""
-
-    retryable = True
 
 
 class WireError(DstlError):

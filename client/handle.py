@@ -10,21 +10,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dstltree.client.segment import SegmentMeta
 
-@dataclass(frozen=True, order=True)
+
+@dataclass(frozen=True)
 class SegmentRef:
-    """One segment inside an object: ``path`` (object URL), ``offset`` and ``length`` in
-    bytes, the SQN range [sqn_from, sqn_to) it holds, its key groups and CRC32."""
+    """One segment inside an object: its :class:`SegmentMeta` plus where it lies,
+    ``path`` (object URL) and ``offset`` in bytes. Handles, acks and the object index
+    (``objectformat.parse_index``) all use this one record."""
 
-    sqn_from: int
-    sqn_to: int
+    meta: SegmentMeta
     path: str
     offset: int
-    length: int
-    crc32: int
-    key_groups: tuple[int, ...] = ()
+
+    @property
+    def log_id(self) -> str:
+        return self.meta.log_id
+
+    @property
+    def sqn_from(self) -> int:
+        return self.meta.sqn_from
+
+    @property
+    def sqn_to(self) -> int:
+        return self.meta.sqn_to
+
+    @property
+    def key_groups(self) -> tuple[int, ...]:
+        return self.meta.key_groups
+
+    @property
+    def length(self) -> int:
+        return self.meta.length
+
+    @property
+    def crc32(self) -> int:
+        return self.meta.crc32
 
     def to_dict(self) -> dict[str, Any]:
+        """The checkpoint-metadata form (field names are persisted: do not change)."""
         return {
             "path": self.path,
             "offset": self.offset,
@@ -35,16 +59,17 @@ class SegmentRef:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SegmentRef:
-        return cls(
-            sqn_from=int(d["sqn"][0]),
-            sqn_to=int(d["sqn"][1]),
-            path=str(d["path"]),
-            offset=int(d["offset"]),
-            length=int(d["length"]),
-            crc32=int(d["crc32"]),
-            key_groups=tuple(int(k) for k in d.get("key_groups", ())),
+    def from_dict(cls, d: dict[str, Any], log_id: str) -> SegmentRef:
+        """Inverse of :meth:`to_dict`; ``log_id`` comes from the enclosing handle."""
+        meta = SegmentMeta(
+            log_id,
+            int(d["sqn"][0]),
+            int(d["sqn"][1]),
+            tuple(int(k) for k in d.get("key_groups", ())),
+            int(d["length"]),
+            int(d["crc32"]),
         )
+        return cls(meta, str(d["path"]), int(d["offset"]))
 
 
 @dataclass(frozen=True)
@@ -80,5 +105,5 @@ class ChangelogHandle:
         return cls(
             log_id=str(d["log_id"]),
             sqn_range=(int(lo), int(hi)),
-            segments=tuple(SegmentRef.from_dict(s) for s in d["segments"]),
+            segments=tuple(SegmentRef.from_dict(s, str(d["log_id"])) for s in d["segments"]),
         )

@@ -2,7 +2,7 @@
 
 One DEALER socket owned by an I/O thread; ``submit`` is thread-safe. A segment not
 acked within ``ack_timeout`` seconds, or answered with an error, is written straight to
-DFS by the in-process uploader instead (DESIGN.md, Invariants: liveness never depends
+DFS by the in-process uploader instead (docs/design.md, Invariants: liveness never depends
 on one node). A late ack after such a fallback is ignored; the second copy is an orphan.
 """
 
@@ -15,23 +15,33 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import zmq
 
-from client.batching import PersistItem
-from client.direct import DirectUploader
-from client.errors import DstlError
-from client.handle import SegmentRef
-from client.hedging import UploadPolicy
-from client.storage import ObjectStore
-from client.wire import Ack, Error, Message, Persist, Register, Unregister, WireItem, dump, load
+from dstltree.client.batching import PersistItem
+from dstltree.client.direct import DirectUploader
+from dstltree.client.errors import DstlError
+from dstltree.client.handle import SegmentRef
+from dstltree.client.wire import (
+    Error,
+    Message,
+    Persist,
+    PersistAck,
+    PersistRequest,
+    Register,
+    Unregister,
+    dump,
+    load,
+)
+from dstltree.storage.hedging import UploadPolicy
+from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger("dstltree.client")
 
 
 @dataclass
-class _Pending:
+class _AwaitingAck:
     item: PersistItem
     future: Future[SegmentRef | None]
     deadline: float
@@ -64,7 +74,7 @@ class NodeUploader:
         self._node_down_until = float("-inf")
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
         self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, Future]] = queue.SimpleQueue()
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, _AwaitingAck] = {}
         self._ids = itertools.count(1)
         self._writers: set[str] = set()
         self._lock = threading.Lock()
@@ -93,7 +103,7 @@ class NodeUploader:
             fut.set_result(None)
         elif time.monotonic() < self._node_down_until:
             # the node did not answer lately: write straight to DFS until retry_after
-            self._fall_back(_Pending(item, fut, 0.0), "node marked down")
+            self._fall_back(_AwaitingAck(item, fut, 0.0), "node marked down")
             return fut
         self._post((item, fut))
         return fut
@@ -107,6 +117,12 @@ class NodeUploader:
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=5)
         self._fallback.close()
+
+    @property
+    def fallback(self) -> DirectUploader:
+        """The in-process uploader of segments the node did not take (its ``hedged``
+        uploader holds the counters of those DFS writes)."""
+        return self._fallback
 
     def statistics(self) -> UploaderStatistics:
         c = self._counts
@@ -163,17 +179,13 @@ class NodeUploader:
 
     def _send_items(self, sock: zmq.Socket, batch: list[tuple[PersistItem, Future]]) -> None:
         now = time.monotonic()
-        wire, payloads = [], []
+        requests = []
         for item, fut in batch:
             rid = next(self._ids)
             if item.data is not None:
-                self._pending[rid] = _Pending(item, fut, now + self.ack_timeout)
-                payloads.append(item.data)
-            wire.append(
-                WireItem(rid, item.log_id, item.sqn_from, item.sqn_to, item.checkpoint_id,
-                         item.key_groups, item.size, item.crc32)
-            )  # fmt: skip
-        self._send(sock, Persist(tuple(wire), tuple(payloads)))
+                self._pending[rid] = _AwaitingAck(item, fut, now + self.ack_timeout)
+            requests.append(PersistRequest(rid, item))
+        self._send(sock, Persist(tuple(requests)))
 
     def _send(self, sock: zmq.Socket, msg: Message) -> None:
         try:
@@ -192,13 +204,13 @@ class NodeUploader:
             except Exception as e:  # noqa: BLE001 - a bad reply must not stop the thread
                 log.warning("bad reply from node: %s", e)
                 continue
-            if isinstance(msg, Ack):
+            if isinstance(msg, PersistAck):
                 self._on_ack(msg)
             elif isinstance(msg, Error):
                 log.warning("node rejected a message: %s", msg.message)
                 self._counts["errors"] += 1
 
-    def _on_ack(self, ack: Ack) -> None:
+    def _on_ack(self, ack: PersistAck) -> None:
         for e in ack.items:
             p = self._pending.pop(e.id, None)
             if p is None:
@@ -207,10 +219,7 @@ class NodeUploader:
                 self._counts["errors"] += 1
                 self._fall_back(p, e.error or "no path")
                 continue
-            i = p.item
-            ref = SegmentRef(
-                i.sqn_from, i.sqn_to, e.path, e.offset, e.length, i.crc32, i.key_groups
-            )
+            ref = SegmentRef(p.item.meta, e.path, e.offset)
             self._counts["acked"] += 1
             p.future.set_result(ref)
 
@@ -221,13 +230,19 @@ class NodeUploader:
         for rid in late:
             self._fall_back(self._pending.pop(rid), f"no ack within {self.ack_timeout} s")
 
-    def _fall_back(self, p: _Pending, why: str) -> None:
+    def _fall_back(self, p: _AwaitingAck, why: str) -> None:
         """Write the segment straight to DFS; the future follows that upload."""
-        log.info("node %s: %s; writing %s [%d, %d) directly", self.address, why,
-                 p.item.log_id, p.item.sqn_from, p.item.sqn_to)  # fmt: skip
+        meta = p.item.meta
+        log.info(
+            "node %s: %s; writing %s [%d, %d) directly",
+            self.address,
+            why,
+            meta.log_id,
+            meta.sqn_from,
+            meta.sqn_to,
+        )
         self._counts["fallbacks"] += 1
-        item = PersistItem(p.item.log_id, p.item.sqn_from, p.item.sqn_to, None,
-                           p.item.key_groups, p.item.data, p.item.crc32)  # fmt: skip
+        item = replace(p.item, checkpoint_id=None, origin=None)
         try:
             direct = self._fallback.submit(item)
         except Exception as e:  # noqa: BLE001

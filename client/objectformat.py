@@ -16,72 +16,55 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 
-from client.errors import CorruptObjectError
+from dstltree.client.errors import CorruptObjectError
+from dstltree.client.handle import SegmentRef
+from dstltree.client.segment import SegmentMeta
+from dstltree.storage.store import Buffer
 
 MAGIC = b"DSTLTREE"
 FORMAT_VERSION = 1
 FOOTER = struct.Struct("!8sHHQII")
 FOOTER_SIZE = FOOTER.size
-OBJECT_SUFFIX = ".dstl"
-
-Buffer = bytes | bytearray | memoryview
 
 
-@dataclass(frozen=True)
-class IndexEntry:
-    """One segment as listed in an object's index (offset/length in bytes)."""
+def build_object(segments: Sequence[tuple[SegmentMeta, Buffer]]) -> tuple[list[Buffer], list[int]]:
+    """Lay out the (metadata, bytes) ``segments`` back to back, then the index and footer.
 
-    log_id: str
-    sqn_from: int
-    sqn_to: int
-    key_groups: tuple[int, ...]
-    offset: int
-    length: int
-    crc32: int
-
-
-@dataclass(frozen=True)
-class SegmentInput:
-    """A segment to place in an object: its raw bytes plus the index metadata."""
-
-    log_id: str
-    sqn_from: int
-    sqn_to: int
-    key_groups: tuple[int, ...]
-    data: Buffer
-    crc32: int
-
-
-def build_object(segments: Sequence[SegmentInput]) -> tuple[list[Buffer], list[IndexEntry]]:
-    """Lay out ``segments`` back to back, then the index and footer.
-
-    Returns the parts to write in order (segment buffers are not copied) and the index
-    entries, whose offsets are where each segment lands in the object.
+    Returns the parts to write in order (segment buffers are not copied) and the offset
+    where each segment lands in the object (its :class:`SegmentRef` once the object's
+    path is known). Raises ValueError when a segment's length differs from its bytes.
     """
     parts: list[Buffer] = []
-    entries: list[IndexEntry] = []
+    rows: list[list[Any]] = []
+    offsets: list[int] = []
     pos = 0
-    for s in segments:
-        n = len(s.data)
-        entries.append(IndexEntry(s.log_id, s.sqn_from, s.sqn_to, s.key_groups, pos, n, s.crc32))
-        parts.append(s.data)
-        pos += n
-    index = msgpack.packb(
-        {
-            "v": FORMAT_VERSION,
-            "segments": [
-                [e.log_id, e.sqn_from, e.sqn_to, list(e.key_groups), e.offset, e.length, e.crc32]
-                for e in entries
-            ],
-        }
-    )
+    for meta, data in segments:
+        if len(data) != meta.length:
+            raise ValueError(
+                f"{meta.log_id}: segment of {len(data)} bytes, meta says {meta.length}"
+            )
+        rows.append(
+            [
+                meta.log_id,
+                meta.sqn_from,
+                meta.sqn_to,
+                list(meta.key_groups),
+                pos,
+                meta.length,
+                meta.crc32,
+            ]
+        )
+        offsets.append(pos)
+        parts.append(data)
+        pos += meta.length
+    index = msgpack.packb({"v": FORMAT_VERSION, "segments": rows})
     parts.append(index)
     parts.append(FOOTER.pack(MAGIC, FORMAT_VERSION, 0, pos, len(index), zlib.crc32(index)))
-    return parts, entries
+    return parts, offsets
 
 
 def parse_footer(tail: Buffer, path: str, object_size: int) -> tuple[int, int, int]:
@@ -100,14 +83,19 @@ def parse_footer(tail: Buffer, path: str, object_size: int) -> tuple[int, int, i
     return index_offset, index_length, index_crc
 
 
-def parse_index(data: Buffer, path: str, index_offset: int, crc: int) -> list[IndexEntry]:
-    """Verify and decode an object index read from ``index_offset``."""
+def parse_index(data: Buffer, path: str, index_offset: int, crc: int) -> list[SegmentRef]:
+    """Verify and decode the index of object ``path`` read from ``index_offset``: one
+    reference per segment, in object order. Raises CorruptObjectError."""
     if zlib.crc32(data) != crc:
         raise CorruptObjectError(path, index_offset, "index checksum mismatch")
     try:
         raw = msgpack.unpackb(data)
         return [
-            IndexEntry(str(a), int(b), int(c), tuple(int(k) for k in d), int(e), int(f), int(g))
+            SegmentRef(
+                SegmentMeta(str(a), int(b), int(c), tuple(int(k) for k in d), int(f), int(g)),
+                path,
+                int(e),
+            )
             for a, b, c, d, e, f, g in raw["segments"]
         ]
     except Exception as e:  # noqa: BLE001 - any decode failure is corruption here

@@ -1,20 +1,48 @@
-"""Reading handles back: range reads of only the referenced segments, filtered by the
-handle's SQN range and by key group (FLIP-158, Example, CP3: "b" filtered on recovery)."""
+"""Reading objects back through an :class:`ObjectStore`: an object's index (footer, then
+index: two range reads), and handles, with range reads of only the referenced segments,
+filtered by the handle's SQN range and by key group (FLIP-158, Example, CP3: "b"
+filtered on recovery). The store moves bytes; every check of what they mean is here."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from client.errors import CorruptObjectError
-from client.handle import ChangelogHandle, SegmentRef
-from client.segment import Segment, decode_segment
-from client.storage import ObjectStore
+from dstltree.client.errors import CorruptObjectError
+from dstltree.client.handle import ChangelogHandle, SegmentRef
+from dstltree.client.objectformat import FOOTER_SIZE, parse_footer, parse_index
+from dstltree.client.segment import DecodedSegment, decode_segment
+from dstltree.storage.store import ObjectStore
 
 
-def read_segment(store: ObjectStore, ref: SegmentRef, log_id: str | None = None) -> Segment:
+def read_exact(store: ObjectStore, url: str, offset: int, length: int) -> bytes:
+    """``length`` bytes of object ``url`` at ``offset``. Raises CorruptObjectError (at the
+    offset where the object ends) if it ends early, StorageError for storage failures."""
+    data = store.read_range(url, offset, length)
+    if len(data) != length:
+        raise CorruptObjectError(
+            url,
+            offset + len(data),
+            f"truncated: wanted {length} bytes at {offset}, got {len(data)}",
+        )
+    return data
+
+
+def read_index(store: ObjectStore, url: str) -> list[SegmentRef]:
+    """The segment index of object ``url`` (two range reads: footer, then index; layout
+    in client/objectformat.py). Raises CorruptObjectError (path, offset), StorageError."""
+    size = store.size(url)
+    if size < FOOTER_SIZE:
+        raise CorruptObjectError(url, 0, f"object of {size} bytes is too short for a footer")
+    tail = read_exact(store, url, size - FOOTER_SIZE, FOOTER_SIZE)
+    index_offset, index_length, crc = parse_footer(tail, url, size)
+    data = read_exact(store, url, index_offset, index_length)
+    return parse_index(data, url, index_offset, crc)
+
+
+def read_segment(store: ObjectStore, ref: SegmentRef, log_id: str | None = None) -> DecodedSegment:
     """Range-read and verify one segment. Raises CorruptObjectError (path, offset) or
     StorageError."""
-    data = store.read_range(ref.path, ref.offset, ref.length)
+    data = read_exact(store, ref.path, ref.offset, ref.length)
     seg = decode_segment(data, ref.path, ref.offset)
     if log_id is not None and seg.log_id != log_id:
         raise CorruptObjectError(

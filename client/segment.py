@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from client.errors import CorruptObjectError
+from dstltree.client.errors import CorruptObjectError
 
 SEGMENT_VERSION = 1
 _U32 = struct.Struct("!I")
@@ -29,7 +29,26 @@ Changesets = Mapping[int, Mapping[int, Sequence[bytes]]]
 
 
 @dataclass(frozen=True)
-class Segment:
+class SegmentMeta:
+    """What every record of one segment shares (the wire, batches, the object index and
+    handles' references compose it with their own context): writer ``log_id``, SQN
+    range [sqn_from, sqn_to), key groups, ``length`` in bytes and the CRC32 stored in
+    its trailer. A marker (a writer persisted with no new changes) has length 0."""
+
+    log_id: str
+    sqn_from: int
+    sqn_to: int
+    key_groups: tuple[int, ...] = ()
+    length: int = 0
+    crc32: int = 0
+
+    @property
+    def is_marker(self) -> bool:
+        return self.length == 0
+
+
+@dataclass(frozen=True)
+class DecodedSegment:
     """A decoded segment: ``entries`` maps (sqn, key_group) to its list of changes."""
 
     log_id: str
@@ -86,7 +105,9 @@ def segment_key_groups(changesets: Changesets) -> tuple[int, ...]:
     return tuple(sorted({kg for per_kg in changesets.values() for kg in per_kg}))
 
 
-def decode_segment(data: bytes | memoryview, path: str = "<memory>", offset: int = 0) -> Segment:
+def decode_segment(
+    data: bytes | memoryview, path: str = "<memory>", offset: int = 0
+) -> DecodedSegment:
     """Verify and decode a segment. Raises CorruptObjectError naming ``path`` and the
     ``offset`` of the segment (plus the position inside it) on any mismatch."""
     buf = memoryview(data)
@@ -115,7 +136,7 @@ def decode_segment(data: bytes | memoryview, path: str = "<memory>", offset: int
         entries[(int(sqn), int(kg))] = _read_changes(
             body, int(start), int(length), int(count), path, offset + body_start
         )
-    return Segment(log_id, sqn_from, sqn_to, entries)
+    return DecodedSegment(log_id, sqn_from, sqn_to, entries)
 
 
 def _read_changes(

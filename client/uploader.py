@@ -5,8 +5,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Protocol
 
-from client.batching import PersistItem
-from client.handle import SegmentRef
+from dstltree.client.batching import PersistItem
+from dstltree.client.handle import SegmentRef
 
 
 class SegmentUploader(Protocol):

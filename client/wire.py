@@ -11,67 +11,66 @@ Header shapes (``t`` is the type)::
     persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc}, ...], via}
                 + one payload frame per item with size > 0, in item order; ``via`` is
                 the sending node's id when a node passes items on (None from clients)
-    ack         {t, items: [{id, path, off, len} | {id, err}, ...]}
+    ack         {t, items: [{id, path, off} | {id, err}, ...]}
     stats       {t, node, writers, bytes, cp}  a child's residual writers and bytes per
                                               checkpoint, and the highest checkpoint it saw
-    plan        {t, window, writer, address, ancestors: [[id, address], ...]}
-                                              the writer node for a plan window
+    plan        {t, window, collector, address, ancestors: [[id, address], ...]}
+                                              the collector (the node that writes the
+                                              object) for a plan window
     error       {t, msg}                      the request was rejected (malformed, oversized)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-from client.errors import WireError
+from dstltree.client.batching import PersistItem
+from dstltree.client.errors import WireError
+from dstltree.client.segment import SegmentMeta
 
 MAX_ITEMS = 4096
 MAX_LOG_ID = 256
 
 
 @dataclass(frozen=True)
-class WireItem:
-    """Metadata of one persist item; its segment (if ``size > 0``) is a separate frame."""
+class PersistRequest:
+    """One item of a ``persist`` message under the sender's request ``id`` (acks name
+    it); the item's data (if any) travels as a separate frame."""
 
     id: int
-    log_id: str
-    sqn_from: int
-    sqn_to: int
-    checkpoint_id: int | None
-    key_groups: tuple[int, ...]
-    size: int
-    crc32: int
+    item: PersistItem
 
     def to_wire(self) -> dict[str, Any]:
+        m = self.item.meta
         return {
             "id": self.id,
-            "log": self.log_id,
-            "sqn": [self.sqn_from, self.sqn_to],
-            "cp": self.checkpoint_id,
-            "kgs": list(self.key_groups),
-            "size": self.size,
-            "crc": self.crc32,
+            "log": m.log_id,
+            "sqn": [m.sqn_from, m.sqn_to],
+            "cp": self.item.checkpoint_id,
+            "kgs": list(m.key_groups),
+            "size": m.length,
+            "crc": m.crc32,
         }
 
 
 @dataclass(frozen=True)
 class AckEntry:
-    """The outcome of one persist item: where its segment landed, or an error."""
+    """The outcome of request ``id``: where its segment landed (``path``, ``offset``;
+    the sender knows the rest of its :class:`SegmentMeta`), or an ``error``."""
 
     id: int
     path: str | None = None
     offset: int = 0
-    length: int = 0
     error: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         if self.error is not None:
             return {"id": self.id, "err": self.error}
-        return {"id": self.id, "path": self.path, "off": self.offset, "len": self.length}
+        return {"id": self.id, "path": self.path, "off": self.offset}
 
 
 @dataclass(frozen=True)
@@ -86,13 +85,18 @@ class Unregister:
 
 @dataclass(frozen=True)
 class Persist:
-    items: tuple[WireItem, ...]
-    payloads: tuple[Any, ...] = field(default=(), repr=False)  # bytes/memoryview/zmq.Frame
+    """Persist requests; items' data are bytes, memoryviews or zmq.Frames."""
+
+    requests: tuple[PersistRequest, ...]
     via: str | None = None
+
+    def payloads(self) -> list[Any]:
+        """The data frames, in request order (requests without data have none)."""
+        return [r.item.data for r in self.requests if r.item.data is not None]
 
 
 @dataclass(frozen=True)
-class Ack:
+class PersistAck:
     items: tuple[AckEntry, ...]
 
 
@@ -109,12 +113,12 @@ class Stats:
 
 @dataclass(frozen=True)
 class Plan:
-    """Plan window ``window``: the receiving node's parent routes to ``writer`` (node id)
-    at ``address``; ``ancestors`` are (id, address) of the receiver's ancestors, nearest
-    first (for re-homing when the parent is gone)."""
+    """Plan window ``window``: the receiving node's parent routes to ``collector`` (node
+    id) at ``address``; ``ancestors`` are (id, address) of the receiver's ancestors,
+    nearest first (for re-homing when the parent is gone)."""
 
     window: int
-    writer: str
+    collector: str
     address: str
     ancestors: tuple[tuple[str, str], ...] = ()
 
@@ -124,7 +128,7 @@ class Error:
     message: str
 
 
-Message = Register | Unregister | Persist | Ack | Stats | Plan | Error
+Message = Register | Unregister | Persist | PersistAck | Stats | Plan | Error
 
 
 def dump(msg: Message) -> list[Any]:
@@ -135,15 +139,21 @@ def dump(msg: Message) -> list[Any]:
             h: dict[str, Any] = {"t": "register", "log": log_id}
         case Unregister(log_id):
             h = {"t": "unregister", "log": log_id}
-        case Persist(items, payloads, via):
-            h = {"t": "persist", "items": [i.to_wire() for i in items], "via": via}
-        case Ack(items):
+        case Persist(requests, via):
+            h = {"t": "persist", "items": [r.to_wire() for r in requests], "via": via}
+            payloads = msg.payloads()
+        case PersistAck(items):
             h = {"t": "ack", "items": [a.to_wire() for a in items]}
         case Stats(node, writers, nbytes, cp):
             h = {"t": "stats", "node": node, "writers": writers, "bytes": nbytes, "cp": cp}
-        case Plan(window, writer, address, ancestors):
-            h = {"t": "plan", "window": window, "writer": writer, "address": address,
-                 "ancestors": [list(a) for a in ancestors]}  # fmt: skip
+        case Plan(window, collector, address, ancestors):
+            h = {
+                "t": "plan",
+                "window": window,
+                "collector": collector,
+                "address": address,
+                "ancestors": [list(a) for a in ancestors],
+            }
         case Error(message):
             h = {"t": "error", "msg": message}
         case _:
@@ -188,7 +198,7 @@ def _decode(h: dict[str, Any], payloads: Sequence[Any]) -> Message:
     if t == "persist":
         return _decode_persist(h, payloads)
     if t == "ack":
-        return Ack(tuple(_ack_entry(a) for a in _list(h["items"])))
+        return PersistAck(tuple(_ack_entry(a) for a in _list(h["items"])))
     if t == "stats":
         nbytes = float(h.get("bytes", 0.0))
         if not nbytes >= 0.0:
@@ -197,7 +207,7 @@ def _decode(h: dict[str, Any], payloads: Sequence[Any]) -> Message:
         return Stats(_str(h["node"]), _int(h["writers"]), nbytes, -1 if cp == -1 else _int(cp))
     if t == "plan":
         ancestors = tuple((_str(a[0]), _str(a[1])) for a in _list(h.get("ancestors", [])))
-        return Plan(_int(h["window"]), _str(h["writer"]), _str(h["address"]), ancestors)
+        return Plan(_int(h["window"]), _str(h["collector"]), _str(h["address"]), ancestors)
     if t == "error":
         return Error(_str(h["msg"]))
     raise WireError(f"unknown message type {t!r}")
@@ -207,36 +217,32 @@ def _decode_persist(h: dict[str, Any], payloads: Sequence[Any]) -> Persist:
     raw_items = _list(h["items"])
     if not raw_items or len(raw_items) > MAX_ITEMS:
         raise WireError(f"persist needs 1..{MAX_ITEMS} items, got {len(raw_items)}")
-    items = tuple(_wire_item(i) for i in raw_items)
-    sized = [i for i in items if i.size > 0]
-    if len(sized) != len(payloads):
-        raise WireError(f"persist has {len(sized)} sized items but {len(payloads)} payload frames")
-    for item, frame in zip(sized, payloads, strict=True):
-        if _buf_len(frame) != item.size:
-            raise WireError(
-                f"item {item.id}: payload of {_buf_len(frame)} bytes, header says {item.size}"
-            )
+    sizes = [_int(d["size"]) if isinstance(d, dict) else 0 for d in raw_items]
+    sized = sum(1 for n in sizes if n > 0)
+    if sized != len(payloads):
+        raise WireError(f"persist has {sized} sized items but {len(payloads)} payload frames")
+    frames = iter(payloads)
+    requests = tuple(
+        _request(d, next(frames) if n > 0 else None) for d, n in zip(raw_items, sizes, strict=True)
+    )
     via = h.get("via")
-    return Persist(items, tuple(payloads), None if via is None else _str(via))
+    return Persist(requests, None if via is None else _str(via))
 
 
-def _wire_item(d: Any) -> WireItem:
+def _request(d: Any, frame: Any) -> PersistRequest:
     if not isinstance(d, dict):
         raise WireError("persist item must be a map")
+    rid = _int(d["id"])
     lo, hi = (_int(x) for x in _list(d["sqn"]))
     if hi < lo:
         raise WireError(f"SQN range [{lo}, {hi}) is reversed")
+    size = _int(d["size"])
+    if frame is not None and _buf_len(frame) != size:
+        raise WireError(f"item {rid}: payload of {_buf_len(frame)} bytes, header says {size}")
     cp = d.get("cp")
-    return WireItem(
-        id=_int(d["id"]),
-        log_id=_log_id(d["log"]),
-        sqn_from=lo,
-        sqn_to=hi,
-        checkpoint_id=None if cp is None else _int(cp),
-        key_groups=tuple(_int(k) for k in _list(d.get("kgs", []))),
-        size=_int(d["size"]),
-        crc32=_int(d.get("crc", 0)),
-    )
+    kgs = tuple(_int(k) for k in _list(d.get("kgs", [])))
+    meta = SegmentMeta(_log_id(d["log"]), lo, hi, kgs, size, _int(d.get("crc", 0)))
+    return PersistRequest(rid, PersistItem(meta, None if cp is None else _int(cp), frame))
 
 
 def _ack_entry(d: Any) -> AckEntry:
@@ -244,7 +250,7 @@ def _ack_entry(d: Any) -> AckEntry:
         raise WireError("ack entry must be a map")
     if "err" in d:
         return AckEntry(_int(d["id"]), error=_str(d["err"]))
-    return AckEntry(_int(d["id"]), _str(d["path"]), _int(d["off"]), _int(d["len"]))
+    return AckEntry(_int(d["id"]), _str(d["path"]), _int(d["off"]))
 
 
 def _int(x: Any) -> int:

@@ -25,16 +25,21 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from client.batching import PersistItem
-from client.errors import DstlError, PersistError
-from client.handle import ChangelogHandle, SegmentRef
-from client.inflight import InFlightLimit
-from client.segment import encode_segment, segment_crc, segment_key_groups
-from client.uploader import SegmentUploader
+from dstltree.client.batching import PersistItem
+from dstltree.client.errors import DstlError, PersistError
+from dstltree.client.handle import ChangelogHandle, SegmentRef
+from dstltree.client.inflight import InFlightLimit
+from dstltree.client.segment import (
+    SegmentMeta,
+    encode_segment,
+    segment_crc,
+    segment_key_groups,
+)
+from dstltree.client.uploader import SegmentUploader
 
 
 @dataclass
-class _Upload:
+class _SegmentUpload:
     sqn_from: int
     sqn_to: int
     future: Future[SegmentRef | None]
@@ -85,7 +90,7 @@ class ChangelogWriter:
         self._changesets: dict[int, dict[int, list[bytes]]] = {}
         self._sizes: dict[int, int] = defaultdict(int)
         self._not_uploaded = 0  # bytes with SQN >= _uploaded_to (kept, not summed per append)
-        self._uploads: list[_Upload] = []
+        self._uploads: list[_SegmentUpload] = []
         self._uploads_started = 0
         self._closed = False
         uploader.register(log_id)
@@ -135,7 +140,7 @@ class ChangelogWriter:
             if self._uploaded_to < to and self._has_changes(self._uploaded_to, to):
                 self._start_upload(self._uploaded_to, to, checkpoint_id)
             elif checkpoint_id is not None:
-                self._uploader.submit(self._marker(checkpoint_id, to))
+                self._uploader.submit(PersistItem.marker(self.log_id, to, checkpoint_id))
             self._uploaded_to = max(self._uploaded_to, to)
             self._not_uploaded = 0  # everything before ``to`` is uploaded; ``to`` is empty
             relevant = [u for u in self._uploads if u.sqn_to > after and u.sqn_from < to]
@@ -207,12 +212,12 @@ class ChangelogWriter:
     def _start_upload(self, lo: int, hi: int, checkpoint_id: int | None) -> None:
         self._uploads.append(self._make_upload(lo, hi, checkpoint_id))
 
-    def _make_upload(self, lo: int, hi: int, checkpoint_id: int | None) -> _Upload:
+    def _make_upload(self, lo: int, hi: int, checkpoint_id: int | None) -> _SegmentUpload:
         changes = {s: cs for s, cs in self._changesets.items() if lo <= s < hi}
         data = encode_segment(self.log_id, lo, hi, changes)
-        item = PersistItem(
-            self.log_id, lo, hi, checkpoint_id, segment_key_groups(changes), data, segment_crc(data)
-        )
+        kgs = segment_key_groups(changes)
+        meta = SegmentMeta(self.log_id, lo, hi, kgs, len(data), segment_crc(data))
+        item = PersistItem(meta, checkpoint_id, data)
         self._uploads_started += 1
         limit, size = self._in_flight, len(data)
         if limit is not None:
@@ -224,14 +229,11 @@ class ChangelogWriter:
             fut.set_exception(e)
         if limit is not None:
             fut.add_done_callback(lambda _: limit.release(size))
-        return _Upload(lo, hi, fut)
-
-    def _marker(self, checkpoint_id: int, to: int) -> PersistItem:
-        return PersistItem(self.log_id, to, to, checkpoint_id, (), None)
+        return _SegmentUpload(lo, hi, fut)
 
 
 def _combine(
-    log_id: str, sqn_range: tuple[int, int], uploads: Sequence[_Upload]
+    log_id: str, sqn_range: tuple[int, int], uploads: Sequence[_SegmentUpload]
 ) -> Future[ChangelogHandle]:
     """A future of the handle over ``uploads``; fails if any of them fails."""
     out: Future[ChangelogHandle] = Future()
@@ -252,7 +254,10 @@ def _combine(
             err.__cause__ = errors[0]
             out.set_exception(err)
             return
-        refs = sorted(r for u in uploads if (r := u.future.result()) is not None)
+        refs = sorted(
+            (r for u in uploads if (r := u.future.result()) is not None),
+            key=lambda r: (r.sqn_from, r.sqn_to),
+        )
         out.set_result(ChangelogHandle(log_id, sqn_range, tuple(refs)))
 
     for u in uploads:

@@ -3,9 +3,13 @@ completed-checkpoint store on DFS, the shared state registry (reference counts p
 object path), retention and deletion, materialization epochs, recovery selection and
 orphan cleanup. Tasks talk to it through :class:`TaskLink`."""
 
-from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
-from coordinator.errors import CheckpointStoreError, CoordinatorError, CorruptCheckpointError
-from coordinator.protocol import (
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
+from dstltree.coordinator.errors import (
+    CheckpointStoreError,
+    CoordinatorError,
+    CorruptCheckpointError,
+)
+from dstltree.coordinator.protocol import (
     ApplyMaterialization,
     Command,
     ErrorReply,
@@ -13,10 +17,10 @@ from coordinator.protocol import (
     Materialize,
     TriggerCheckpoint,
 )
-from coordinator.registry import SharedStateRegistry
-from coordinator.service import Coordinator, CoordinatorStatistics
-from coordinator.store import CheckpointStore
-from coordinator.task_link import TaskLink
+from dstltree.coordinator.registry import SharedStateRegistry
+from dstltree.coordinator.service import Coordinator, CoordinatorStatistics
+from dstltree.coordinator.store import CheckpointStore
+from dstltree.coordinator.task_link import TaskLink
 
 __all__ = [
     "ApplyMaterialization",

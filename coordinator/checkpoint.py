@@ -1,6 +1,6 @@
 """Checkpoint records: what each task acknowledges and what a completed checkpoint holds.
 
-A checkpoint is a consistent cut (DESIGN.md, Terms): per task, the source offset, the
+A checkpoint is a consistent cut (docs/design.md, Terms): per task, the source offset, the
 materialized-state snapshot and the changelog handles covering the changes made after
 that snapshot. Records are frozen and convert to and from JSON-compatible dicts
 (:meth:`to_dict` / :meth:`from_dict`); ``from_dict`` raises ``KeyError``, ``TypeError``
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.handle import ChangelogHandle
+from dstltree.client.handle import ChangelogHandle
 
 METADATA_VERSION = 1
 

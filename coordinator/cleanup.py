@@ -1,7 +1,7 @@
 """Orphans: objects under the base path that no retained checkpoint references.
 
 Objects of a crashed attempt, duplicate copies of a retried persist, snapshots of an
-abandoned materialization and leftover temporary files all end up here (DESIGN.md,
+abandoned materialization and leftover temporary files all end up here (docs/design.md,
 Invariants). Deleting them is only safe when nothing is writing: at coordinator start,
 before the first checkpoint.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from client.storage import CHANGELOG_DIR, SNAPSHOT_DIR, ObjectStore
+from dstltree.storage.store import CHANGELOG_DIR, SNAPSHOT_DIR, ObjectStore
 
 
 def normalize(store: ObjectStore, url: str) -> str:

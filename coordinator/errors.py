@@ -1,8 +1,8 @@
-"""Errors of the coordinator. All derive from :class:`client.errors.DstlError`."""
+"""Errors of the coordinator. All derive from :class:`dstltree.client.errors.DstlError`."""
 
 from __future__ import annotations
 
-from client.errors import DstlError
+from dstltree.client.errors import DstlError
 
 
 class CheckpointStoreError(DstlError):

@@ -1,7 +1,7 @@
 """Prometheus metrics of the checkpoint coordinator.
 
 Served on ``http://HOST:PORT/metrics`` from the coordinator's own registry when the
-:class:`coordinator.service.Coordinator` is given ``metrics_port`` (0 = a free port,
+:class:`dstltree.coordinator.service.Coordinator` is given ``metrics_port`` (0 = a free port,
 see :attr:`CoordinatorMetrics.url`); off by default.
 
 - ``dstl_checkpoint_duration_seconds`` (histogram): from the trigger to the checkpoint
@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from client.metrics_endpoint import MetricsEndpoint
+from dstltree.client.metrics_endpoint import MetricsEndpoint
 
 if TYPE_CHECKING:
-    from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
+    from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
 
 #: Checkpoint and materialization duration buckets, seconds.
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)

@@ -1,7 +1,7 @@
 """Wire messages between the coordinator (ROUTER) and task links (DEALER).
 
 Every message is one msgpack frame: a map with ``"t"`` (the type) and its fields.
-:func:`dump` and :func:`load` are pure; ``load`` raises :class:`client.errors.WireError`
+:func:`dump` and :func:`load` are pure; ``load`` raises :class:`dstltree.client.errors.WireError`
 for anything malformed or larger than :data:`MAX_MESSAGE_BYTES`.
 
 Task -> coordinator: :class:`Hello`, :class:`Ack`, :class:`Report`.
@@ -18,8 +18,8 @@ from typing import Any
 
 import msgpack
 
-from client.errors import WireError
-from coordinator.checkpoint import MaterializedRef, TaskCheckpoint
+from dstltree.client.errors import WireError
+from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from coordinator.checkpoint import CompletedCheckpoint
+from dstltree.coordinator.checkpoint import CompletedCheckpoint
 
 
 class SharedStateRegistry:
@@ -71,9 +71,3 @@ class SharedStateRegistry:
     def registered_ids(self) -> list[int]:
         """Ids of the registered checkpoints, ascending."""
         return sorted(self._registered)
-
-    def __contains__(self, path: object) -> bool:
-        return path in self._counts
-
-    def __len__(self) -> int:
-        return len(self._counts)

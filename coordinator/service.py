@@ -1,10 +1,12 @@
 """The coordinator service on the Spark driver: a thin ZeroMQ shell around
-:class:`coordinator.state.CoordinatorState`.
+:class:`dstltree.coordinator.state.CoordinatorState`.
 
-One thread owns a ROUTER socket and the state machine: it ticks the state, receives
-task messages (:mod:`coordinator.protocol`), and carries out the instructions: sending
-commands to tasks, writing checkpoint metadata through :class:`CheckpointStore`, and
-deleting what the shared state registry released. Other threads talk to it through
+One loop thread owns a ROUTER socket and the state machine: it ticks the state, turns
+task frames (:mod:`dstltree.coordinator.protocol`) into events, and carries out the
+instructions: sending commands to tasks and handing storage work (checkpoint metadata
+and ``LATEST`` writes, deletions of what the shared state registry released) to a
+:class:`dstltree.coordinator.storage_worker.StorageWorker`, whose answers come back to
+the loop as events. The loop never waits on storage. Other threads talk to it through
 :meth:`Coordinator.begin_attempt`, :meth:`Coordinator.latest_checkpoint`,
 :meth:`Coordinator.statistics` and :meth:`Coordinator.stop`.
 """
@@ -19,19 +21,21 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import singledispatchmethod
 from typing import Any, TypeVar
 
 import zmq
 
-from client.errors import WireError
-from client.storage import ObjectStore
-from coordinator import protocol
-from coordinator import state as st
-from coordinator.checkpoint import CompletedCheckpoint
-from coordinator.cleanup import find_orphans
-from coordinator.errors import CoordinatorError
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.store import CheckpointStore
+from dstltree.client.errors import WireError
+from dstltree.coordinator import events as ev
+from dstltree.coordinator import protocol
+from dstltree.coordinator import state as st
+from dstltree.coordinator.checkpoint import CompletedCheckpoint
+from dstltree.coordinator.errors import CoordinatorError
+from dstltree.coordinator.metrics import CoordinatorMetrics
+from dstltree.coordinator.storage_worker import StorageWorker
+from dstltree.coordinator.store import CheckpointStore
+from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,11 +105,7 @@ class Coordinator:
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._peers: dict[tuple[int, int], bytes] = {}
-        self._objects_deleted = 0
-        self._orphans_deleted = 0
-        self._stale_deleted = 0
-        self._rejected = 0
+        self._storage = StorageWorker(store, self.checkpoints)
         self.metrics = None if metrics_port is None else CoordinatorMetrics(metrics_port)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -125,31 +125,47 @@ class Coordinator:
         retained = self.checkpoints.list_retained()
         with self._lock:
             self._state = st.CoordinatorState(self.config, retained)
-            self._execute(self._state.restore())
-            orphans = find_orphans(self.store, self._state.registry.referenced())
-            deleted = len(self.store.delete(orphans))
-            self._orphans_deleted += deleted
-            if self.metrics is not None:
-                self.metrics.orphans_deleted.inc(deleted)
-            self._stale_deleted += len(self.store.delete(self.checkpoints.stale_files()))
+            for ins in self._state.handle(ev.Started(time.monotonic())):
+                # Waited for: orphan cleanup is only safe before any task writes; only
+                # its failure stops the start (leftovers of the others are cleaned later).
+                cleanup = isinstance(ins, ev.CleanOrphans)
+                if isinstance(ins, ev.StorageInstruction):
+                    self._on_result(self._storage.call(ins, safely=not cleanup))
+                else:
+                    self._execute([ins])
         log.info(
             "coordinator at %s: %d retained checkpoints, %d orphans deleted",
             self.address,
             len(retained),
-            len(orphans),
+            self._state.orphans_deleted,
         )
         self._thread = threading.Thread(target=self._run, name="dstl-coordinator", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the loop thread (waiting at most ``timeout`` s) and close the socket."""
+        """Stop the loop thread (waiting at most ``timeout`` s), let queued storage work
+        finish within what is left of ``timeout``, and close the socket."""
+        deadline = time.monotonic() + timeout
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():
+            self._finish_storage(deadline)
+        self._storage.shutdown()
         self._sock.close(linger=0)
         self._ctx.term()
         if self.metrics is not None:
             self.metrics.close()
+
+    def _finish_storage(self, deadline: float) -> None:
+        """Carry queued storage work (and what its results start) to its end."""
+        while self._storage.wait_idle(deadline - time.monotonic()):
+            with self._lock:
+                results = self._storage.results()
+                for event in results:
+                    self._on_result(event)
+            if not results and not self._storage.busy():
+                return
 
     def __enter__(self) -> Coordinator:
         self.start()
@@ -169,10 +185,9 @@ class Coordinator:
         n = self.num_tasks if num_tasks is None else num_tasks
 
         def call() -> CompletedCheckpoint | None:
-            self._execute(self._state.handle(st.Tick(time.monotonic(), time.time())))
-            self._execute(self._state.handle(st.AttemptStarted(attempt, n)))
+            self._tick()
+            self._execute(self._state.handle(ev.AttemptStarted(time.monotonic(), attempt, n)))
             self.num_tasks = n
-            self._peers = {k: v for k, v in self._peers.items() if k[0] >= attempt}
             return self._state.latest
 
         return self._call(call)
@@ -192,11 +207,11 @@ class Coordinator:
                 checkpoint_durations_s=tuple(s.checkpoint_durations_s),
                 materializations_completed=s.materializations_completed,
                 materializations_abandoned=s.materializations_abandoned,
-                objects_deleted=self._objects_deleted,
-                orphans_deleted=self._orphans_deleted,
-                stale_metadata_deleted=self._stale_deleted,
+                objects_deleted=s.objects_deleted,
+                orphans_deleted=s.orphans_deleted,
+                stale_metadata_deleted=s.stale_metadata_deleted,
                 messages_fenced=s.messages_fenced,
-                messages_rejected=self._rejected,
+                messages_rejected=s.messages_rejected,
                 last_checkpoint_id=None if s.latest is None else s.latest.checkpoint_id,
                 last_materialization_epoch=s.applied_epoch,
                 retained_checkpoint_ids=tuple(c.checkpoint_id for c in s.retained),
@@ -224,12 +239,9 @@ class Coordinator:
                 with self._lock:
                     self._tick()
                     self._drain_calls()
-                    for _ in range(1000):
-                        try:
-                            frames = self._sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._on_frames(frames)
+                    for result in self._storage.results():
+                        self._on_result(result)
+                    self._drain_socket()
                     self._tick()
             except zmq.ContextTerminated:
                 return
@@ -237,7 +249,7 @@ class Coordinator:
                 log.exception("coordinator loop error")
 
     def _tick(self) -> None:
-        self._execute(self._state.handle(st.Tick(time.monotonic(), time.time())))
+        self._execute(self._state.handle(ev.Tick(time.monotonic(), time.time())))
 
     def _drain_calls(self) -> None:
         while True:
@@ -252,36 +264,71 @@ class Coordinator:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 fut.set_exception(e)
 
-    def _on_frames(self, frames: Sequence[bytes]) -> None:
-        if len(frames) != 2:
-            self._reject(frames[0] if frames else None, f"expected 1 frame, got {len(frames) - 1}")
-            return
-        ident, data = frames
-        try:
-            msg = protocol.load(data)
-        except WireError as e:
-            self._reject(ident, str(e))
-            return
-        if isinstance(msg, protocol.Hello):
-            if msg.task >= 0:
-                self._peers[(msg.attempt, msg.task)] = ident
-            event: st.Event = st.TaskConnected(msg.task, msg.attempt)
-        elif isinstance(msg, protocol.Ack):
-            event = st.CheckpointAck(msg.task, msg.attempt, msg.checkpoint_id, msg.checkpoint)
-        elif isinstance(msg, protocol.Report):
-            event = st.MaterializationReport(msg.task, msg.attempt, msg.epoch, msg.ref)
-        else:
-            self._reject(ident, f"{type(msg).__name__} is not a task message")
-            return
-        self._execute(self._state.handle(event), origin=ident)
+    def _drain_socket(self, limit: int = 1000) -> None:
+        """Handle at most ``limit`` waiting frames (then the loop ticks again)."""
+        for _ in range(limit):
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = _event_of(frames, time.monotonic())
+            if event is not None:
+                self._execute(self._state.handle(event))
 
-    def _reject(self, ident: bytes | None, reason: str) -> None:
-        self._rejected += 1
+    def _on_result(self, event: ev.Event) -> None:
+        """An answer of the storage worker: metrics, then the state."""
         if self.metrics is not None:
-            self.metrics.messages_rejected.inc()
-        log.warning("rejected a message: %s", reason)
-        if ident is not None:
-            self._send(ident, protocol.ErrorReply(reason))
+            if isinstance(event, ev.ObjectsDeleted):
+                self.metrics.objects_deleted.inc(event.deleted)
+            elif isinstance(event, ev.OrphansDeleted):
+                self.metrics.orphans_deleted.inc(event.orphans)
+        self._execute(self._state.handle(event))
+
+    # -- instructions ------------------------------------------------------------------
+    def _execute(self, instructions: list[ev.Instruction]) -> None:
+        for ins in instructions:
+            if self.metrics is not None:
+                _observe(self.metrics, ins)
+            self._carry_out(ins)
+
+    @singledispatchmethod
+    def _carry_out(self, ins: ev.Instruction) -> None:
+        raise TypeError(f"unknown instruction {ins!r}")
+
+    @_carry_out.register
+    def _(self, ins: ev.SendToTask) -> None:
+        self._send(ins.identity, ins.message)
+
+    @_carry_out.register
+    def _(self, ins: ev.Reply) -> None:
+        if isinstance(ins.message, protocol.ErrorReply):
+            log.warning("rejected a message: %s", ins.message.reason)
+        self._send(ins.identity, ins.message)
+
+    @_carry_out.register(ev.PersistCheckpoint)
+    @_carry_out.register(ev.DeleteCheckpoint)
+    @_carry_out.register(ev.DeleteObjects)
+    @_carry_out.register(ev.CleanOrphans)
+    def _(self, ins: ev.StorageInstruction) -> None:
+        self._storage.submit(ins)
+
+    @_carry_out.register(ev.CheckpointCompleted)
+    @_carry_out.register(ev.MaterializationStarted)
+    @_carry_out.register(ev.MaterializationApplied)
+    def _(self, ins: ev.Instruction) -> None:
+        log.debug("%s", ins)
+
+    @_carry_out.register
+    def _(self, ins: ev.CheckpointAborted) -> None:
+        log.warning("checkpoint %d aborted: %s", ins.checkpoint_id, ins.reason)
+
+    @_carry_out.register
+    def _(self, ins: ev.MaterializationAbandoned) -> None:
+        log.warning("materialization epoch %d abandoned: %s", ins.epoch, ins.reason)
+
+    @_carry_out.register
+    def _(self, ins: ev.MessageIgnored) -> None:
+        log.debug("ignored a message of task %d: %s", ins.task, ins.reason)
 
     def _send(self, ident: bytes, msg: protocol.Message) -> None:
         try:
@@ -289,86 +336,36 @@ class Coordinator:
         except zmq.ZMQError as e:
             log.warning("could not send %s: %s", type(msg).__name__, e)
 
-    def _send_tasks(
-        self, attempt: int, msg: protocol.Message | dict[int, protocol.Message]
-    ) -> None:
-        """Send ``msg`` (or ``msg[task]``) to every connected task of ``attempt``."""
-        for task in range(self._state.num_tasks):
-            ident = self._peers.get((attempt, task))
-            m = msg.get(task) if isinstance(msg, dict) else msg
-            if ident is not None and m is not None:
-                self._send(ident, m)
 
-    # -- instructions ------------------------------------------------------------------
-    def _execute(self, instructions: list[st.Instruction], origin: bytes | None = None) -> None:
-        for ins in instructions:
-            if self.metrics is not None:
-                self._observe(ins)
-            if isinstance(ins, st.TriggerCheckpoint):
-                self._send_tasks(ins.attempt, protocol.TriggerCheckpoint(ins.checkpoint_id))
-            elif isinstance(ins, st.TriggerMaterialization):
-                self._send_tasks(ins.attempt, protocol.Materialize(ins.epoch))
-            elif isinstance(ins, st.ApplyMaterialization):
-                per_task: dict[int, protocol.Message] = {
-                    t: protocol.ApplyMaterialization(ins.epoch, ref) for t, ref in ins.refs.items()
-                }
-                self._send_tasks(ins.attempt, per_task)
-            elif isinstance(ins, st.PersistCheckpoint):
-                self._persist(ins)
-            elif isinstance(ins, st.DeleteCheckpoint):
-                try:
-                    self.checkpoints.delete(ins.checkpoint_id)
-                except Exception:  # noqa: BLE001 - a leftover is stale metadata at start
-                    log.exception("could not delete checkpoint %d", ins.checkpoint_id)
-            elif isinstance(ins, st.DeleteObjects):
-                try:
-                    deleted = len(self.store.delete(ins.paths))
-                    self._objects_deleted += deleted
-                    if self.metrics is not None:
-                        self.metrics.objects_deleted.inc(deleted)
-                except Exception:  # noqa: BLE001 - leftovers are orphans at next start
-                    log.exception("could not delete %d objects", len(ins.paths))
-            elif isinstance(ins, st.Fenced):
-                if origin is not None:
-                    self._send(origin, protocol.Fenced(ins.attempt))
-            elif isinstance(ins, st.AbortCheckpoint):
-                log.warning("checkpoint %d aborted: %s", ins.checkpoint_id, ins.reason)
-            elif isinstance(ins, st.AbandonMaterialization):
-                log.warning("materialization epoch %d abandoned: %s", ins.epoch, ins.reason)
-            elif isinstance(ins, st.Ignored):
-                log.debug("ignored a message of task %d: %s", ins.task, ins.reason)
+def _event_of(frames: Sequence[bytes], now: float) -> ev.Event | None:
+    """The event of one ROUTER message (identity frame, then one message frame)."""
+    if not frames:
+        return None
+    if len(frames) != 2:
+        return ev.MalformedMessage(now, frames[0], f"expected 1 frame, got {len(frames) - 1}")
+    ident, data = frames
+    try:
+        return ev.MessageFromTask(now, ident, protocol.load(data))
+    except WireError as e:
+        return ev.MalformedMessage(now, ident, str(e))
 
-    def _observe(self, ins: st.Instruction) -> None:
-        """Metrics of one instruction (checkpoint completion is observed in _persist)."""
-        m = self.metrics
-        assert m is not None
-        if isinstance(ins, st.TriggerMaterialization):
-            m.materialization_started(ins.epoch)
-        elif isinstance(ins, st.ApplyMaterialization):
-            m.materialization_completed(ins.epoch, ins.refs)
-        elif isinstance(ins, st.AbandonMaterialization):
-            m.materialization_abandoned(ins.epoch)
-        elif isinstance(ins, st.AbortCheckpoint):
-            m.checkpoints_aborted.inc()
-        elif isinstance(ins, st.Fenced):
-            m.messages_fenced.inc()
 
-    def _persist(self, ins: st.PersistCheckpoint) -> None:
-        cid = ins.checkpoint.checkpoint_id
-        t0 = time.monotonic()
-        try:
-            self.checkpoints.add(ins.checkpoint, ins.retained)
-        except Exception as e:  # noqa: BLE001 - any failure aborts the checkpoint
-            log.exception("writing checkpoint %d failed", cid)
-            self._execute(self._state.handle(st.WriteFailed(cid, f"{type(e).__name__}: {e}")))
-            return
-        write_s = time.monotonic() - t0
-        self._execute(self._state.handle(st.Tick(time.monotonic(), time.time())))
-        completed = self._state.checkpoints_completed
-        self._execute(self._state.handle(st.CheckpointWritten(cid)))
-        if self.metrics is not None and self._state.checkpoints_completed > completed:
-            # trigger to last ack (in the record) plus the metadata write
-            self.metrics.checkpoint_completed(ins.checkpoint, ins.checkpoint.duration_s + write_s)
+def _observe(m: CoordinatorMetrics, ins: ev.Instruction) -> None:
+    """Metrics of one instruction."""
+    if isinstance(ins, ev.CheckpointCompleted):
+        m.checkpoint_completed(ins.checkpoint, ins.duration_s)
+    elif isinstance(ins, ev.CheckpointAborted):
+        m.checkpoints_aborted.inc()
+    elif isinstance(ins, ev.MaterializationStarted):
+        m.materialization_started(ins.epoch)
+    elif isinstance(ins, ev.MaterializationApplied):
+        m.materialization_completed(ins.epoch, ins.refs)
+    elif isinstance(ins, ev.MaterializationAbandoned):
+        m.materialization_abandoned(ins.epoch)
+    elif isinstance(ins, ev.Reply) and isinstance(ins.message, protocol.Fenced):
+        m.messages_fenced.inc()
+    elif isinstance(ins, ev.Reply):
+        m.messages_rejected.inc()
 
 
 def _connectable(endpoint: str) -> str:

@@ -6,7 +6,7 @@ Layout::
     checkpoints/LATEST                {"latest": 7, "retained": [6, 7]}
 
 Completing a checkpoint writes its metadata file first and the ``LATEST`` pointer last,
-each with the atomic :meth:`client.storage.ObjectStore.put`. The pointer is the commit
+each with the atomic :meth:`dstltree.storage.store.ObjectStore.put`. The pointer is the commit
 point: it names the latest checkpoint and every retained one, so a crash between the
 two writes leaves a metadata file no pointer names (removed by :meth:`stale_files`
 cleanup) and the previous checkpoints intact.
@@ -15,24 +15,21 @@ cleanup) and the previous checkpoints intact.
 from __future__ import annotations
 
 import json
-import posixpath
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from client.storage import CHECKPOINT_DIR, ObjectStore
-from coordinator.checkpoint import CompletedCheckpoint
-from coordinator.errors import CorruptCheckpointError
+from dstltree.coordinator.checkpoint import CompletedCheckpoint
+from dstltree.coordinator.errors import CorruptCheckpointError
+from dstltree.storage.store import CHECKPOINT_DIR, ObjectStore
 
 LATEST_NAME = "LATEST"
-_METADATA_RE = re.compile(r"^chk-(\d{10})\.json$")
 
 
 class CheckpointStore:
     """Reads and writes completed checkpoints through ``store`` (the only DFS access).
 
-    Methods raise :class:`client.errors.StorageError` for storage failures and
-    :class:`coordinator.errors.CorruptCheckpointError` (naming the file) for files that
+    Methods raise :class:`dstltree.client.errors.StorageError` for storage failures and
+    :class:`dstltree.coordinator.errors.CorruptCheckpointError` (naming the file) for files that
     cannot be decoded.
     """
 
@@ -126,15 +123,6 @@ class CheckpointStore:
     def list_retained(self) -> list[CompletedCheckpoint]:
         """Every retained checkpoint, oldest first."""
         return [self.load(i) for i in self.retained_ids()]
-
-    def list_metadata_ids(self) -> list[int]:
-        """Ids of every metadata file present, retained or not, ascending."""
-        ids = []
-        for url in self.store.list_files(self.root, ".json"):
-            m = _METADATA_RE.match(posixpath.basename(url))
-            if m:
-                ids.append(int(m.group(1)))
-        return sorted(ids)
 
     def stale_files(self) -> list[str]:
         """Metadata files (and leftover temporary files) no pointer names: checkpoints

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import zmq
 
-from client.errors import WireError
-from coordinator import protocol
-from coordinator.checkpoint import MaterializedRef, TaskCheckpoint
-from coordinator.errors import CoordinatorError
-from coordinator.protocol import Command
+from dstltree.client.errors import WireError
+from dstltree.coordinator import protocol
+from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
+from dstltree.coordinator.errors import CoordinatorError
+from dstltree.coordinator.protocol import Command
 
 
 class TaskLink:

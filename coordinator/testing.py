@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from client.handle import ChangelogHandle, SegmentRef
-from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
+from dstltree.client.handle import ChangelogHandle, SegmentRef
+from dstltree.client.segment import SegmentMeta
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 
 
 def handle(log_id: str, paths: Iterable[str], sqn_from: int = 0) -> ChangelogHandle:
     """A handle of ``log_id`` with one 10-byte segment per path, consecutive SQNs."""
     segs = tuple(
-        SegmentRef(sqn_from + i, sqn_from + i + 1, p, 0, 10, 0, (0,)) for i, p in enumerate(paths)
+        SegmentRef(SegmentMeta(log_id, sqn_from + i, sqn_from + i + 1, (0,), 10, 0), p, 0)
+        for i, p in enumerate(paths)
     )
     return ChangelogHandle(log_id, (sqn_from, sqn_from + len(segs)), segs)
 

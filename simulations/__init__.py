@@ -2,7 +2,7 @@
 factor and target object size; it drives the same plan policy as the real nodes
 (``topology.plan``) and the same latency models (``topology.latency``). Issue 5."""
 
-from simulations.cluster import SimResult, simulate
-from simulations.config import DESIGNS, SimConfig
+from dstltree.simulations.cluster import SimResult, simulate
+from dstltree.simulations.config import DESIGNS, SimConfig
 
 __all__ = ["DESIGNS", "SimConfig", "SimResult", "simulate"]

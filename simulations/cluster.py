@@ -5,11 +5,11 @@ Designs (as in ``dstl bench``):
 
 * ``task`` - every task writes its own object per checkpoint (Spark RocksDB changelog);
 * ``executor`` - each executor's node writes one object per checkpoint (Flink DSTL);
-* ``tree`` - writer nodes from :func:`topology.plan.compute_plan` over a
-  :class:`topology.plan.ByteEstimator` of each node's own bytes; every node sends its
-  changesets one hop, straight to its writer node, which cuts an object each time it
+* ``tree`` - collectors from :func:`dstltree.topology.plan.compute_plan` over a
+  :class:`dstltree.topology.plan.ByteEstimator` of each node's own bytes; every node sends its
+  changesets one hop, straight to its collector, which cuts an object each time it
   holds the target and writes the rest once every routed node has sent. Window 0 has
-  no plan and runs as ``tree-noplan`` (DESIGN.md: no plan means forward to the parent);
+  no plan and runs as ``tree-noplan`` (docs/design.md: no plan means forward to the parent);
 * ``tree-noplan`` - hop-by-hop: a node waits for its own tasks and one message from
   each child, then writes (cut at the target) if it holds at least the target or is
   the root, otherwise forwards all it holds to its parent.
@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import simpy
 
-from simulations.config import SimConfig, Workload
-from simulations.storage import ObjectStore, StoreCounters, Throttle
-from topology.latency import HedgingPolicy, get_model
-from topology.plan import ByteEstimator, Plan, compute_plan, window_of
+from dstltree.simulations.config import SimConfig, SimWorkload
+from dstltree.simulations.storage import SimulatedStore, StoreCounters, Throttle
+from dstltree.topology.latency import HedgingPolicy, get_model
+from dstltree.topology.plan import ByteEstimator, TreePlan, compute_plan, window_of
 
 __all__ = ["SimResult", "simulate"]
 
@@ -107,16 +107,16 @@ class _Sim:
         model = get_model(cfg.dfs_latency)
         if cfg.dfs_latency_scale != 1.0:
             model = model.scaled(cfg.dfs_latency_scale)
-        self.store = ObjectStore(
+        self.store = SimulatedStore(
             model,
             HedgingPolicy(cfg.hedge_timeout_s, cfg.max_attempts),
             Throttle(cfg.put_rate_limit),
             rng,
             prefixes=cfg.prefixes,
         )
-        self.workload = Workload(cfg)
+        self.workload = SimWorkload(cfg)
         self.estimator = ByteEstimator(history=cfg.plan_window)
-        self.plan: Plan | None = None
+        self.plan: TreePlan | None = None
         n = len(self.ids)
         self.cpu_free = [0.0] * n
         self.tx_free = [0.0] * n
@@ -130,8 +130,8 @@ class _Sim:
         self.own: dict[int, np.ndarray] = {}
         self.open_nodes: dict[int, int] = {}  # nodes still gathering, per checkpoint
         # node_rules: plans per window, the plan per checkpoint, per (checkpoint, node) batch
-        self.plans: dict[int, Plan] = {}
-        self.cp_plan: dict[int, Plan | None] = {}
+        self.plans: dict[int, TreePlan] = {}
+        self.cp_plan: dict[int, TreePlan | None] = {}
         self.batches: dict[int, list[_Batch]] = {}
         self.expected: dict[int, list[int]] = {}
         self.post_order = [index[n] for n in self.tree.post_order()]
@@ -236,16 +236,16 @@ class _Sim:
         self.own[c] = own
         if design == "tree" and self.plan is not None:
             routes = self.plan.routes()
-            writer = [self.index[routes[n]] for n in self.ids]
+            collector = [self.index[routes[n]] for n in self.ids]
             waiting = [0] * len(self.ids)
-            for w in writer:
+            for w in collector:
                 waiting[w] += 1
             self.waiting[c] = waiting
             self.open_nodes[c] = sum(1 for x in waiting if x)
             self.held[c] = [0] * len(self.ids)
             self.hops[c] = [0] * len(self.ids)
             for i, r in enumerate(ready):
-                self.at(r, self._planned_send, c, i, writer[i], own_l[i])
+                self.at(r, self._planned_send, c, i, collector[i], own_l[i])
             return
         self.waiting[c] = [1 + k for k in self.n_children]
         self.open_nodes[c] = len(self.ids)
@@ -265,7 +265,7 @@ class _Sim:
         held[w] += nbytes
         hop[w] = max(hop[w], hops)
         target = self.cfg.target_object_bytes
-        while held[w] >= target:  # a writer cuts an object each time it holds the target
+        while held[w] >= target:  # a collector cuts an object each time it holds the target
             self.put_objects(c, target, hop[w], cut=False)
             held[w] -= target
             if held[w] == 0:
@@ -319,7 +319,7 @@ class _Sim:
 
     def _expected_writers(self, c: int) -> list[int]:
         """Per node, the writers whose persist requests reach its batch in checkpoint
-        ``c`` (``NodeCore.expected_writers``): its own if its plan names another writer,
+        ``c`` (``NodeCore.expected_writers``): its own if its plan names another collector,
         else its residual writers, from children's reports of the previous checkpoint."""
         tasks = self.cfg.tasks_per_executor
         plan, prev = self.cp_plan[c], self.cp_plan.get(c - 1)
@@ -331,7 +331,7 @@ class _Sim:
                 below[v] += 0 if writes else below[k]
         if plan is None:
             return below
-        return [tasks if plan.nodes[n].writer != n else below[i] for i, n in enumerate(self.ids)]
+        return [tasks if plan.nodes[n].collector != n else below[i] for i, n in enumerate(self.ids)]
 
     def _node_trigger(self, c: int, t: float, own: np.ndarray) -> None:
         cfg = self.cfg
@@ -373,7 +373,7 @@ class _Sim:
         b = self.batches[c][v]
         plan = self.cp_plan.get(c)
         if plan is not None:
-            dst = self.index[plan.nodes[self.ids[v]].writer]
+            dst = self.index[plan.nodes[self.ids[v]].collector]
         elif reason == "size" or self.parent[v] < 0:
             dst = v
         else:
@@ -406,7 +406,7 @@ class _Sim:
 
 def simulate(cfg: SimConfig) -> SimResult:
     """Run one configuration; deterministic for ``cfg.seed``. ValueError for an unknown
-    latency model (see :func:`topology.latency.get_model`)."""
+    latency model (see :func:`dstltree.topology.latency.get_model`)."""
     t0 = time.perf_counter()
     sim = _Sim(cfg)
     sim.env.process(sim.checkpoints())

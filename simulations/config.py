@@ -8,9 +8,9 @@ from typing import Literal
 
 import numpy as np
 
-from topology.tree import Tree, kary_tree
+from dstltree.topology.tree import Tree, kary_tree
 
-__all__ = ["DESIGNS", "DISTRIBUTIONS", "Design", "SimConfig", "Workload"]
+__all__ = ["DESIGNS", "DISTRIBUTIONS", "Design", "SimConfig", "SimWorkload"]
 
 Design = Literal["task", "executor", "tree", "tree-noplan"]
 DESIGNS: tuple[Design, ...] = ("task", "executor", "tree", "tree-noplan")
@@ -33,7 +33,7 @@ class SimConfig:
     ``hedge_timeout_s`` (None: off) up to ``max_attempts``. The ``tree`` design plans
     windows of ``plan_window`` checkpoints; the first ``warmup_checkpoints`` (default:
     one plan window) run in every design but are left out of the results.
-    ``dfs_latency_scale`` scales the model (:meth:`topology.latency.LatencyModel.scaled`,
+    ``dfs_latency_scale`` scales the model (:meth:`dstltree.topology.latency.LatencyModel.scaled`,
     as ``scale=`` of the fault-injecting filesystem).
 
     ``node_rules`` makes the tree designs follow the real node (``aggregator.core``)
@@ -42,7 +42,7 @@ class SimConfig:
     ``persist_delay_s`` after its first item (a size cut keeps the count of writers
     that persisted); window 0 has no plan (hop by hop), window w+1 is planned at the
     middle checkpoint of window w; children's reports (residual writers) lag one
-    checkpoint. See :mod:`simulations.cluster`.
+    checkpoint. See :mod:`dstltree.simulations.cluster`.
     """
 
     executors: int = 7
@@ -100,7 +100,7 @@ class SimConfig:
         return self.tree if self.tree is not None else kary_tree(self.executors, self.branching)
 
 
-class Workload:
+class SimWorkload:
     """Bytes per task per checkpoint, shape (executors, tasks), int64; deterministic
     for a seed. Executor i is node ``tree.nodes[i]``."""
 

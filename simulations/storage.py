@@ -1,6 +1,7 @@
-"""The simulated object store: request latency from a :class:`~topology.latency.LatencyModel`,
-request-rate throttling per prefix, retries with exponential backoff and request hedging
-with the rule of :class:`~topology.latency.HedgingPolicy` (the real upload path's rule).
+"""The simulated object store: request latency from a
+:class:`~dstltree.topology.latency.LatencyModel`, request-rate throttling per prefix,
+retries with exponential backoff and request hedging with the rule of
+:class:`~dstltree.topology.latency.HedgingPolicy` (the real upload path's rule).
 
 Throttling (S3: 3,500 PUT/s per prefix, then "503 SlowDown") is modelled with fixed
 windows of ``window_s`` seconds per prefix, each admitting ``rate * window_s`` requests.
@@ -18,9 +19,9 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from topology.latency import HedgingPolicy, LatencyModel
+from dstltree.topology.latency import HedgingPolicy, LatencyModel
 
-__all__ = ["ObjectStore", "StoreCounters", "Throttle"]
+__all__ = ["SimulatedStore", "StoreCounters", "Throttle"]
 
 
 class Throttle:
@@ -98,7 +99,7 @@ class StoreCounters:
 
 
 @dataclass
-class ObjectStore:
+class SimulatedStore:
     """Computes each PUT's completion when it is issued (all times in seconds)."""
 
     model: LatencyModel

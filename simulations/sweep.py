@@ -3,13 +3,14 @@ setting, and the plot (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from simulations.cluster import SimResult, simulate
-from simulations.config import Design, SimConfig
+from dstltree.simulations.cluster import SimResult, simulate
+from dstltree.simulations.config import Design, SimConfig
 
 __all__ = ["best", "plot", "sweep"]
 
@@ -61,6 +62,39 @@ def _label(r: SimResult, by_branching: bool) -> str:
     return f"{r.design} b={r.branching}"
 
 
+_STYLE = {  # design -> (colour or None: by branching, line style, marker)
+    "task": ("k", "--", ""),
+    "executor": ("tab:red", "--", ""),
+    "tree": (None, "-", "o"),
+    "tree-noplan": (None, ":", "x"),
+}
+
+
+def _draw_panel(
+    ax: Any,
+    f: Callable[[SimResult], float],
+    lines: dict[str, list[SimResult]],
+    xpts: Sequence[float],
+    xval: Callable[[SimResult], float],
+    colour: dict[int, Any],
+) -> None:
+    """One line per label on ``ax``: flat designs horizontal, tree designs over x."""
+    for label, rs in lines.items():
+        c, ls, mk = _STYLE[rs[0].design]
+        if rs[0].design in _FLAT:
+            ax.plot(xpts, [f(rs[0])] * len(xpts), color=c, ls=ls, label=label)
+            continue
+        rs = sorted(rs, key=xval)
+        ax.plot(
+            [xval(r) for r in rs],
+            [f(r) for r in rs],
+            color=colour[rs[0].branching],
+            ls=ls,
+            marker=mk,
+            label=label,
+        )
+
+
 def plot(results: Sequence[SimResult], path: str | Path, title: str = "") -> Path:
     """Checkpoint p50 and p99 (ms) and requests per checkpoint against the swept
     parameter (target object size if it varies, else branching), one line per design
@@ -95,27 +129,8 @@ def plot(results: Sequence[SimResult], path: str | Path, title: str = "") -> Pat
     )
     cmap = plt.get_cmap("viridis")
     colour = {b: cmap(i / max(1, len(branchings) - 1) * 0.9) for i, b in enumerate(branchings)}
-    style = {
-        "task": ("k", "--", ""),
-        "executor": ("tab:red", "--", ""),
-        "tree": (None, "-", "o"),
-        "tree-noplan": (None, ":", "x"),
-    }
     for ax, (ylab, f) in zip(axes, panels, strict=True):
-        for label, rs in lines.items():
-            c, ls, mk = style[rs[0].design]
-            if rs[0].design in _FLAT:
-                ax.plot(xpts, [f(rs[0])] * len(xpts), color=c, ls=ls, label=label)
-            else:
-                rs = sorted(rs, key=xval)
-                ax.plot(
-                    [xval(r) for r in rs],
-                    [f(r) for r in rs],
-                    color=colour[rs[0].branching],
-                    ls=ls,
-                    marker=mk,
-                    label=label,
-                )
+        _draw_panel(ax, f, lines, xpts, xval, colour)
         ax.set_xlabel(xlab)
         ax.set_ylabel(ylab)
         ax.set_yscale("log")

@@ -1,49 +1,50 @@
-"""The main job on the driver: nodes, coordinator, the stateful barrier stage with
-restarts, and the final comparison with a Spark SQL batch query (``dstl demo``)."""
+"""The driver side of a keyed job: nodes beside the executors, the coordinator, and the
+stateful barrier stage with restarts after a failure (a new attempt restores from the
+latest completed checkpoint). The job itself is a
+:class:`dstltree.sparkplug.keyed_job.KeyedJob`."""
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from client import ObjectStore
-from coordinator.checkpoint import CompletedCheckpoint
-from coordinator.service import Coordinator
-from sparkplug.flights import batch_aggregates, compare, load_table, shard_lengths
-from sparkplug.keygroups import key_group_range
-from sparkplug.nodes import NodePlacement, executor_nodes, local_nodes
-from sparkplug.spark_session import executor_count, spark_session
-from sparkplug.task import STATE, TaskConfig, restore_state, run_task
-from topology.config import load_topology
+from dstltree.coordinator.checkpoint import CompletedCheckpoint
+from dstltree.coordinator.service import Coordinator, CoordinatorStatistics
+from dstltree.sparkplug.keyed_job import KeyedJob
+from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
+from dstltree.sparkplug.nodes import NodePlacement, executor_nodes, local_nodes
+from dstltree.sparkplug.spark_session import executor_count
+from dstltree.sparkplug.task import TaskConfig, restore_state, run_task
+from dstltree.storage.store import ObjectStore
+from dstltree.topology.config import TopologyConfig, load_topology
 
 
 @dataclass(frozen=True)
-class DemoOptions:
-    """Flags of ``dstl demo``. Times in seconds."""
+class JobOptions:
+    """How to run a keyed job. Times in seconds. ``kill_task_after`` > 0 kills the last
+    task hard after that many checkpoints in the first attempt (a crash drill)."""
 
     base_path: str
     topology: Path
     master: str = "local[4]"
     tasks: int = 4
-    replay: int = 1
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM
     checkpoint_interval: float = 0.3
     materialization_interval: float = 3.0
     kill_task_after: int = 8
-    records_per_second: float = 20000.0
+    records_per_second: float = 20000.0  # over all tasks; 0 = unthrottled
     storage_options: dict[str, Any] = field(default_factory=dict)
     max_attempts: int = 4
     retained_checkpoints: int = 2
-    limit_records: int | None = None
     metrics_port: int | None = None  # coordinator here, nodes from metrics_port + 1
 
 
 @dataclass
-class _Observed:
+class Observed:
     """What the driver sees of completed checkpoints while the job runs."""
 
     checkpoint_ids: set[int] = field(default_factory=set)
@@ -72,10 +73,27 @@ class _Observed:
 Progress = Callable[[int, int, Any], None]  # (records done, total records, coordinator stats)
 
 
-def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, Any]:
-    """Run the main job end to end; returns the report (see README). Blocking."""
-    started = time.monotonic()
-    spark = spark_session(opts.master)
+@dataclass
+class JobRun:
+    """What the driver saw of one run: per-task results of the final attempt
+    (``{"task", "attempt", "state", "records"}``), recoveries (failed attempts), the
+    coordinator's statistics and latest checkpoint, the checkpoints observed."""
+
+    results: list[dict[str, Any]]
+    recoveries: int
+    stats: CoordinatorStatistics
+    latest: CompletedCheckpoint | None
+    observed: Observed
+    nodes: int
+    metrics: dict[str, Any] | None
+
+
+def run_keyed_job(
+    spark: Any, job: KeyedJob, opts: JobOptions, progress: Progress | None = None
+) -> JobRun:
+    """Run ``job`` on ``opts.tasks`` stateful tasks of a Spark barrier stage, with nodes
+    from ``opts.topology``, checkpoints, materialization and restarts, to the end of its
+    input. Blocking. Raises RuntimeError when ``opts.max_attempts`` attempts failed."""
     sc = spark.sparkContext
     store = ObjectStore(opts.base_path, opts.storage_options)
     topo = load_topology(
@@ -90,56 +108,20 @@ def run_demo(opts: DemoOptions, progress: Progress | None = None) -> dict[str, A
         retained_checkpoints=opts.retained_checkpoints,
         metrics_port=opts.metrics_port,
     )
-    df = load_table(opts.limit_records)
-    total = sum(shard_lengths(df, opts.tasks, opts.replay))
-    observed = _Observed()
+    observed = Observed()
     try:
         coord.start()
-        results, recoveries = _run_attempts(sc, opts, coord, nodes, topo, observed, total, progress)
+        results, recoveries = _run_attempts(sc, job, opts, coord, nodes, topo, observed, progress)
         observed.see(coord.latest_checkpoint())
-        stats = coord.statistics()
-        latest = coord.latest_checkpoint()
+        stats, latest = coord.statistics(), coord.latest_checkpoint()
+        metrics = _metrics_urls(coord, nodes)
     finally:
         coord.stop()
         nodes.stop()
-    streamed: dict[str, Any] = {}
-    for r in results:
-        streamed.update(r["state"])
-    restored = _restore_all(store, latest, opts.tasks)
-    batch = batch_aggregates(spark, df, opts.replay)
-    spark.stop()
-    mismatched = sorted(set(compare(streamed, batch)) | set(compare(restored, batch)))
-    durations = sorted(stats.checkpoint_durations_s)
-    present = set(store.list_objects())
-    return {
-        "records": total,
-        "tasks": opts.tasks,
-        "master": opts.master,
-        "checkpoints_completed": stats.checkpoints_completed,
-        "checkpoints_aborted": stats.checkpoints_aborted,
-        "checkpoint_duration_ms": {"p50": _pct(durations, 50), "p99": _pct(durations, 99)},
-        "materializations": stats.materializations_completed,
-        "recoveries": recoveries,
-        "objects_written": len(observed.objects | present),
-        "objects_referenced": len(observed.objects),
-        "changelog_bytes": observed.segment_bytes,
-        "writers": len(observed.writers),
-        "nodes": nodes.count,
-        "objects_per_checkpoint": round(
-            len(observed.objects) / max(1, len(observed.checkpoint_ids)), 3
-        ),
-        "objects_deleted": stats.objects_deleted,
-        "orphans_deleted_at_start": stats.orphans_deleted,
-        "state_matches_batch": not mismatched,
-        "mismatched_keys": mismatched[:50],
-        "keys": len(batch),
-        "base_path": store.base_url,
-        "metrics": _metrics_urls(coord, nodes),
-        "wall_s": round(time.monotonic() - started, 1),
-    }
+    return JobRun(results, recoveries, stats, latest, observed, nodes.count, metrics)
 
 
-def _start_nodes(sc: Any, opts: DemoOptions, topo: Any) -> NodePlacement:
+def _start_nodes(sc: Any, opts: JobOptions, topo: TopologyConfig) -> NodePlacement:
     if opts.master.startswith("local-cluster["):
         n = executor_count(opts.master)
         return executor_nodes(sc, topo, n, opts.base_path, opts.storage_options)
@@ -147,35 +129,54 @@ def _start_nodes(sc: Any, opts: DemoOptions, topo: Any) -> NodePlacement:
     return local_nodes(opts.topology, opts.tasks, opts.base_path, opts.storage_options, node_port)
 
 
-def _run_attempts(
-    sc: Any,
-    opts: DemoOptions,
+def _task_config(
+    job: KeyedJob,
+    opts: JobOptions,
+    job_id: str,
+    attempt: int,
     coord: Coordinator,
     nodes: NodePlacement,
-    topo: Any,
-    observed: _Observed,
-    total: int,
+    topo: TopologyConfig,
+) -> TaskConfig:
+    return TaskConfig(
+        job=job,
+        job_id=job_id,
+        attempt=attempt,
+        parallelism=opts.tasks,
+        base_path=opts.base_path,
+        coordinator=coord.address,
+        storage_options=opts.storage_options,
+        node_for_task=nodes.node_for_task,
+        node_for_executor=nodes.node_for_executor,
+        ack_timeout=_client_ack_timeout(opts, topo),
+        max_parallelism=opts.max_parallelism,
+        records_per_second=opts.records_per_second / opts.tasks,
+        kill_task=opts.tasks - 1 if opts.kill_task_after > 0 else None,
+        kill_after_checkpoints=opts.kill_task_after,
+    )
+
+
+def _client_ack_timeout(opts: JobOptions, topo: TopologyConfig) -> float:
+    """A task waits for its node as a client of the deepest node would
+    (``TopologyConfig.ack_timeout``): every task's node is at most that deep."""
+    return topo.ack_timeout(topo.tree(executor_count(opts.master)).height() + 1)
+
+
+def _run_attempts(
+    sc: Any,
+    job: KeyedJob,
+    opts: JobOptions,
+    coord: Coordinator,
+    nodes: NodePlacement,
+    topo: TopologyConfig,
+    observed: Observed,
     progress: Progress | None,
 ) -> tuple[list[dict[str, Any]], int]:
-    job = uuid.uuid4().hex[:8]
+    job_id = uuid.uuid4().hex[:8]
+    total = sum(job.lengths(opts.tasks, opts.max_parallelism))
     for attempt in range(opts.max_attempts):
         coord.begin_attempt(attempt)
-        cfg = TaskConfig(
-            job=job,
-            attempt=attempt,
-            parallelism=opts.tasks,
-            replay=opts.replay,
-            base_path=opts.base_path,
-            coordinator=coord.address,
-            storage_options=opts.storage_options,
-            node_for_task=nodes.node_for_task,
-            node_for_executor=nodes.node_for_executor,
-            ack_timeout=topo.parent_timeout * 5 + 1.0,
-            records_per_second=opts.records_per_second / opts.tasks,
-            kill_task=opts.tasks - 1 if opts.kill_task_after > 0 else None,
-            kill_after_checkpoints=opts.kill_task_after,
-            limit_records=opts.limit_records,
-        )
+        cfg = _task_config(job, opts, job_id, attempt, coord, nodes, topo)
         box: dict[str, Any] = {}
         t = threading.Thread(target=_collect, args=(sc, cfg, opts.tasks, box), daemon=True)
         t.start()
@@ -205,16 +206,22 @@ def _collect(sc: Any, cfg: TaskConfig, tasks: int, box: dict[str, Any]) -> None:
         box["error"] = e
 
 
-def _restore_all(
-    store: ObjectStore, latest: CompletedCheckpoint | None, tasks: int
-) -> dict[str, Any]:
-    """The state restored from the latest completed checkpoint (snapshot + changelog)."""
-    out: dict[str, Any] = {}
+def restore_all(
+    store: ObjectStore,
+    latest: CompletedCheckpoint | None,
+    job: KeyedJob,
+    tasks: int,
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+) -> dict[Any, Any]:
+    """The state of every key restored from ``latest`` (snapshot + changelog replay),
+    with the key groups of ``tasks`` tasks. Raises CorruptObjectError / StorageError."""
+    out: dict[Any, Any] = {}
     if latest is None:
         return out
     for t, tc in latest.tasks.items():
-        backend = restore_state(store, tc, key_group_range(t, tasks))
-        out.update(dict(backend.items(STATE)))
+        kgs = key_group_range(t, tasks, max_parallelism)
+        backend = restore_state(store, tc, kgs, job.state_name, max_parallelism)
+        out.update(dict(backend.items(job.state_name)))
     return out
 
 
@@ -224,10 +231,3 @@ def _metrics_urls(coord: Coordinator, nodes: NodePlacement) -> dict[str, Any] | 
     tree = nodes.local_tree
     node_urls = {} if tree is None else {n: tree.metrics_url(n) for n in tree.tree.nodes}
     return {"coordinator": coord.metrics.url, "nodes": node_urls}
-
-
-def _pct(sorted_s: list[float], q: float) -> float | None:
-    if not sorted_s:
-        return None
-    i = min(len(sorted_s) - 1, max(0, round(q / 100 * (len(sorted_s) - 1))))
-    return round(sorted_s[i] * 1000, 1)

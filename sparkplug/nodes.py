@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from aggregator.launcher import LocalTree, start_tree
-from topology.config import TopologyConfig, load_topology
+from dstltree.aggregator.launcher import LocalTree, start_tree
+from dstltree.topology.config import TopologyConfig, load_topology
 
 
 @dataclass
@@ -32,7 +32,6 @@ class NodePlacement:
     node_for_executor: dict[str, str] = field(default_factory=dict)
     pids: list[int] = field(default_factory=list)
     count: int = 0
-    depth_of_task: dict[int, int] = field(default_factory=dict)
     local_tree: LocalTree | None = None
 
     def stop(self) -> None:
@@ -54,9 +53,11 @@ def local_nodes(
     The nodes get the job's base path and storage options (a copy of the topology file
     with those fields replaced), and ``metrics_port`` as the topology's if given."""
     topo = load_topology(
-        topology_file, base_path=base_path, storage_options=storage_options,
+        topology_file,
+        base_path=base_path,
+        storage_options=storage_options,
         metrics_port=metrics_port,
-    )  # fmt: skip
+    )
     workdir = Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
     effective = workdir / "topology.yaml"
     effective.write_text(yaml.safe_dump(topo.model_dump(mode="json", exclude_none=True)))
@@ -65,7 +66,6 @@ def local_nodes(
     return NodePlacement(
         node_for_task={i: tree.address(ids[i % len(ids)]) for i in range(tasks)},
         count=len(ids),
-        depth_of_task={i: tree.tree.depth(ids[i % len(ids)]) for i in range(tasks)},
         local_tree=tree,
     )
 
@@ -94,7 +94,7 @@ def executor_nodes(
 def _start_on_executor(doc: dict[str, Any], branching: int) -> Any:
     from pyspark import BarrierTaskContext
 
-    from aggregator.launcher import start_node_process
+    from dstltree.aggregator.launcher import start_node_process
 
     ctx = BarrierTaskContext.get()
     me = ctx.partitionId()

@@ -3,7 +3,7 @@
 State is kept in memory per key group; each update is appended to the task's
 changelog writer as one change (msgpack ``[op, state, key, ...]``) in the key's key
 group. Materialization serializes the whole state (a snapshot); restore is snapshot
-plus replay of the changelog handles recorded after it (DESIGN.md, Data flow 7-8).
+plus replay of the changelog handles recorded after it (docs/design.md, Data flow 7-8).
 Values must be msgpack-serializable (None, bool, int, float, str, bytes, lists, maps).
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import msgpack
 
-from client.writer import ChangelogWriter
-from sparkplug.keygroups import DEFAULT_MAX_PARALLELISM, key_group_of
+from dstltree.client.writer import ChangelogWriter
+from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM, key_group_of
 
 _PUT, _DEL, _MPUT, _MDEL = 0, 1, 2, 3
 SNAPSHOT_VERSION = 1

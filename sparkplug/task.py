@@ -4,9 +4,11 @@ Contract per attempt (bytewax-style, precise about offsets):
 - Restore: load the latest completed checkpoint; state = its snapshot (if any) plus
   the replay of its changelog handles; the source resumes at its ``source_offset``
   (the number of this task's events already folded into that state). With no
-  checkpoint, state is empty and the offset 0.
+  checkpoint, state is empty and the offset 0. The events and how each one changes its
+  key's value come from the job (:class:`dstltree.sparkplug.keyed_job.KeyedJob`); the
+  runtime knows nothing else of it.
 - A checkpoint acknowledged with offset ``o`` covers exactly events [0, o).
-- The writer of attempt ``a`` has log id ``<job>-t<task>-a<a>``; handles of earlier
+- The writer of attempt ``a`` has log id ``<job_id>-t<task>-a<a>``; handles of earlier
   attempts restored from the checkpoint are carried in every acknowledgement until the
   next materialization replaces them.
 - The task returns once a completed checkpoint shows every task at its shard's end.
@@ -17,30 +19,34 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from client import ChangelogClient, ChangelogHandle, ObjectStore
-from client.reader import iter_changes
-from coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
-from coordinator.protocol import ApplyMaterialization, Fenced, Materialize, TriggerCheckpoint
-from coordinator.store import CheckpointStore
-from coordinator.task_link import TaskLink
-from sparkplug.flights import Shard, load_table, make_shard, shard_lengths, update
-from sparkplug.keygroups import key_group_range
-from sparkplug.state_backend import KeyedStateBackend
-
-STATE = "plane"
+from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
+from dstltree.client.reader import iter_changes
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
+from dstltree.coordinator.protocol import (
+    ApplyMaterialization,
+    Fenced,
+    Materialize,
+    TriggerCheckpoint,
+)
+from dstltree.coordinator.store import CheckpointStore
+from dstltree.coordinator.task_link import TaskLink
+from dstltree.sparkplug.keyed_job import KeyedJob
+from dstltree.sparkplug.keygroups import key_group_range
+from dstltree.sparkplug.state_backend import KeyedStateBackend
 
 
 @dataclass(frozen=True)
 class TaskConfig:
     """Everything a task needs; pickled into the Spark closure."""
 
-    job: str
+    job: KeyedJob
+    job_id: str
     attempt: int
     parallelism: int
-    replay: int
     base_path: str
     coordinator: str
     storage_options: dict[str, Any] = field(default_factory=dict)
@@ -53,7 +59,6 @@ class TaskConfig:
     kill_task: int | None = None
     kill_after_checkpoints: int = 0
     finish_timeout: float = 120.0
-    limit_records: int | None = None
 
 
 @dataclass
@@ -63,7 +68,7 @@ class _Run:
     store: ObjectStore
     client: ChangelogClient
     backend: KeyedStateBackend
-    shard: Shard
+    events: Sequence[Any]
     lengths: list[int]
     offset: int = 0
     materialized: MaterializedRef | None = None
@@ -73,13 +78,12 @@ class _Run:
 
 def run_task(cfg: TaskConfig, task: int, executor: str | None) -> dict[str, Any]:
     """Run task ``task`` of ``cfg.attempt`` to the end of the stream. Blocking.
-    Returns ``{"task", "state": {plane: aggregate}, "records", "attempt"}``."""
+    Returns ``{"task", "state": {key: value}, "records", "attempt"}``."""
     store = ObjectStore(cfg.base_path, cfg.storage_options)
     node = cfg.node_for_task.get(task) or (cfg.node_for_executor.get(executor or "") or None)
     client = ChangelogClient.open(
         cfg.base_path, node=node, storage_options=cfg.storage_options, ack_timeout=cfg.ack_timeout
     )
-    df = load_table(cfg.limit_records)
     kgs = key_group_range(task, cfg.parallelism, cfg.max_parallelism)
     run = _Run(
         cfg,
@@ -87,11 +91,11 @@ def run_task(cfg: TaskConfig, task: int, executor: str | None) -> dict[str, Any]
         store,
         client,
         KeyedStateBackend(kgs, None, cfg.max_parallelism),
-        make_shard(df, task, cfg.parallelism, cfg.replay, cfg.max_parallelism),
-        shard_lengths(df, cfg.parallelism, cfg.replay, cfg.max_parallelism),
+        cfg.job.events(task, cfg.parallelism, cfg.max_parallelism),
+        cfg.job.lengths(cfg.parallelism, cfg.max_parallelism),
     )
     _restore(run, CheckpointStore(store).load_latest())
-    run.backend.writer = client.create_writer(f"{cfg.job}-t{task}-a{cfg.attempt}", kgs)
+    run.backend.writer = client.create_writer(f"{cfg.job_id}-t{task}-a{cfg.attempt}", kgs)
     link = TaskLink(cfg.coordinator, task, cfg.attempt)
     start_offset = run.offset
     try:
@@ -99,7 +103,7 @@ def run_task(cfg: TaskConfig, task: int, executor: str | None) -> dict[str, Any]
     finally:
         link.close()
         client.close()
-    state = dict(run.backend.items(STATE))
+    state = dict(run.backend.items(cfg.job.state_name))
     return {
         "task": task,
         "attempt": cfg.attempt,
@@ -112,14 +116,16 @@ def restore_state(
     store: ObjectStore,
     tc: TaskCheckpoint,
     kgs: range,
+    state_name: str,
     max_parallelism: int = 128,
     into: KeyedStateBackend | None = None,
 ) -> KeyedStateBackend:
-    """Task ``tc``'s state: its snapshot plus the replay of its changelog handles (range
-    reads of only their segments), in ``into`` (an empty backend) or a new backend.
-    Raises CorruptObjectError / StorageError naming the object."""
+    """Task ``tc``'s state (value state ``state_name``): its snapshot plus the replay of
+    its changelog handles (range reads of only their segments), in ``into`` (an empty
+    backend) or a new backend. Raises CorruptObjectError / StorageError naming the
+    object."""
     backend = into if into is not None else KeyedStateBackend(kgs, None, max_parallelism)
-    backend.value_state(STATE)
+    backend.value_state(state_name)
     if tc.materialized is not None:
         backend.restore_snapshot(store.read(tc.materialized.path))
     for h in tc.changelog:
@@ -129,19 +135,21 @@ def restore_state(
 
 
 def _restore(run: _Run, latest: CompletedCheckpoint | None) -> None:
-    run.backend.value_state(STATE)
+    name = run.cfg.job.state_name
+    run.backend.value_state(name)
     if latest is None or run.task not in latest.tasks:
         return
     tc = latest.tasks[run.task]
-    restore_state(run.store, tc, run.backend.key_groups, run.cfg.max_parallelism, run.backend)
+    restore_state(run.store, tc, run.backend.key_groups, name, run.cfg.max_parallelism, run.backend)
     run.offset = tc.source_offset
     run.materialized = tc.materialized
     run.base_handles = tc.changelog
 
 
 def _process(run: _Run, link: TaskLink) -> None:
-    state = run.backend.value_state(STATE)
-    events = run.shard.events
+    job = run.cfg.job
+    state = run.backend.value_state(job.state_name)
+    events = run.events
     started = time.monotonic()
     first = run.offset
     finished_at: float | None = None
@@ -150,7 +158,8 @@ def _process(run: _Run, link: TaskLink) -> None:
         if run.offset < len(events):
             end = min(run.offset + run.cfg.batch_records, len(events))
             for ev in events[run.offset : end]:
-                state.update(ev[0], update(state.get(ev[0]), ev))
+                key = job.key(ev)
+                state.update(key, job.update(state.get(key), ev))
             run.offset = end
             wait = _ahead(run, started, first)
         elif finished_at is None:

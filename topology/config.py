@@ -1,11 +1,11 @@
 """The topology YAML schema, validated with pydantic.
 
 A topology names the aggregator nodes and their parents (or a branching factor for
-one node per Spark executor), the writer-node thresholds and the DFS location::
+one node per Spark executor), the collectors' thresholds and the DFS location::
 
     base_path: data/dstl            # fsspec URL or local directory
     storage_options: {}             # passed to fsspec (e.g. endpoint_url for S3)
-    target_object_bytes: 4MiB       # a writer node cuts an object once it holds this
+    target_object_bytes: 4MiB       # a collector cuts an object once it holds this
     persist_delay: 0.05             # seconds after the first pending persist request
     plan_window: 16                 # checkpoints per plan window; plans: false = hop by hop
     upload_timeout: 1.0             # seconds before a hedged second attempt starts
@@ -28,9 +28,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
+from dstltree.topology.tree import TopologyError, Tree, kary_tree
 
-class TopologyError(ValueError):
-    """A topology file or object is invalid; the message names the field or node."""
+__all__ = ["NodeSpec", "TopologyConfig", "TopologyError", "load_topology", "parse_topology"]
 
 
 class NodeSpec(BaseModel):
@@ -80,16 +80,25 @@ class TopologyConfig(BaseModel):
             _check_nodes(self.nodes)
         return self
 
-    def tree(self, executors: int | None = None):  # -> Tree (import cycle avoided)
+    def tree(self, executors: int | None = None) -> Tree:
         """The tree of this topology; with ``branching``, ``executors`` nodes are needed."""
-        from topology.tree import Tree, kary_tree
-
         if self.nodes is not None:
             return Tree.from_specs(self.nodes)
         if executors is None:
             raise TopologyError("branching: a tree by branching factor needs the executor count")
         assert self.branching is not None
         return kary_tree(executors, self.branching)
+
+    def ack_timeout(self, depth: int) -> float:
+        """Seconds a sender ``depth`` hops below the root waits for an ack before it
+        writes the items itself (docs/design.md, Invariants: a node that cannot reach
+        its parent writes itself): a node at depth d waits for the node above it, a
+        client of a node at depth d is at depth d + 1. ``parent_timeout * max(depth,
+        1)``: it grows with depth, so ancestors give up on their parents before their
+        descendants give up on them. Raises ValueError for a negative depth."""
+        if depth < 0:
+            raise ValueError(f"depth must be >= 0, got {depth}")
+        return self.parent_timeout * max(depth, 1)
 
 
 def _check_nodes(nodes: list[NodeSpec]) -> None:
@@ -108,8 +117,6 @@ def _check_nodes(nodes: list[NodeSpec]) -> None:
     roots = [n.id for n in nodes if n.parent is None]
     if len(roots) != 1:
         raise ValueError(f"nodes: exactly one root (a node with no parent) needed, got {roots}")
-    from topology.tree import Tree
-
     try:
         Tree.from_specs(nodes)
     except TopologyError as e:

@@ -1,27 +1,28 @@
-"""The plan policy: which nodes are writer nodes for a plan window, and where every node
-sends its changesets. Pure code, no I/O; the aggregator and the simulator run it as is.
+"""The plan policy: which nodes are collectors (nodes that write the objects) for a plan
+window, and where every node sends its changesets. Pure code, no I/O; the aggregator and
+the simulator run it as is.
 
 Source: FLIP-158, "Future directions" (a node proxies requests up the hierarchy unless it
 has accumulated enough data, with "a decision upfront for the next N checkpoints"), and
-DESIGN.md, "The plan".
+docs/design.md, "The plan".
 
 The rule, for plan window ``w`` = checkpoints ``[w*N, (w+1)*N)``:
 
 * the expected residual of node ``v`` is ``r(v) = own(v) + sum(r(c))`` over the
   children ``c`` of ``v`` that do not write (bytes per checkpoint);
-* ``v`` is a writer node iff ``r(v) >= target_object_bytes`` or ``v`` is the root;
-* a writer node sends its own id down as the writer address; any other node passes
-  down the writer address it received from its parent.
+* ``v`` is a collector iff ``r(v) >= target_object_bytes`` or ``v`` is the root;
+* a collector sends its own id down as the collector address; any other node passes
+  down the collector address it received from its parent.
 
 A node knows only its own executor's bytes and the residuals its children report
-(:func:`decide_local`, then :meth:`LocalDecision.writer`); :func:`compute_plan` gives the
+(:func:`decide_local`, then :meth:`LocalDecision.collector`); :func:`compute_plan` gives the
 same answer for the whole tree at once.
 
 Nodes marked down are contracted out of the tree: a down node never writes, its own
 bytes are not counted (its executor is gone with it) and its children report to, and
 route through, their nearest live ancestor. A live node with no live ancestor (the root
 is down) acts as a root: "a node that cannot reach its parent writes itself"
-(DESIGN.md, "Invariants").
+(docs/design.md, "Invariants").
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from topology.tree import Tree
+from dstltree.topology.tree import Tree
 
 __all__ = [
     "ByteEstimator",
     "LocalDecision",
     "NodePlan",
-    "Plan",
+    "TreePlan",
     "compute_plan",
     "decide_local",
     "live_parent",
@@ -59,7 +60,7 @@ def window_of(checkpoint: int, plan_window: int) -> int:
 class LocalDecision:
     """What one node decides from its own bytes and its children's reports.
 
-    ``residual_bytes`` is r(v); ``writes`` whether v is a writer node for the window;
+    ``residual_bytes`` is r(v); ``writes`` whether v is a collector for the window;
     ``reported_bytes`` what v reports to its parent: 0 when it writes, r(v) otherwise.
     """
 
@@ -71,17 +72,17 @@ class LocalDecision:
     def reported_bytes(self) -> float:
         return 0.0 if self.writes else self.residual_bytes
 
-    def writer(self, parent_writer: str | None) -> str:
-        """The writer address this node uses and passes down to its children.
+    def collector(self, parent_collector: str | None) -> str:
+        """The collector address this node uses and passes down to its children.
 
-        ``parent_writer`` is the address received from the (live) parent, None for a
-        root. Raises ValueError for a non-writing node without a parent writer.
+        ``parent_collector`` is the address received from the (live) parent, None for a
+        root. Raises ValueError for a non-writing node without a parent collector.
         """
         if self.writes:
             return self.node
-        if parent_writer is None:
-            raise ValueError(f"node {self.node!r} does not write and got no writer address")
-        return parent_writer
+        if parent_collector is None:
+            raise ValueError(f"node {self.node!r} does not write and got no collector address")
+        return parent_collector
 
 
 def decide_local(
@@ -108,16 +109,16 @@ def decide_local(
 @dataclass(frozen=True)
 class NodePlan:
     """One live node's plan for a window: its expected residual r(v) (bytes per
-    checkpoint), whether it writes, and the writer node it sends its changesets to."""
+    checkpoint), whether it writes, and the collector it sends its changesets to."""
 
     node: str
     residual_bytes: float
     writes: bool
-    writer: str
+    collector: str
 
 
 @dataclass(frozen=True)
-class Plan:
+class TreePlan:
     """The plan of a whole tree for plan window ``window`` (checkpoints
     ``[window*plan_window, (window+1)*plan_window)``). ``nodes`` maps every live node id
     to its :class:`NodePlan`; ``down`` lists the excluded nodes."""
@@ -134,7 +135,7 @@ class Plan:
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable despite the read-only mapping
         return (
-            Plan,
+            TreePlan,
             (self.window, self.plan_window, self.target_object_bytes, dict(self.nodes), self.down),
         )
 
@@ -146,20 +147,20 @@ class Plan:
         """True if ``checkpoint`` belongs to this plan's window."""
         return window_of(checkpoint, self.plan_window) == self.window
 
-    def writer_of(self, node: str) -> str:
-        """The writer node of ``node``; KeyError for unknown or down nodes."""
-        return self.nodes[node].writer
+    def collector_of(self, node: str) -> str:
+        """The collector of ``node``; KeyError for unknown or down nodes."""
+        return self.nodes[node].collector
 
     def routes(self) -> dict[str, str]:
-        """node id -> writer node id, for every live node."""
-        return {n: p.writer for n, p in self.nodes.items()}
+        """node id -> collector id, for every live node."""
+        return {n: p.collector for n, p in self.nodes.items()}
 
-    def writers(self) -> list[str]:
-        """Writer node ids, in the order of ``nodes``."""
+    def collectors(self) -> list[str]:
+        """Collector ids, in the order of ``nodes``."""
         return [n for n, p in self.nodes.items() if p.writes]
 
     def expected_object_bytes(self) -> dict[str, float]:
-        """writer id -> expected bytes it holds per checkpoint (its residual r(v))."""
+        """collector id -> expected bytes it holds per checkpoint (its residual r(v))."""
         return {n: p.residual_bytes for n, p in self.nodes.items() if p.writes}
 
 
@@ -179,7 +180,7 @@ def compute_plan(
     window: int = 0,
     plan_window: int = 16,
     down: Collection[str] = (),
-) -> Plan:
+) -> TreePlan:
     """The plan of the whole tree for one window.
 
     ``own_bytes`` maps node id -> estimated bytes per checkpoint of that node's own
@@ -217,18 +218,18 @@ def compute_plan(
         p = parent[v]
         if p is not None and not writes[v]:
             upward[p] += r
-    # Down: writer addresses, parents before children.
-    writer: dict[str, str] = {}
+    # Down: collector addresses, parents before children.
+    collector: dict[str, str] = {}
     for v in parent:
         p = parent[v]
-        writer[v] = v if writes[v] else writer[p]  # type: ignore[index]
-    nodes = {v: NodePlan(v, residual[v], writes[v], writer[v]) for v in parent}
-    return Plan(window, plan_window, float(target_object_bytes), nodes, dead)
+        collector[v] = v if writes[v] else collector[p]  # type: ignore[index]
+    nodes = {v: NodePlan(v, residual[v], writes[v], collector[v]) for v in parent}
+    return TreePlan(window, plan_window, float(target_object_bytes), nodes, dead)
 
 
 class ByteEstimator:
     """Moving average of bytes per checkpoint per node over the last ``history``
-    checkpoints (DESIGN.md, "The plan": "Estimates use a moving average of recent
+    checkpoints (docs/design.md, "The plan": "Estimates use a moving average of recent
     checkpoints"). Deterministic. A node missing from an update counts 0 bytes for that
     checkpoint once it has been seen."""
 

@@ -5,10 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import networkx as nx
 
-from topology.config import NodeSpec, TopologyError
+
+class TopologyError(ValueError):
+    """A topology file or object is invalid; the message names the field or node."""
+
+
+class NodeLink(Protocol):
+    """What the tree needs of a node spec (``topology.config.NodeSpec``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def parent(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -39,7 +52,7 @@ class Tree:
         return cls(graph=g, root=root, _parent=parent)
 
     @classmethod
-    def from_specs(cls, specs: Sequence[NodeSpec]) -> Tree:
+    def from_specs(cls, specs: Sequence[NodeLink]) -> Tree:
         return cls.from_edges(
             (s.id for s in specs), ((s.parent, s.id) for s in specs if s.parent is not None)
         )

@@ -1,0 +1,51 @@
+"""The node's object writer: many writers' segments as one DFS object, uploaded with
+request hedging (FLIP-158, "Request hedging"; storage/hedging.py).
+
+Each :class:`dstltree.aggregator.node.Node` creates its own :class:`ObjectWriter` in its
+constructor: the hedged uploader, its statistics and its latency history (adaptive
+upload timeout) belong to that node, never to a process-wide registry, so two nodes in
+one process with different upload policies share nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dstltree.client.batching import PersistItem
+from dstltree.client.direct import write_items
+from dstltree.client.handle import SegmentRef
+from dstltree.storage.hedging import HedgedUploader, UploadPolicy
+from dstltree.storage.store import ObjectStore
+
+__all__ = ["ObjectWriter"]
+
+
+class ObjectWriter:
+    """Writes objects to ``store``, each upload hedged per ``policy`` (default
+    UploadPolicy(): 3 attempts, a new attempt under a new name after 1 s). Thread-safe:
+    the node calls :meth:`write` from its upload threads, never from its event loop."""
+
+    def __init__(self, store: ObjectStore, policy: UploadPolicy | None = None) -> None:
+        self.store = store
+        self.uploader = HedgedUploader(store, policy)
+
+    @property
+    def policy(self) -> UploadPolicy:
+        return self.uploader.policy
+
+    def write(self, items: Sequence[PersistItem]) -> tuple[str, list[SegmentRef]]:
+        """Build one object from the items that carry data (segments back to back,
+        index, footer: client/objectformat.py) and upload it. Returns the object URL
+        and one ref per data item, in order, naming the winning attempt's object only.
+        Blocking. Raises StorageError."""
+        return write_items(self.uploader, items)
+
+    def upload_stats(self) -> dict[str, int]:
+        """This writer's upload counters (``HedgingStats`` fields: uploads, attempts,
+        hedged attempts, retries, losers...)."""
+        return self.uploader.stats.snapshot()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for running attempts (losers included).
+        Returns True if none is left."""
+        return self.uploader.drain(timeout)

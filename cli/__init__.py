@@ -1,0 +1,2 @@
+"""The ``dstl`` command line: ``dstltree.cli.app`` and one module per command in
+``dstltree.cli.commands``."""

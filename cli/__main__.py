@@ -1,0 +1,5 @@
+"""``python -m dstltree.cli``: the same as ``dstl``."""
+
+from dstltree.cli.app import app
+
+app()

@@ -1,0 +1,75 @@
+"""Parsing and printing shared by several ``dstl`` commands (``bench``, ``plan``,
+``simulate``); no command of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from dstltree.topology.config import TopologyConfig
+    from dstltree.topology.tree import Tree
+
+__all__ = [
+    "echo_json",
+    "load_tree",
+    "parse_size",
+    "parse_sizes",
+    "target_bytes",
+    "wide_console",
+]
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"256KiB"``, ``"4MB"``, ``"1048576"``; typer.BadParameter otherwise."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(text.strip()))
+    except ValidationError:
+        raise typer.BadParameter(f"not a size: {text!r} (e.g. 256KiB, 4MiB, 1000000)") from None
+
+
+def parse_sizes(text: str) -> list[int]:
+    """Bytes of each size in a comma-separated list (empty items skipped)."""
+    return [parse_size(t) for t in text.split(",") if t.strip()]
+
+
+def load_tree(
+    path: Path, executors: int | None, param_hint: str | None = None
+) -> tuple[TopologyConfig, Tree]:
+    """The topology at ``path`` and its tree for ``executors`` (needed for a branching
+    topology); a TopologyError becomes typer.BadParameter naming ``param_hint``."""
+    from dstltree.topology.config import TopologyError, load_topology
+
+    try:
+        topo = load_topology(path)
+        return topo, topo.tree(executors)
+    except TopologyError as e:
+        raise typer.BadParameter(str(e), param_hint=param_hint) from None
+
+
+def target_bytes(text: str | None, topo: TopologyConfig) -> int:
+    """Target object size in bytes: ``text`` parsed if given, else the topology's."""
+    return parse_size(text) if text else int(topo.target_object_bytes)
+
+
+def wide_console(width: int) -> Console:
+    """A stdout console; ``width`` columns when stdout is not a terminal (no wrapping
+    of wide tables in pipes and files)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=width)
+    return console
+
+
+def echo_json(doc: Any) -> None:
+    """``doc`` as indented JSON on stdout."""
+    typer.echo(json.dumps(doc, indent=2))

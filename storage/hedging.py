@@ -1,0 +1,350 @@
+"""Request hedging on the object upload path (writer nodes and the in-process uploader).
+
+An upload writes one object. Its first attempt starts at once; an attempt that has not
+finished after the upload timeout starts one more attempt of the same bytes under a
+NEW object name, without cancelling the earlier ones, up to ``attempts`` in all. The
+first attempt to finish wins: only its path is returned, so only it is ever
+referenced by a handle. A loser that finishes later is deleted in the background (or,
+with ``delete_losers=False``, left to orphan cleanup, which also catches losers whose
+writes landed although the client saw an error). This is the technique FLIP-158
+("Request hedging") and the Flink 1.15 blog describe for the DSTL upload path; the
+idea goes back to Dean and Barroso, "The Tail at Scale".
+
+Transient failures of one attempt (503 SlowDown, 500, timeouts, resets) are retried
+inside that attempt by :class:`dstltree.storage.store.ObjectStore` (tenacity, exponential
+backoff with jitter, see ``RetryPolicy``). An attempt that still fails ends that
+attempt; the upload fails when every started attempt has failed, or at once on a
+non-retryable error. A failed upload fails the persists in it; the writers keep their
+changes and upload them again on the next persist (FLIP-158).
+
+The timeout is fixed (``upload_timeout``) or adaptive: the ``adaptive_percentile`` of
+the latencies of recent successful attempts, at least ``adaptive_floor`` seconds, once
+``adaptive_min_samples`` latencies are known.
+
+Defaults, Flink DSTL (``dstl.dfs.*`` keys, Flink 1.15+) next to dstltree:
+
+==========================  ===============================  ===========================
+setting                     Flink DSTL default               dstltree default
+==========================  ===============================  ===========================
+persist delay               ``batch.persist-delay`` 10 ms    ``persist_delay`` 50 ms
+                                                             (topology YAML); 0 for the
+                                                             in-process uploader
+size threshold              ``batch.persist-size-threshold`` ``target_object_bytes``
+                            10 MB                            4 MiB (topology YAML)
+pre-emptive upload          ``preemptive-persist-threshold`` 5 MiB per writer
+                            5 MB                             (``ChangelogClient.open``)
+max in flight               ``upload.max-in-flight`` 100 MB  100 MiB per client
+                                                             (``max_in_flight_bytes``,
+                                                             back-pressure on append)
+upload timeout              ``upload.timeout`` 1 s           ``upload_timeout`` 1 s, or
+                                                             adaptive (off by default)
+attempts                    ``upload.max-attempts`` 3        ``attempts`` 3 per upload
+                                                             (hedges), and 3 tries per
+                                                             attempt for transient
+                                                             errors (``RetryPolicy``)
+upload threads              ``upload.num-threads`` 5         one thread per attempt;
+                                                             ``max_parallel_hedges`` 8
+                                                             extra attempts at once
+==========================  ===============================  ===========================
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+
+from dstltree.storage.errors import RetryableStorageError, StorageError
+from dstltree.storage.store import Buffer, ObjectStore
+
+__all__ = [
+    "HedgedUploader",
+    "HedgingStats",
+    "UploadPolicy",
+    "UploadResult",
+]
+
+
+@dataclass(frozen=True)
+class UploadPolicy:
+    """How one object upload is hedged.
+
+    ``attempts``: attempts per upload (>= 1), the first included; 1 switches hedging off.
+    ``upload_timeout``: seconds (> 0) an attempt may run before the next one starts.
+    ``adaptive_percentile``: if set (0 < p <= 100), the timeout becomes that percentile
+    of the last ``adaptive_window`` successful attempt latencies, at least
+    ``adaptive_floor`` seconds, once ``adaptive_min_samples`` are known.
+    ``max_parallel_hedges``: extra (non-first) attempts in flight at once per uploader;
+    when reached, a due hedge waits. ``delete_losers``: delete losing objects in the
+    background (else they are left for orphan cleanup). ``deadline``: seconds after
+    which the upload fails with RetryableStorageError (None: wait for the attempts).
+    Raises ValueError for out-of-range values.
+    """
+
+    attempts: int = 3
+    upload_timeout: float = 1.0
+    adaptive_percentile: float | None = None
+    adaptive_floor: float = 0.05
+    adaptive_window: int = 256
+    adaptive_min_samples: int = 20
+    max_parallel_hedges: int = 8
+    delete_losers: bool = True
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
+        if self.upload_timeout <= 0:
+            raise ValueError(f"upload_timeout must be > 0 seconds, got {self.upload_timeout}")
+        p = self.adaptive_percentile
+        if p is not None and not 0 < p <= 100:
+            raise ValueError(f"adaptive_percentile must be in (0, 100], got {p}")
+        if self.adaptive_floor < 0 or self.adaptive_window < 1 or self.adaptive_min_samples < 1:
+            raise ValueError("adaptive_floor must be >= 0, window and min samples >= 1")
+        if self.max_parallel_hedges < 0:
+            raise ValueError(f"max_parallel_hedges must be >= 0, got {self.max_parallel_hedges}")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ValueError(f"deadline must be > 0 seconds or None, got {self.deadline}")
+
+
+@dataclass
+class HedgingStats:
+    """Counters of one uploader (for metrics). ``attempts`` counts every attempt started,
+    ``hedged_attempts`` those started by a timeout, ``hedge_wins`` uploads won by a
+    hedged attempt, ``retries`` store-level retries inside attempts, ``losers`` attempts
+    that finished after the winner (``losers_deleted`` of them deleted)."""
+
+    uploads: int = 0
+    uploads_failed: int = 0
+    attempts: int = 0
+    hedged_attempts: int = 0
+    hedge_wins: int = 0
+    failed_attempts: int = 0
+    retries: int = 0
+    losers: int = 0
+    losers_deleted: int = 0
+    loser_delete_errors: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for k, v in deltas.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def snapshot(self) -> dict[str, int]:
+        """A consistent copy of the counters."""
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    """The winning attempt: object URL, size in bytes, its 0-based attempt number, the
+    attempts started for this upload, and the upload latency in seconds."""
+
+    path: str
+    size: int
+    winner: int
+    attempts_started: int
+    latency_s: float
+
+
+class _Upload:
+    """The shared state of one upload's attempts."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.winner: tuple[int, str, int] | None = None
+        self.closed = False  # decided (won or failed): later successes are losers
+        self.errors: list[StorageError] = []
+        self.running = 0
+
+
+class HedgedUploader:
+    """Writes whole objects to ``store`` with request hedging per ``policy``.
+    Thread-safe; ``upload`` blocks the caller.
+
+    There is no shared instance: whoever uploads creates its own at construction (a
+    node's :class:`dstltree.aggregator.object_writer.ObjectWriter`, a
+    :class:`dstltree.client.direct.DirectUploader`), so its statistics, latency
+    history (adaptive timeout) and hedge limit belong to that owner alone."""
+
+    def __init__(self, store: ObjectStore, policy: UploadPolicy | None = None) -> None:
+        self.store = store
+        self.policy = policy or UploadPolicy()
+        self.stats = HedgingStats()
+        self._lock = threading.Condition()
+        self._latencies: deque[float] = deque(maxlen=self.policy.adaptive_window)
+        self._hedges_in_flight = 0
+        self._attempts_in_flight = 0
+
+    # -- timeout ---------------------------------------------------------------------------
+    def current_timeout(self) -> float:
+        """Seconds an attempt may run before the next starts (fixed or adaptive)."""
+        p = self.policy
+        if p.adaptive_percentile is None:
+            return p.upload_timeout
+        with self._lock:
+            lat = sorted(self._latencies)
+        if len(lat) < p.adaptive_min_samples:
+            return p.upload_timeout
+        rank = p.adaptive_percentile / 100 * (len(lat) - 1)
+        lo = int(rank)
+        hi = min(lo + 1, len(lat) - 1)
+        value = lat[lo] + (lat[hi] - lat[lo]) * (rank - lo)
+        return max(p.adaptive_floor, value)
+
+    # -- upload ----------------------------------------------------------------------------
+    def upload(
+        self,
+        parts: Sequence[Buffer] | Buffer,
+        new_path: Callable[[], str] | None = None,
+    ) -> UploadResult:
+        """Write ``parts`` as one object; every attempt writes to a fresh path from
+        ``new_path`` (default ``store.new_object_path``). Returns the winner. Raises
+        StorageError (the failing attempt's, chained to its cause) when every attempt
+        failed or one failed with a non-retryable error; RetryableStorageError when
+        ``deadline`` passed."""
+        chunks: list[Buffer] = (
+            [parts] if isinstance(parts, bytes | bytearray | memoryview) else list(parts)
+        )
+        make_path = new_path or self.store.new_object_path
+        p = self.policy
+        self.stats.add(uploads=1)
+        t0 = time.monotonic()
+        if p.attempts == 1 and p.deadline is None:
+            return self._single(chunks, make_path(), t0)
+        up = _Upload()
+        started = 0
+        deadline = None if p.deadline is None else t0 + p.deadline
+        self._start(up, chunks, make_path(), started, hedged=False)
+        started += 1
+        next_at = t0 + self.current_timeout()
+        with up.cond:
+            while True:
+                if up.winner is not None:
+                    idx, path, size = up.winner
+                    return UploadResult(path, size, idx, started, time.monotonic() - t0)
+                fatal = next((e for e in up.errors if not e.retryable), None)
+                if fatal is not None or up.running == 0:
+                    up.closed = True
+                    self.stats.add(uploads_failed=1)
+                    raise fatal or up.errors[-1]
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    up.closed = True
+                    self.stats.add(uploads_failed=1)
+                    err = RetryableStorageError(
+                        "put", "(hedged upload)", f"no attempt finished within {p.deadline} s"
+                    )
+                    if up.errors:
+                        raise err from up.errors[-1]
+                    raise err
+                if started < p.attempts and now >= next_at:
+                    if self._reserve_hedge():
+                        self._start(up, chunks, make_path(), started, hedged=True)
+                        started += 1
+                        next_at = now + self.current_timeout()
+                    else:  # too many hedges in flight: look again a little later
+                        next_at = now + min(self.current_timeout(), 0.05)
+                wake = [
+                    t
+                    for t in (next_at if started < p.attempts else None, deadline)
+                    if t is not None
+                ]
+                up.cond.wait(max(min(wake) - now, 0.0) if wake else None)
+
+    def _single(self, chunks: list[Buffer], path: str, t0: float) -> UploadResult:
+        self.stats.add(attempts=1)
+        try:
+            size = self.store.put(path, chunks, on_retry=self._count_retry)
+        except StorageError:
+            self.stats.add(failed_attempts=1, uploads_failed=1)
+            raise
+        latency = time.monotonic() - t0
+        with self._lock:
+            self._latencies.append(latency)
+        return UploadResult(path, size, 0, 1, latency)
+
+    def _count_retry(self, _: BaseException) -> None:
+        self.stats.add(retries=1)
+
+    def _reserve_hedge(self) -> bool:
+        with self._lock:
+            if self._hedges_in_flight >= self.policy.max_parallel_hedges:
+                return False
+            self._hedges_in_flight += 1
+            return True
+
+    def _start(self, up: _Upload, chunks: list[Buffer], path: str, idx: int, hedged: bool) -> None:
+        self.stats.add(attempts=1, hedged_attempts=int(hedged))
+        with self._lock:
+            self._attempts_in_flight += 1
+        with up.cond:
+            up.running += 1
+        t = threading.Thread(
+            target=self._attempt,
+            args=(up, chunks, path, idx, hedged),
+            name=f"dstl-hedge-{idx}",
+            daemon=True,
+        )
+        t.start()
+
+    def _attempt(
+        self, up: _Upload, chunks: list[Buffer], path: str, idx: int, hedged: bool
+    ) -> None:
+        t0 = time.monotonic()
+        try:
+            try:
+                size = self.store.put(path, chunks, on_retry=self._count_retry)
+            except Exception as e:  # noqa: BLE001 - every failure is reported to the upload
+                err = e if isinstance(e, StorageError) else StorageError("put", path, repr(e))
+                if err is not e:
+                    err.__cause__ = e
+                self.stats.add(failed_attempts=1)
+                with up.cond:
+                    up.running -= 1
+                    up.errors.append(err)
+                    up.cond.notify_all()
+                return
+            latency = time.monotonic() - t0
+            with self._lock:
+                self._latencies.append(latency)
+            with up.cond:
+                up.running -= 1
+                won = up.winner is None and not up.closed
+                if won:
+                    up.winner = (idx, path, size)
+                    up.closed = True
+                    up.cond.notify_all()
+            if won:
+                if hedged:
+                    self.stats.add(hedge_wins=1)
+                return
+            self.stats.add(losers=1)
+            if self.policy.delete_losers:
+                try:
+                    self.store.delete([path])
+                    self.stats.add(losers_deleted=1)
+                except StorageError:
+                    self.stats.add(loser_delete_errors=1)  # left for orphan cleanup
+        finally:
+            with self._lock:
+                self._attempts_in_flight -= 1
+                if hedged:
+                    self._hedges_in_flight -= 1
+                self._lock.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until no attempt (winner or loser, including
+        loser deletion) is running. Returns True if none is."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            while self._attempts_in_flight:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+            return True

@@ -1,0 +1,439 @@
+"""The DFS boundary: every object-store access goes through :class:`ObjectStore`.
+
+Storage is addressed only by fsspec URLs plus ``storage_options`` (``/tmp/x``,
+``file:///tmp/x``, ``s3://bucket/prefix``, ``memory://x``). fsspec, OS, s3fs and
+botocore errors are translated here (:func:`translate`) into :class:`StorageError`, or
+:class:`RetryableStorageError` for throttling (503 SlowDown), 5xx, timeouts and
+connection resets, with the cause chained.
+
+Retries: every store operation is retried with tenacity, only on
+RetryableStorageError, with exponential backoff and full jitter, up to
+:attr:`RetryPolicy.max_attempts` attempts (default 3); any other error is raised at
+once. Underneath, s3fs retries SlowDown and connection errors itself (class attribute
+``S3FileSystem.retries``, 5) and so does botocore; pass
+``config_kwargs={"retries": {"max_attempts": 1}}`` in ``storage_options`` to leave
+botocore's share to this layer.
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from dstltree.storage.errors import RetryableStorageError, StorageError
+
+Buffer = bytes | bytearray | memoryview
+"""What the store writes: bytes-like parts, written back to back."""
+
+# The layout of a base path: changelog objects, snapshots, checkpoint metadata. The
+# store names objects (``new_object_path``) but never reads what is inside them.
+OBJECT_SUFFIX = ".dstl"
+CHANGELOG_DIR = "changelog"
+SNAPSHOT_DIR = "materialized"
+SNAPSHOT_SUFFIX = ".snap"
+CHECKPOINT_DIR = "checkpoints"
+
+T = TypeVar("T")
+
+# OS error numbers of transient failures. s3fs maps S3 "SlowDown"/"ServiceUnavailable"/
+# 503 to EBUSY and "InternalError"/500 to EREMOTEIO (s3fs/errors.py).
+_RETRYABLE_ERRNOS = {
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ECONNREFUSED,
+    errno.EPIPE,
+    errno.EAGAIN,
+    errno.EBUSY,
+    getattr(errno, "EREMOTEIO", errno.EIO),
+}
+# S3 / AWS error codes of transient failures (AWS S3 API "Error responses").
+_RETRYABLE_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "BandwidthLimitExceeded",
+    "PriorRequestNotComplete",
+    "OperationAborted",
+}
+_RETRYABLE_STATUS = {429, 500, 502, 503, 504}
+_NOT_RETRYABLE_TYPES: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+# Last resort for errors that carry no code: words in the message.
+_RETRYABLE_TEXT = re.compile(
+    r"slow ?down|throttl|timeout|timed out|connection (?:was )?reset|reset by peer"
+    r"|internalerror|serviceunavailable|service unavailable|reduce your request rate"
+    r"|\b(?:500|502|503|504)\b",
+    re.IGNORECASE,
+)
+
+
+def _cause_chain(e: BaseException) -> list[BaseException]:
+    """``e`` then its ``__cause__``/``__context__`` ancestors (cycle-safe, at most 16)."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = e
+    while cur is not None and len(seen) < 16 and all(cur is not s for s in seen):
+        seen.append(cur)
+        cur = cur.__cause__ if cur.__cause__ is not None else cur.__context__
+    return seen
+
+
+def _aws_code(e: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a botocore ClientError (None, None otherwise)."""
+    response = getattr(e, "response", None)
+    if not isinstance(response, dict):
+        return None, None
+    err = response.get("Error") or {}
+    meta = response.get("ResponseMetadata") or {}
+    code = err.get("Code")
+    status = meta.get("HTTPStatusCode")
+    return (str(code) if code is not None else None), (
+        int(status) if isinstance(status, int | str) and str(status).isdigit() else None
+    )
+
+
+def _transport_error_types() -> tuple[type[BaseException], ...]:
+    """Connection-level error classes of botocore and aiohttp (all retryable)."""
+    types: list[type[BaseException]] = [TimeoutError, ConnectionError]
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+
+        types += [HTTPClientError, BotoConnectionError]
+    except ImportError:  # pragma: no cover - botocore ships with s3fs
+        pass
+    try:
+        from aiohttp import ClientConnectionError, ClientPayloadError
+
+        types += [ClientConnectionError, ClientPayloadError]
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+_TRANSPORT_ERRORS = _transport_error_types()
+
+
+def classify(e: BaseException) -> tuple[bool, str | None]:
+    """Whether ``e`` is a transient storage failure, and the S3 error code if one is found.
+
+    Walks the cause chain (s3fs raises OSError/PermissionError with the botocore
+    ClientError chained): an AWS error code or HTTP status decides first (SlowDown,
+    ServiceUnavailable, InternalError, RequestTimeout, 429/5xx are retryable; other
+    codes are not), then connection/timeout errors (retryable), then
+    not-found/permission errors (not retryable), then OS error numbers (EBUSY,
+    EREMOTEIO, ETIMEDOUT, ECONNRESET...), and last words in the message.
+    """
+    chain = _cause_chain(e)
+    for c in chain:
+        code, status = _aws_code(c)
+        if code is not None or status is not None:
+            numeric = int(code) if code is not None and code.isdigit() else None
+            if code in _RETRYABLE_CODES or numeric in _RETRYABLE_STATUS:
+                return True, code
+            if status in _RETRYABLE_STATUS:
+                return True, code or str(status)
+            return False, code or str(status)
+    for c in chain:
+        if isinstance(c, RetryableStorageError):
+            return True, None
+        if isinstance(c, _NOT_RETRYABLE_TYPES):
+            return False, None
+        if isinstance(c, _TRANSPORT_ERRORS):
+            return True, None
+        if isinstance(c, OSError) and c.errno in _RETRYABLE_ERRNOS:
+            return True, None
+    return bool(_RETRYABLE_TEXT.search(f"{type(e).__name__}: {e}")), None
+
+
+def translate(op: str, path: str, e: BaseException) -> StorageError:
+    """Map an fsspec/OS/s3fs/botocore error to a StorageError; transient ones (see
+    :func:`classify`) to RetryableStorageError. The caller raises it ``from e``.
+    A StorageError is returned unchanged."""
+    if isinstance(e, StorageError):
+        return e
+    retryable, code = classify(e)
+    text = f"{type(e).__name__}: {e}" + (f" [{code}]" if code else "")
+    cls = RetryableStorageError if retryable else StorageError
+    return cls(op, path, text)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How store operations are retried: at most ``max_attempts`` attempts (>= 1) in
+    all; before attempt n+1 a random wait in [0, min(max_backoff, initial_backoff *
+    2**n)] seconds (exponential backoff, full jitter). Only RetryableStorageError is
+    retried. Raises ValueError for bad numbers."""
+
+    max_attempts: int = 3
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.initial_backoff < 0 or self.max_backoff < 0:
+            raise ValueError("backoff times must be >= 0 seconds")
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+@dataclass
+class StoreStats:
+    """Counters of one ObjectStore (for metrics): retries and failed operations by
+    operation name (``put``, ``read``, ``stat``, ``list``, ``delete``)."""
+
+    retries: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, kind: str, op: str) -> None:
+        with self._lock:
+            d = self.retries if kind == "retry" else self.failures
+            d[op] = d.get(op, 0) + 1
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return {"retries": dict(self.retries), "failures": dict(self.failures)}
+
+
+def _innermost(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """The filesystem under wrappers that expose it as ``.fs`` (dirfs, fault injection)."""
+    for _ in range(8):
+        inner = getattr(fs, "fs", None)
+        if not isinstance(inner, fsspec.AbstractFileSystem):
+            break
+        fs = inner
+    return fs
+
+
+class ObjectStore:
+    """Objects under one base path. Paths handed out and accepted are full URLs
+    (plain absolute paths for the local filesystem).
+
+    ``fs`` may be given to wrap the filesystem (fault injection,
+    :class:`dstltree.storage.faults.FaultyFileSystem`); otherwise it is built from ``base_path`` and
+    ``storage_options``. ``retry`` sets how transient failures are retried (default
+    :class:`RetryPolicy`: 3 attempts); ``stats`` counts retries and failures.
+    """
+
+    def __init__(
+        self,
+        base_path: str,
+        storage_options: dict[str, Any] | None = None,
+        fs: fsspec.AbstractFileSystem | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        opts = dict(storage_options or {})
+        if fs is None:
+            fs, root = fsspec.core.url_to_fs(base_path, **opts)
+        else:
+            root = fs._strip_protocol(base_path)
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.storage_options = opts
+        self.retry_policy = retry or RetryPolicy()
+        self.stats = StoreStats()
+        # Local paths stay plain also under a wrapper; only a bare local fs writes
+        # through a temporary file (wrappers keep writes atomic themselves).
+        self._local = isinstance(_innermost(fs), LocalFileSystem)
+        self._bare_local = isinstance(fs, LocalFileSystem)
+        self.root: str = str(root).rstrip("/") or "/"
+        self.base_url = self.url(self.root)
+
+    # -- retries -----------------------------------------------------------------------
+    def _call(
+        self,
+        op: str,
+        url: str,
+        fn: Callable[[], T],
+        on_retry: Callable[[BaseException], None] | None = None,
+    ) -> T:
+        """Run ``fn`` with the retry policy; errors leave as StorageError ``from`` the
+        original (tenacity re-raises the last attempt's error)."""
+
+        def attempt() -> T:
+            try:
+                return fn()
+            except Exception as e:
+                raise translate(op, url, e) from e
+
+        def before_sleep(state: RetryCallState) -> None:
+            self.stats.count("retry", op)
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if on_retry is not None and exc is not None:
+                on_retry(exc)
+
+        p = self.retry_policy
+        retrying = Retrying(
+            stop=stop_after_attempt(p.max_attempts),
+            wait=wait_random_exponential(multiplier=p.initial_backoff, max=p.max_backoff),
+            retry=retry_if_exception_type(RetryableStorageError),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(attempt)
+        except StorageError:
+            self.stats.count("failure", op)
+            raise
+
+    # -- paths -------------------------------------------------------------------------
+    def url(self, path: str) -> str:
+        """The full URL of a filesystem path (local paths stay plain)."""
+        if self._local:
+            return str(LocalFileSystem._strip_protocol(path))
+        return str(self.fs.unstrip_protocol(path))
+
+    def _path(self, url: str) -> str:
+        return str(self.fs._strip_protocol(url))
+
+    def join(self, *parts: str) -> str:
+        return self.url(posixpath.join(self.root, *parts))
+
+    def new_object_path(self) -> str:
+        """A fresh changelog object URL derived from a random id (never from user input);
+        a two-hex-digit prefix spreads objects over store partitions."""
+        oid = uuid.uuid4().hex
+        return self.join(CHANGELOG_DIR, oid[:2], oid + OBJECT_SUFFIX)
+
+    def new_snapshot_path(self) -> str:
+        """A fresh URL for a materialized-state snapshot (random id, like objects)."""
+        oid = uuid.uuid4().hex
+        return self.join(SNAPSHOT_DIR, oid[:2], oid + SNAPSHOT_SUFFIX)
+
+    def changelog_root(self) -> str:
+        return self.join(CHANGELOG_DIR)
+
+    # -- writes ------------------------------------------------------------------------
+    def put(
+        self,
+        url: str,
+        parts: Sequence[Buffer] | Buffer,
+        *,
+        on_retry: Callable[[BaseException], None] | None = None,
+    ) -> int:
+        """Write a whole object atomically (readers see all of it or nothing).
+        Returns its size in bytes. Transient failures are retried (``on_retry`` is
+        called with the error before each retry). Raises StorageError."""
+        chunks = [parts] if isinstance(parts, bytes | bytearray | memoryview) else list(parts)
+        path = self._path(url)
+
+        def once() -> int:
+            if self._bare_local:
+                return self._put_local(path, chunks)
+            data = b"".join(chunks)
+            self.fs.pipe_file(path, data)
+            return len(data)
+
+        return self._call("put", url, once, on_retry)
+
+    def _put_local(self, path: str, chunks: list[Buffer]) -> int:
+        parent = posixpath.dirname(path)
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        size = 0
+        try:
+            with open(tmp, "wb") as f:
+                for c in chunks:
+                    size += f.write(c)
+            self.fs.mv(tmp, path)
+        except BaseException:
+            self.fs.rm(tmp) if self.fs.exists(tmp) else None
+            raise
+        return size
+
+    def delete(self, urls: Iterable[str]) -> list[str]:
+        """Delete objects; missing ones are ignored. Returns the URLs deleted (S3's
+        DELETE is idempotent, so there a missing object may be listed too). Raises
+        StorageError (after retries for transient failures)."""
+        done = []
+        for url in urls:
+            path = self._path(url)
+
+            def once(path: str = path) -> bool:
+                try:
+                    self.fs.rm_file(path)
+                except FileNotFoundError:
+                    return False
+                return True
+
+            if self._call("delete", url, once):
+                done.append(url)
+        return done
+
+    # -- reads -------------------------------------------------------------------------
+    def read(self, url: str) -> bytes:
+        """The whole object. Raises StorageError."""
+        path = self._path(url)
+        return self._call("read", url, lambda: bytes(self.fs.cat_file(path)))
+
+    def read_range(self, url: str, offset: int, length: int) -> bytes:
+        """Read up to ``length`` bytes at ``offset``: fewer if the object ends early
+        (what a short read means is for the caller to say, e.g.
+        :func:`dstltree.client.reader.read_exact`). Raises StorageError."""
+        path = self._path(url)
+        return self._call(
+            "read",
+            url,
+            lambda: bytes(self.fs.cat_file(path, start=offset, end=offset + length)),
+        )
+
+    def size(self, url: str) -> int:
+        """Object size in bytes. Raises StorageError (also for a missing object)."""
+        path = self._path(url)
+        return self._call("stat", url, lambda: int(self.fs.size(path)))
+
+    def exists(self, url: str) -> bool:
+        path = self._path(url)
+        return self._call("stat", url, lambda: bool(self.fs.exists(path)))
+
+    def list_files(self, prefix_url: str, suffix: str = "") -> list[str]:
+        """URLs of every file below ``prefix_url`` ending in ``suffix`` (sorted)."""
+        path = self._path(prefix_url)
+
+        def once() -> list[str]:
+            if not self.fs.exists(path):
+                return []
+            return list(self.fs.find(path))
+
+        found = self._call("list", prefix_url, once)
+        return sorted(self.url(p) for p in found if p.endswith(suffix))
+
+    def list_objects(self) -> list[str]:
+        """Every changelog object under the base path."""
+        return self.list_files(self.changelog_root(), OBJECT_SUFFIX)
+
+    def list_snapshots(self) -> list[str]:
+        """Every materialized-state snapshot under the base path."""
+        return self.list_files(self.join(SNAPSHOT_DIR), SNAPSHOT_SUFFIX)

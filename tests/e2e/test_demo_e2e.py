@@ -1,0 +1,49 @@
+"""The main job end to end, in a quick mode with a task killed hard: once in local mode
+(the nodes of deploy/local.yaml) and once on local-cluster[2,1,1024] with one node per
+executor. Runs the real ``dstl demo`` command in a subprocess (its own JVM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dstltree.demo.flights import load_table
+from tests.support.demo_run import run_demo_cli
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def _demo(tmp_path: Path, *args: str) -> dict:
+    return run_demo_cli(tmp_path, str(tmp_path / "dfs"), *args)
+
+
+def _check(r: dict, nodes: int) -> None:
+    assert r["state_matches_batch"] is True, r["mismatched_keys"]
+    assert r["mismatched_keys"] == []
+    assert r["recoveries"] == 1
+    assert r["checkpoints_completed"] >= 5
+    assert r["materializations"] >= 1
+    assert r["nodes"] == nodes
+    assert r["records"] == 30000
+    assert r["keys"] == load_table(30000)["tailnum"].nunique()  # one aggregate per plane
+    assert r["objects_written"] >= r["objects_referenced"] >= 1
+    # every event changes its plane's value: at least one encoded change per record
+    assert r["changelog_bytes"] >= r["records"]
+    p50, p99 = r["checkpoint_duration_ms"]["p50"], r["checkpoint_duration_ms"]["p99"]
+    assert 0 < p50 <= p99
+
+
+def test_demo_local_mode_with_task_kill(tmp_path: Path) -> None:
+    r = _demo(tmp_path, "--tasks", "4", "--master", "local[4]", "--metrics-port", "0")
+    _check(r, nodes=7)
+    assert r["metrics"]["coordinator"].startswith("http://127.0.0.1:")
+    assert len(r["metrics"]["nodes"]) == 7 and all(r["metrics"]["nodes"].values())
+    assert r["writers"] == 8  # 4 tasks x 2 attempts
+    # changes of a checkpoint stay far below target_object_bytes: about one object each
+    assert r["objects_per_checkpoint"] <= 1.5
+
+
+def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:
+    r = _demo(tmp_path, "--tasks", "2", "--master", "local-cluster[2,1,1024]")
+    _check(r, nodes=2)

@@ -1,0 +1,254 @@
+"""The fault-injecting filesystem: spec parsing, determinism, error kinds, stalls."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from botocore.exceptions import ClientError
+
+from dstltree.storage.errors import RetryableStorageError
+from dstltree.storage.faults import FAULT_KINDS, FaultSpec, FaultyFileSystem
+from dstltree.storage.store import NO_RETRY, ObjectStore, RetryPolicy
+from tests.support.s3_server import S3Target
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Clock:
+    """Records waits instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+def _memory() -> fsspec.AbstractFileSystem:
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    fs.store = {}
+    fs.pseudo_dirs = [""]
+    return fs
+
+
+def _store(spec: str | FaultSpec, retry: RetryPolicy = NO_RETRY) -> tuple[ObjectStore, Any]:
+    clock = _Clock()
+    fs = FaultyFileSystem(_memory(), spec, sleep=clock)
+    return ObjectStore(f"memory://f-{uuid.uuid4().hex[:8]}", fs=fs, retry=retry), clock
+
+
+# -- spec --------------------------------------------------------------------------------
+def test_parse_model_only_and_full() -> None:
+    s = FaultSpec.parse("flip158-s3")
+    assert s.model == "flip158-s3" and s.throttle == 0 and s.scale == 1
+    full = FaultSpec.parse(
+        "flip158-s3-hedged, throttle=0.05,error500=0.01,timeout=0.01,reset=0.01,"
+        "stall=0.01,stall_s=5,scale=0.1,seed=7,ops=put+get"
+    )
+    assert (full.throttle, full.error500, full.timeout, full.reset, full.stall) == (
+        0.05,
+        0.01,
+        0.01,
+        0.01,
+        0.01,
+    )
+    assert (full.stall_s, full.scale, full.seed, full.ops) == (5.0, 0.1, 7, ("put", "get"))
+    assert FaultSpec.parse(str(full)) == full
+    assert str(FaultSpec.parse("flip158-s3,scale=0.05,throttle=0.02")) == (
+        "flip158-s3,throttle=0.02,scale=0.05"
+    )
+    model = full.latency_model()
+    assert model is not None and model.max_s == pytest.approx(
+        FaultSpec.parse("flip158-s3-hedged").latency_model().max_s * 0.1  # type: ignore[union-attr]
+    )
+    assert FaultSpec.parse("none,throttle=1").latency_model() is None
+    assert FaultSpec.parse("local,scale=0").latency_model() is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("flip158-s3,thrtle=0.1", "unknown or malformed key 'thrtle'"),
+        ("flip158-s3,throttle", "unknown or malformed key 'throttle'"),
+        ("flip158-s3,throttle=lots", "bad value for throttle"),
+        ("flip158-s3,throttle=1.5", "throttle=1.5 must be in"),
+        ("flip158-s3,throttle=0.6,stall=0.6", "sum to 1.2"),
+        ("flip158-s3,scale=-1", "scale=-1"),
+        ("flip158-s3,ops=put+write", "ops must be"),
+        ("s4-fast", "unknown latency model 's4-fast'"),
+        ("scale=0.1", "must start with a latency model"),
+        ("", "must start with a latency model"),
+    ],
+)
+def test_parse_errors_name_the_problem(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("+", r"\+")):
+        FaultSpec.parse(text)
+
+
+def test_parse_error_lists_known_keys() -> None:
+    with pytest.raises(ValueError) as info:
+        FaultSpec.parse("local,bogus=1")
+    assert "--dfs-faults" in str(info.value)
+    for key in ("throttle", "error500", "timeout", "reset", "stall", "stall_s", "scale"):
+        assert key in str(info.value)
+
+
+# -- determinism and rates ----------------------------------------------------------------
+def _run(spec: str) -> list[tuple[str, str | None, float]]:
+    store, _ = _store(spec)
+    out = []
+    for i in range(200):
+        url = store.join(f"o{i}")
+        with contextlib.suppress(RetryableStorageError):
+            store.put(url, b"x" * (1000 * i))
+    fs = store.fs
+    assert isinstance(fs, FaultyFileSystem)
+    for e in fs.events:
+        out.append((e.op, e.fault, e.delay_s))
+    return out
+
+
+def test_same_seed_same_faults_and_latencies() -> None:
+    spec = "flip158-s3,throttle=0.1,error500=0.05,reset=0.05,timeout=0.05,stall=0.05,seed=42"
+    a, b = _run(spec), _run(spec)
+    assert a == b
+    assert {f for _, f, _ in a} == {None, *FAULT_KINDS}
+    c = _run(spec.replace("seed=42", "seed=43"))
+    assert c != a
+
+
+def test_rates_are_roughly_honoured() -> None:
+    store, _ = _store("none,throttle=0.3,seed=1")
+    fs = store.fs
+    assert isinstance(fs, FaultyFileSystem)
+    for i in range(1000):
+        with contextlib.suppress(RetryableStorageError):
+            store.put(store.join(f"o{i}"), b"x")
+    assert 240 <= fs.counts["throttle"] <= 360
+    assert fs.counts["put"] == 1000
+
+
+def test_latency_is_scaled_and_size_dependent() -> None:
+    store, clock = _store("flip158-s3,scale=0.01,seed=3")
+    store.put(store.join("small"), b"x")
+    store.put(store.join("big"), b"x" * 20_000_000)
+    small, big = clock.waits
+    model = FaultSpec.parse("flip158-s3,scale=0.01").latency_model()
+    assert model is not None
+    assert 0 < small <= model.quantile(100, 1)
+    # 20 MB more at the model's (scaled) bandwidth is the floor of the difference
+    assert big >= model.quantile(0, 20_000_000)
+
+
+# -- error kinds -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("fault", "cause_type"),
+    [
+        ("throttle", OSError),
+        ("error500", OSError),
+        ("timeout", TimeoutError),
+        ("reset", ConnectionResetError),
+    ],
+)
+def test_injected_errors_are_retryable(fault: str, cause_type: type[BaseException]) -> None:
+    store, _ = _store("local")
+    fs = store.fs
+    assert isinstance(fs, FaultyFileSystem)
+    fs.inject("put", fault)
+    url = store.new_object_path()
+    with pytest.raises(RetryableStorageError) as info:
+        store.put(url, b"data")
+    assert isinstance(info.value.__cause__, cause_type)
+    if fault in ("throttle", "error500"):
+        assert isinstance(info.value.__cause__.__cause__, ClientError)
+        assert ("[SlowDown]" if fault == "throttle" else "[InternalError]") in str(info.value)
+    assert not store.exists(url), "a failed write writes nothing"
+    store.put(url, b"data")
+    assert store.read(url) == b"data"
+
+
+def test_store_retries_through_injected_throttling() -> None:
+    store, _ = _store("none", RetryPolicy(max_attempts=3, initial_backoff=0.001))
+    fs = store.fs
+    assert isinstance(fs, FaultyFileSystem)
+    fs.inject("put", "throttle", times=2)
+    fs.inject("get", "reset")
+    url = store.new_object_path()
+    store.put(url, b"abc")
+    assert store.read(url) == b"abc"
+    assert store.stats.snapshot()["retries"] == {"put": 2, "read": 1}
+
+
+def test_inject_validates() -> None:
+    fs = FaultyFileSystem(_memory(), "local")
+    with pytest.raises(ValueError, match="unknown op"):
+        fs.inject("write", "stall")
+    with pytest.raises(ValueError, match="unknown fault"):
+        fs.inject("put", "fire")
+
+
+def test_ops_filter_keeps_reads_clean() -> None:
+    store, _ = _store("none,throttle=1,ops=put")
+    with pytest.raises(RetryableStorageError):
+        store.put(store.join("a"), b"x")
+    assert store.list_objects() == []
+
+
+# -- stalls --------------------------------------------------------------------------------------
+def test_stall_waits_then_succeeds() -> None:
+    store, clock = _store("none,stall_s=5,scale=0.5")
+    fs = store.fs
+    assert isinstance(fs, FaultyFileSystem)
+    fs.inject("put", "stall")
+    url = store.new_object_path()
+    store.put(url, b"late")
+    assert clock.waits == [2.5]
+    assert store.read(url) == b"late"
+    assert fs.counts["stall"] == 1
+
+
+def test_release_ends_a_real_stall() -> None:
+    fs = FaultyFileSystem(_memory(), "none,stall_s=120")
+    store = ObjectStore("memory://stall", fs=fs)
+    fs.inject("put", "stall")
+    url = store.new_object_path()
+    t = threading.Thread(target=store.put, args=(url, b"x"), daemon=True)
+    t.start()
+    fs.release()
+    t.join(timeout=10)
+    assert not t.is_alive()
+    assert store.read(url) == b"x"
+
+
+# -- wrapping real filesystems -----------------------------------------------------------------
+def test_local_inner(tmp_path: Path) -> None:
+    store = ObjectStore(str(tmp_path), fs=FaultyFileSystem(fsspec.filesystem("file"), "local"))
+    url = store.new_object_path()
+    assert url.startswith(str(tmp_path)), "local paths stay plain under the wrapper"
+    store.put(url, [b"a", b"b"])
+    assert store.list_objects() == [url]
+    assert [p.name for p in Path(url).parent.iterdir()] == [Path(url).name], "no temp left"
+    # the chained ``faulty::`` URL form: tests/integration/test_fsspec_entry_point.py
+
+
+@pytest.mark.s3
+def test_faults_over_s3(s3: S3Target) -> None:
+    import s3fs
+
+    inner = s3fs.S3FileSystem(**s3.storage_options)
+    fs = FaultyFileSystem(inner, "local,scale=0.1")
+    store = ObjectStore(f"{s3.base_url}/faulty", fs=fs, retry=RetryPolicy(3, 0.001, 0.01))
+    fs.inject("put", "throttle")
+    fs.inject("meta", "error500")
+    url = store.new_object_path()
+    assert url.startswith(f"{s3.base_url}/faulty/changelog/")
+    store.put(url, b"payload")
+    assert store.size(url) == 7
+    assert ObjectStore(s3.base_url, s3.storage_options).read(url) == b"payload"
+    assert store.stats.snapshot()["retries"] == {"put": 1, "stat": 1}

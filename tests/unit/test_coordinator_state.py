@@ -1,0 +1,362 @@
+"""The coordinator state machine: pure, driven by events, no I/O, no clock.
+
+Every state here is built with ``validate=True``: its invariants are checked after
+every event, and :func:`_feed` calls ``validate()`` once more."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pytest
+
+from dstltree.coordinator import protocol
+from dstltree.coordinator.checkpoint import MaterializedRef
+from dstltree.coordinator.events import (
+    AttemptStarted,
+    CheckpointAborted,
+    CheckpointCompleted,
+    CheckpointDeleted,
+    CheckpointWritten,
+    CleanOrphans,
+    DeleteCheckpoint,
+    DeleteObjects,
+    Event,
+    Instruction,
+    MalformedMessage,
+    MaterializationAbandoned,
+    MaterializationApplied,
+    MaterializationStarted,
+    MessageFromTask,
+    MessageIgnored,
+    ObjectsDeleted,
+    OrphansDeleted,
+    PersistCheckpoint,
+    Reply,
+    SendToTask,
+    Started,
+    Tick,
+    WriteFailed,
+)
+from dstltree.coordinator.state import CoordinatorConfig, CoordinatorState, InvariantError
+from dstltree.coordinator.testing import completed, task_checkpoint
+
+CFG = CoordinatorConfig(
+    checkpoint_interval=1.0,
+    materialization_interval=10.0,
+    checkpoint_timeout=5.0,
+    retained_checkpoints=2,
+)
+
+
+def ident(task: int, attempt: int) -> bytes:
+    return f"a{attempt}-t{task}".encode()
+
+
+def hello(now: float, task: int, attempt: int) -> MessageFromTask:
+    return MessageFromTask(now, ident(task, attempt), protocol.Hello(task, attempt))
+
+
+def ack(
+    now: float,
+    task: int,
+    attempt: int,
+    cid: int,
+    paths: Iterable[str] = (),
+    snapshot: str | None = None,
+) -> MessageFromTask:
+    tc = task_checkpoint(task, attempt, paths, snapshot)
+    return MessageFromTask(now, ident(task, attempt), protocol.Ack(task, attempt, cid, tc))
+
+
+def report(now: float, task: int, attempt: int, epoch: int, ref: MaterializedRef) -> Event:
+    return MessageFromTask(now, ident(task, attempt), protocol.Report(task, attempt, epoch, ref))
+
+
+def triggers(cid: int, attempt: int, num_tasks: int) -> list[Instruction]:
+    msg = protocol.TriggerCheckpoint(cid)
+    return [SendToTask(t, ident(t, attempt), msg) for t in range(num_tasks)]
+
+
+def _feed(s: CoordinatorState, event: Event) -> list[Instruction]:
+    out = s.handle(event)
+    s.validate()
+    return out
+
+
+def _started(
+    num_tasks: int = 2, attempt: int = 0, cfg: CoordinatorConfig = CFG
+) -> CoordinatorState:
+    s = CoordinatorState(cfg, validate=True)
+    assert _feed(s, Started(0.0)) == [CleanOrphans(frozenset())]
+    assert _feed(s, AttemptStarted(0.0, attempt, num_tasks)) == []
+    for t in range(num_tasks):
+        assert _feed(s, hello(0.0, t, attempt)) == []
+    return s
+
+
+def _complete(s: CoordinatorState, now: float, paths: dict[int, list[str]]) -> list:
+    """Trigger at ``now``, ack every task with ``paths[task]``, write at ``now + 0.1``;
+    returns the instructions after the write, without the CheckpointCompleted notice."""
+    assert s.attempt is not None
+    out = _feed(s, Tick(now))
+    cid = s.next_checkpoint_id - 1
+    assert out == triggers(cid, s.attempt, len(paths))
+    persist: list = []
+    for t, ps in paths.items():
+        persist = _feed(s, ack(now, t, s.attempt, cid, ps))
+    assert len(persist) == 1 and isinstance(persist[0], PersistCheckpoint)
+    done, *rest = _feed(s, CheckpointWritten(now + 0.1, cid))
+    assert done == CheckpointCompleted(persist[0].checkpoint, pytest.approx(0.1))
+    return rest
+
+
+def test_no_trigger_until_every_task_said_hello() -> None:
+    s = CoordinatorState(CFG, validate=True)
+    assert _feed(s, Tick(5.0)) == []  # no attempt yet
+    _feed(s, AttemptStarted(5.0, 0, 2))
+    _feed(s, hello(5.0, 0, 0))
+    assert _feed(s, Tick(7.0)) == []
+    _feed(s, hello(7.0, 1, 0))
+    assert _feed(s, Tick(7.1)) == triggers(1, 0, 2)
+
+
+def test_trigger_ack_persist_and_one_in_flight() -> None:
+    s = _started()
+    assert _feed(s, Tick(0.5)) == []  # interval not elapsed since attempt start
+    assert _feed(s, Tick(1.0)) == triggers(1, 0, 2)
+    assert _feed(s, Tick(2.5)) == []  # at most one checkpoint in flight
+    assert _feed(s, ack(2.5, 0, 0, 1, ["a"])) == []
+    (persist,) = _feed(s, ack(2.5, 1, 0, 1, ["b"]))
+    assert isinstance(persist, PersistCheckpoint) and persist.retained == ()
+    cp = persist.checkpoint
+    assert cp.checkpoint_id == 1 and set(cp.tasks) == {0, 1}
+    assert cp.referenced_paths() == {"a", "b"}
+    assert cp.duration_s == pytest.approx(1.5)
+    assert _feed(s, Tick(3.0)) == []  # still in flight while written
+    assert _feed(s, CheckpointWritten(3.0, 1)) == [CheckpointCompleted(cp, pytest.approx(2.0))]
+    assert s.checkpoints_completed == 1 and s.latest == cp
+    assert s.checkpoint_durations_s == [pytest.approx(2.0)]
+    assert s.registry.counts() == {"a": 1, "b": 1}
+    assert _feed(s, Tick(3.5)) == []  # next interval starts at completion
+    assert _feed(s, Tick(4.0)) == triggers(2, 0, 2)
+
+
+def test_created_at_is_the_wall_clock_of_the_last_tick() -> None:
+    s = _started(num_tasks=1)
+    _feed(s, Tick(1.0, wall=1_700_000_000.0))
+    (persist,) = _feed(s, ack(1.2, 0, 0, 1))
+    assert persist.checkpoint.created_at == 1_700_000_000.0
+
+
+def test_duplicate_and_late_acks_are_ignored() -> None:
+    s = _started()
+    _feed(s, Tick(1.0))
+    _feed(s, ack(1.0, 0, 0, 1))
+    assert _feed(s, ack(1.0, 0, 0, 1)) == []  # replaces
+    (ign,) = _feed(s, ack(1.0, 1, 0, 9))
+    assert ign == MessageIgnored(1, "checkpoint 9 is not pending")
+    (ign,) = _feed(s, ack(1.0, 5, 0, 1))
+    assert ign == MessageIgnored(5, "task 5 outside 0..1")
+    wrong = protocol.Ack(1, 0, 1, task_checkpoint(0, 0))  # names another task
+    (ign,) = _feed(s, MessageFromTask(1.0, ident(1, 0), wrong))
+    assert isinstance(ign, MessageIgnored) and "another task" in ign.reason
+    assert s.checkpoints_completed == 0
+
+
+def test_stale_attempt_is_fenced_and_a_second_attempt_continues() -> None:
+    s = _started(attempt=0)
+    _feed(s, Tick(1.0))
+    _feed(s, ack(1.0, 0, 0, 1, ["a"]))
+    # The attempt fails; attempt 1 starts: the pending checkpoint is aborted.
+    assert _feed(s, AttemptStarted(2.0, 1, 2)) == [CheckpointAborted(1, "attempt 1 started")]
+    fenced = protocol.Fenced(0)
+    assert _feed(s, ack(2.0, 1, 0, 1)) == [Reply(ident(1, 0), fenced)]
+    assert _feed(s, hello(2.0, 0, 0)) == [Reply(ident(0, 0), fenced)]
+    ref = MaterializedRef("s", 1, 1)
+    assert _feed(s, report(2.0, 0, 0, 1, ref)) == [Reply(ident(0, 0), fenced)]
+    assert s.messages_fenced == 3
+    with pytest.raises(ValueError):
+        s.handle(AttemptStarted(2.0, 1, 2))
+    # Tasks of attempt 1 connect; a new checkpoint id is used, acks of 0 never count.
+    _feed(s, hello(2.0, 0, 1))
+    _feed(s, hello(2.0, 1, 1))
+    assert _feed(s, Tick(3.0)) == triggers(2, 1, 2)
+    assert _feed(s, ack(3.0, 0, 0, 2)) == [Reply(ident(0, 0), fenced)]
+    assert _feed(s, ack(3.0, 1, 0, 2)) == [Reply(ident(1, 0), fenced)]
+    assert _feed(s, ack(3.0, 0, 1, 2, ["b"])) == []
+    (persist,) = _feed(s, ack(3.0, 1, 1, 2, ["c"]))
+    assert persist.checkpoint.attempt == 1
+    assert {tc.attempt for tc in persist.checkpoint.tasks.values()} == {1}
+
+
+def test_checkpoint_being_written_survives_a_new_attempt() -> None:
+    s = _started(num_tasks=1)
+    _feed(s, Tick(1.0))
+    (persist,) = _feed(s, ack(1.0, 0, 0, 1, ["a"]))
+    assert _feed(s, AttemptStarted(1.5, 1, 3)) == []  # not aborted: acks are complete
+    done, *_ = _feed(s, CheckpointWritten(1.6, 1))
+    assert done == CheckpointCompleted(persist.checkpoint, pytest.approx(0.6))
+    assert s.latest == persist.checkpoint and s.attempt == 1
+
+
+def test_hello_from_next_attempt_before_it_starts_is_kept() -> None:
+    s = _started(num_tasks=1, attempt=0)
+    assert _feed(s, hello(0.5, 0, 1)) == []
+    assert _feed(s, hello(0.5, 4, 1)) == []  # outside the next attempt's tasks
+    _feed(s, AttemptStarted(0.5, 1, 1))
+    assert _feed(s, Tick(1.5)) == triggers(1, 1, 1)
+
+
+def test_timeout_aborts_and_next_checkpoint_follows() -> None:
+    s = _started()
+    _feed(s, Tick(1.0))
+    _feed(s, ack(1.0, 0, 0, 1))
+    assert _feed(s, Tick(5.9)) == []
+    assert _feed(s, Tick(6.0)) == [CheckpointAborted(1, "timeout: 1/2 tasks acknowledged")]
+    assert s.checkpoints_aborted == 1
+    # The late ack of the aborted checkpoint is ignored.
+    assert _feed(s, ack(6.5, 1, 0, 1)) == [MessageIgnored(1, "checkpoint 1 is not pending")]
+    assert _feed(s, Tick(7.0)) == triggers(2, 0, 2)
+
+
+def test_write_failure_aborts_and_the_next_checkpoint_is_written() -> None:
+    s = _started(num_tasks=1, cfg=CoordinatorConfig(1.0, 1000.0, 5.0, 2))
+    _feed(s, Tick(1.0))
+    _feed(s, ack(1.0, 0, 0, 1, ["a"]))
+    assert _feed(s, Tick(99.0)) == []  # no timeout while written
+    assert _feed(s, WriteFailed(99.0, 1, "disk full")) == [
+        CheckpointAborted(1, "write failed: disk full")
+    ]
+    assert s.latest is None and s.registry.counts() == {}
+    (ign,) = _feed(s, CheckpointWritten(99.1, 1))  # a late answer changes nothing
+    assert isinstance(ign, MessageIgnored) and s.latest is None
+    assert _complete(s, 100.0, {0: ["a"]}) == []
+    assert s.latest is not None and s.latest.checkpoint_id == 2
+
+
+def test_retention_subsumes_and_deletes_unreferenced() -> None:
+    s = _started()
+    assert _complete(s, 1.0, {0: ["a"], 1: ["x"]}) == []
+    assert _complete(s, 3.0, {0: ["a", "b"], 1: ["x"]}) == []
+    # Checkpoint 3: task 0 materialized (a, b gone), task 1 still references x.
+    out = _complete(s, 5.0, {0: ["snap0", "c"], 1: ["x", "y"]})
+    assert out == [DeleteCheckpoint(1)]  # a is still in checkpoint 2
+    out = _complete(s, 7.0, {0: ["snap0", "d"], 1: ["y"]})
+    assert out == [DeleteCheckpoint(2), DeleteObjects(("a", "b"))]  # x is still in 3
+    assert [c.checkpoint_id for c in s.retained] == [3, 4]
+    assert s.registry.counts() == {"snap0": 2, "c": 1, "d": 1, "x": 1, "y": 2}
+    # The storage worker's answers: counted, nothing else changes.
+    assert _feed(s, CheckpointDeleted(7.2, 2)) == []
+    assert _feed(s, ObjectsDeleted(7.2, ("a", "b"), 2)) == []
+    assert s.objects_deleted == 2
+
+
+def test_persist_names_retained_ids() -> None:
+    s = _started(num_tasks=1)
+    _complete(s, 1.0, {0: ["a"]})
+    _complete(s, 3.0, {0: ["a"]})
+    _feed(s, Tick(5.0))
+    (persist,) = _feed(s, ack(5.0, 0, 0, 3, ["a"]))
+    assert persist.retained == (2,)  # with retention 2: checkpoint 1 is subsumed
+
+
+def test_start_from_retained_continues_ids_subsumes_extras_and_cleans() -> None:
+    retained = [completed(i, {0: [f"o{i}"]}) for i in (4, 5, 6)]
+    s = CoordinatorState(CFG, retained, validate=True)
+    assert s.next_checkpoint_id == 7
+    assert _feed(s, Started(0.0)) == [
+        DeleteCheckpoint(4),
+        DeleteObjects(("o4",)),
+        CleanOrphans(frozenset({"o5", "o6"})),
+    ]
+    assert _feed(s, OrphansDeleted(0.1, 3, 1)) == []
+    assert (s.orphans_deleted, s.stale_metadata_deleted) == (3, 1)
+
+
+def test_materialization_epoch_applies_when_all_reported() -> None:
+    s = _started()
+    out = _feed(s, Tick(10.0))
+    materialize = [SendToTask(t, ident(t, 0), protocol.Materialize(1)) for t in (0, 1)]
+    assert out[-3:] == [MaterializationStarted(1), *materialize]
+    assert not [i for i in _feed(s, Tick(25.0)) if isinstance(i, MaterializationStarted)]
+    r0, r1 = MaterializedRef("s0", 7, 100), MaterializedRef("s1", 9, 200)
+    assert _feed(s, report(25.0, 0, 0, 1, r0)) == []
+    (ign,) = _feed(s, report(25.0, 1, 0, 2, r1))  # wrong epoch
+    assert ign == MessageIgnored(1, "materialization epoch 2 is not pending")
+    assert _feed(s, report(25.0, 1, 0, 1, r1)) == [
+        MaterializationApplied(1, {0: r0, 1: r1}),
+        SendToTask(0, ident(0, 0), protocol.ApplyMaterialization(1, r0)),
+        SendToTask(1, ident(1, 0), protocol.ApplyMaterialization(1, r1)),
+    ]
+    assert s.materializations_completed == 1 and s.applied_epoch == 1
+    # The next checkpoint records the applied epoch; the next epoch comes an interval later.
+    assert _feed(s, Tick(26.0)) == triggers(2, 0, 2)  # 1 timed out at 25.0
+    _feed(s, ack(26.0, 0, 0, 2, snapshot="s0"))
+    (persist,) = _feed(s, ack(26.0, 1, 0, 2, snapshot="s1"))
+    assert persist.checkpoint.materialization_epoch == 1
+    assert _feed(s, Tick(34.9)) == []
+    assert MaterializationStarted(2) in _feed(s, Tick(35.0))
+
+
+def test_incomplete_epoch_is_abandoned_on_new_attempt_and_on_timeout() -> None:
+    cfg = CoordinatorConfig(1.0, 10.0, 5.0, 2, materialization_timeout=20.0)
+    s = _started(cfg=cfg)
+    assert MaterializationStarted(1) in _feed(s, Tick(10.0))
+    _feed(s, report(10.0, 0, 0, 1, MaterializedRef("s0", 1, 1)))
+    out = _feed(s, AttemptStarted(10.0, 1, 2))
+    assert MaterializationAbandoned(1, "attempt 1 started") in out
+    assert s.materializations_abandoned == 1
+    _feed(s, hello(10.0, 0, 1))
+    _feed(s, hello(10.0, 1, 1))
+    # The abandoned epoch's report arrives late from the new attempt: ignored.
+    (ign,) = _feed(s, report(10.0, 0, 1, 1, MaterializedRef("s0", 1, 1)))
+    assert isinstance(ign, MessageIgnored)
+    assert MaterializationStarted(2) in _feed(s, Tick(20.0))
+    out = _feed(s, Tick(40.0))
+    assert MaterializationAbandoned(2, "timeout: 0/2 tasks reported") in out
+
+
+def test_non_task_and_malformed_messages_are_rejected() -> None:
+    s = _started(num_tasks=1)
+    out = _feed(s, MessageFromTask(0.5, b"peer", protocol.Materialize(1)))
+    assert out == [Reply(b"peer", protocol.ErrorReply("Materialize is not a task message"))]
+    out = _feed(s, MalformedMessage(0.5, b"peer", "undecodable"))
+    assert out == [Reply(b"peer", protocol.ErrorReply("undecodable"))]
+    assert s.messages_rejected == 2 and s.messages_fenced == 0
+
+
+@dataclass(frozen=True)
+class _Unknown:
+    now: float
+
+
+def test_unknown_event_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="unknown event"):
+        CoordinatorState(CFG).handle(_Unknown(0.0))  # type: ignore[arg-type]
+
+
+def test_validate_names_the_broken_invariant() -> None:
+    s = _started(num_tasks=1)
+    _complete(s, 1.0, {0: ["a"]})
+    s.registry.register(completed(99, {0: ["zzz"]}))  # a reference no checkpoint holds
+    with pytest.raises(InvariantError, match="registry counts equal the references"):
+        s.validate()
+
+    s = _started(num_tasks=1)
+    _feed(s, Tick(1.0))
+    assert s._pending is not None
+    s._pending.acks[0] = task_checkpoint(0, 7)  # an ack of another attempt
+    with pytest.raises(InvariantError, match="stale acks never counted"):
+        s.validate()
+
+
+def test_validate_catches_deleting_what_a_retained_checkpoint_references() -> None:
+    s = _started(num_tasks=1, cfg=CoordinatorConfig(1.0, 100.0, 5.0, retained_checkpoints=1))
+    _complete(s, 1.0, {0: ["a"]})
+    assert _complete(s, 3.0, {0: ["b"]}) == [DeleteCheckpoint(1), DeleteObjects(("a",))]
+    # A task acknowledges an object already released: validation refuses the state.
+    _feed(s, Tick(5.0))
+    s.handle(ack(5.0, 0, 0, 3, ["a"]))
+    with pytest.raises(InvariantError, match="nothing deleted"):
+        s.handle(CheckpointWritten(5.1, 3))
