@@ -4,9 +4,11 @@ Every message is one msgpack frame: a map with ``"t"`` (the type) and its fields
 :func:`dump` and :func:`load` are pure; ``load`` raises :class:`dstltree.client.errors.WireError`
 for anything malformed or larger than :data:`MAX_MESSAGE_BYTES`.
 
-Task -> coordinator: :class:`Hello`, :class:`Ack`, :class:`Report`.
+Task -> coordinator: :class:`Hello`, :class:`Ack`, :class:`Report`,
+:class:`SplitsFinished`.
 Coordinator -> task (the commands :meth:`TaskLink.poll` returns):
 :class:`TriggerCheckpoint`, :class:`Materialize`, :class:`ApplyMaterialization`,
+:class:`AssignSplits`, :class:`CheckpointComplete`, :class:`Finish`,
 :class:`Fenced` (this attempt is stale), :class:`ErrorReply` (a message was rejected).
 """
 
@@ -20,6 +22,7 @@ import msgpack
 
 from dstltree.client.errors import WireError
 from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
+from dstltree.sparkplug.sources.base import SplitState
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -47,8 +50,48 @@ class Report:
 
 
 @dataclass(frozen=True)
+class SplitsFinished:
+    """The source reader of ``task`` consumed these assigned splits to their end
+    (FLIP-27: a reader asks for more work when its splits are done)."""
+
+    task: int
+    attempt: int
+    split_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class TriggerCheckpoint:
-    """Persist the changelog (``persist_durably``) and acknowledge ``checkpoint_id``."""
+    """Checkpoint ``checkpoint_id``: the source reader records its split states and
+    sends a barrier on every channel; the keyed operator, once the barriers of all its
+    input channels arrived, persists the changelog (``persist_durably``), stages its
+    sink output and acknowledges. ``final``: the reader reads nothing after this
+    barrier (the run ends with this checkpoint)."""
+
+    checkpoint_id: int
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class AssignSplits:
+    """Read these splits from their offsets (FLIP-27 split assignment). Sent before
+    the barrier of any checkpoint whose enumerator snapshot counts them assigned."""
+
+    states: tuple[SplitState, ...]
+
+
+@dataclass(frozen=True)
+class CheckpointComplete:
+    """Checkpoint ``checkpoint_id`` is durable and its sink output committed: stop
+    carrying committables of it and earlier checkpoints (Flink's
+    ``notifyCheckpointComplete``)."""
+
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The run ended with final checkpoint ``checkpoint_id`` (durable, committed):
+    close and return."""
 
     checkpoint_id: int
 
@@ -87,13 +130,36 @@ Message = (
     Hello
     | Ack
     | Report
+    | SplitsFinished
     | TriggerCheckpoint
     | Materialize
     | ApplyMaterialization
+    | AssignSplits
+    | CheckpointComplete
+    | Finish
     | Fenced
     | ErrorReply
 )
-Command = TriggerCheckpoint | Materialize | ApplyMaterialization | Fenced | ErrorReply
+Command = (
+    TriggerCheckpoint
+    | Materialize
+    | ApplyMaterialization
+    | AssignSplits
+    | CheckpointComplete
+    | Finish
+    | Fenced
+    | ErrorReply
+)
+COMMANDS = (
+    TriggerCheckpoint,
+    Materialize,
+    ApplyMaterialization,
+    AssignSplits,
+    CheckpointComplete,
+    Finish,
+    Fenced,
+    ErrorReply,
+)
 
 
 def _fields(m: Message) -> dict[str, Any]:
@@ -115,8 +181,16 @@ def _fields(m: Message) -> dict[str, Any]:
             "epoch": m.epoch,
             "ref": m.ref.to_dict(),
         }
+    if isinstance(m, SplitsFinished):
+        return {"t": "finished", "task": m.task, "attempt": m.attempt, "ids": list(m.split_ids)}
     if isinstance(m, TriggerCheckpoint):
-        return {"t": "trigger", "checkpoint_id": m.checkpoint_id}
+        return {"t": "trigger", "checkpoint_id": m.checkpoint_id, "final": m.final}
+    if isinstance(m, AssignSplits):
+        return {"t": "assign", "states": [st.as_record() for st in m.states]}
+    if isinstance(m, CheckpointComplete):
+        return {"t": "complete", "checkpoint_id": m.checkpoint_id}
+    if isinstance(m, Finish):
+        return {"t": "finish", "checkpoint_id": m.checkpoint_id}
     if isinstance(m, Materialize):
         return {"t": "materialize", "epoch": m.epoch}
     if isinstance(m, ApplyMaterialization):
@@ -140,6 +214,28 @@ def _int(d: dict[str, Any], k: str) -> int:
     return v
 
 
+def _bool(d: dict[str, Any], k: str) -> bool:
+    v = d.get(k, False)
+    if not isinstance(v, bool):
+        raise ValueError(f"field {k!r} must be a boolean")
+    return v
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"expected a string, got {type(v).__name__}")
+    return v
+
+
+def _split_state(r: Any) -> SplitState:
+    if not isinstance(r, list | tuple) or len(r) != 4:
+        raise ValueError("a split state is [id, location, offset, finished]")
+    _str(r[0]), _str(r[1])
+    if not isinstance(r[2], int) or isinstance(r[2], bool) or r[2] < 0:
+        raise ValueError("a split offset must be an integer >= 0")
+    return SplitState.from_record(r)
+
+
 _DECODERS: dict[str, Callable[[dict[str, Any]], Message]] = {
     "hello": lambda d: Hello(_int(d, "task"), _int(d, "attempt")),
     "ack": lambda d: Ack(
@@ -151,7 +247,13 @@ _DECODERS: dict[str, Callable[[dict[str, Any]], Message]] = {
     "report": lambda d: Report(
         _int(d, "task"), _int(d, "attempt"), _int(d, "epoch"), MaterializedRef.from_dict(d["ref"])
     ),
-    "trigger": lambda d: TriggerCheckpoint(_int(d, "checkpoint_id")),
+    "finished": lambda d: SplitsFinished(
+        _int(d, "task"), _int(d, "attempt"), tuple(_str(x) for x in d["ids"])
+    ),
+    "trigger": lambda d: TriggerCheckpoint(_int(d, "checkpoint_id"), _bool(d, "final")),
+    "assign": lambda d: AssignSplits(tuple(_split_state(r) for r in d["states"])),
+    "complete": lambda d: CheckpointComplete(_int(d, "checkpoint_id")),
+    "finish": lambda d: Finish(_int(d, "checkpoint_id")),
     "materialize": lambda d: Materialize(_int(d, "epoch")),
     "apply": lambda d: ApplyMaterialization(_int(d, "epoch"), MaterializedRef.from_dict(d["ref"])),
     "fenced": lambda d: Fenced(_int(d, "attempt")),

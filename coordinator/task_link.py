@@ -47,8 +47,9 @@ class TaskLink:
     def poll(self, timeout: float = 0.0) -> list[Command]:
         """Commands received so far, in order; waits up to ``timeout`` seconds (default:
         not at all) for the first one. Commands are TriggerCheckpoint, Materialize,
-        ApplyMaterialization, plus Fenced (this attempt is stale: stop) and ErrorReply
-        (a message of this link was rejected). Undecodable frames become ErrorReply."""
+        ApplyMaterialization, AssignSplits, CheckpointComplete, Finish, plus Fenced
+        (this attempt is stale: stop) and ErrorReply (a message of this link was
+        rejected). Undecodable frames become ErrorReply."""
         out: list[Command] = []
         if timeout > 0 and not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
             return out
@@ -66,14 +67,7 @@ class TaskLink:
                 continue
             if isinstance(msg, protocol.Fenced):
                 self.fenced = True
-            if isinstance(
-                msg,
-                protocol.TriggerCheckpoint
-                | protocol.Materialize
-                | protocol.ApplyMaterialization
-                | protocol.Fenced
-                | protocol.ErrorReply,
-            ):
+            if isinstance(msg, protocol.COMMANDS):
                 out.append(msg)
             else:
                 out.append(protocol.ErrorReply(f"unexpected {type(msg).__name__}"))
@@ -87,6 +81,10 @@ class TaskLink:
                 f"sent by task {self.task} attempt {self.attempt}"
             )
         self._send(protocol.Ack(self.task, self.attempt, checkpoint_id, checkpoint))
+
+    def splits_finished(self, split_ids: tuple[str, ...]) -> None:
+        """Tell the enumerator these assigned splits are consumed to their end."""
+        self._send(protocol.SplitsFinished(self.task, self.attempt, split_ids))
 
     def report_materialization(self, epoch: int, ref: MaterializedRef) -> None:
         """Report this task's uploaded snapshot for materialization ``epoch``."""

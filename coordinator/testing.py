@@ -23,11 +23,11 @@ def task_checkpoint(
     attempt: int,
     paths: Iterable[str] = (),
     snapshot: str | None = None,
-    source_offset: int = 0,
+    records: int = 0,
 ) -> TaskCheckpoint:
     """A task's acknowledgement referencing ``paths`` and, optionally, a snapshot."""
     mat = None if snapshot is None else MaterializedRef(snapshot, 0, 1)
-    return TaskCheckpoint(task, attempt, source_offset, mat, (handle(f"log-{task}", paths),))
+    return TaskCheckpoint(task, attempt, records, mat, (handle(f"log-{task}", paths),))
 
 
 def completed(

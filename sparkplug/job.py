@@ -58,7 +58,7 @@ class Observed:
         if cp is None or cp.checkpoint_id in self.checkpoint_ids:
             return
         self.checkpoint_ids.add(cp.checkpoint_id)
-        self.offsets = sum(t.source_offset for t in cp.tasks.values())
+        self.offsets = sum(t.records for t in cp.tasks.values())
         for t in cp.tasks.values():
             for h in t.changelog:
                 self.writers.add(h.log_id)

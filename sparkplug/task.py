@@ -141,7 +141,7 @@ def _restore(run: _Run, latest: CompletedCheckpoint | None) -> None:
         return
     tc = latest.tasks[run.task]
     restore_state(run.store, tc, run.backend.key_groups, name, run.cfg.max_parallelism, run.backend)
-    run.offset = tc.source_offset
+    run.offset = tc.records
     run.materialized = tc.materialized
     run.base_handles = tc.changelog
 
@@ -234,5 +234,5 @@ def _all_done(run: _Run) -> bool:
     if latest is None or latest.attempt != run.cfg.attempt:
         return False
     return all(
-        t in latest.tasks and latest.tasks[t].source_offset >= n for t, n in enumerate(run.lengths)
+        t in latest.tasks and latest.tasks[t].records >= n for t, n in enumerate(run.lengths)
     )
