@@ -1,11 +1,12 @@
-"""The driver side of a keyed job: nodes beside the executors, the coordinator, and the
-stateful barrier stage with restarts after a failure (a new attempt restores from the
-latest completed checkpoint). The job itself is a
-:class:`dstltree.sparkplug.keyed_job.KeyedJob`."""
+"""The driver side of a user's job: nodes beside the executors, the coordinator (with
+the source's split enumerator and the sink's committer), and the stateful barrier stage,
+restarted from the latest completed checkpoint after a failure (a new attempt)."""
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,33 +15,45 @@ from typing import Any
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
 from dstltree.coordinator.service import Coordinator, CoordinatorStatistics
-from dstltree.sparkplug.keyed_job import KeyedJob
-from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM, key_group_range
+from dstltree.coordinator.store import CheckpointStore
+from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM
 from dstltree.sparkplug.nodes import NodePlacement, executor_nodes, local_nodes
+from dstltree.sparkplug.pipeline import Pipeline
+from dstltree.sparkplug.restore import RescaleError
+from dstltree.sparkplug.sinks.read import committed_files
 from dstltree.sparkplug.spark_session import executor_count
-from dstltree.sparkplug.task import TaskConfig, restore_state, run_task
+from dstltree.sparkplug.task import TaskConfig, run_task
 from dstltree.storage.store import ObjectStore
 from dstltree.topology.config import TopologyConfig, load_topology
 
 
-@dataclass(frozen=True)
-class JobOptions:
-    """How to run a keyed job. Times in seconds. ``kill_task_after`` > 0 kills the last
-    task hard after that many checkpoints in the first attempt (a crash drill)."""
+class JobFailedError(RuntimeError):
+    """The job cannot go on: a record or file it cannot use (the message names the file
+    and row), or every attempt failed (the last failure is chained)."""
 
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a job (see StreamingJob). Times in seconds. ``crash_drill``: a
+    ``CrashDrill`` (one task killed hard once in the run's first attempt)."""
+
+    name: str
     base_path: str
-    topology: Path
-    master: str = "local[4]"
-    tasks: int = 4
+    topology: Path | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    parallelism: int = 4
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
     checkpoint_interval: float = 0.3
     materialization_interval: float = 3.0
-    kill_task_after: int = 8
-    records_per_second: float = 20000.0  # over all tasks; 0 = unthrottled
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    checkpoint_timeout: float = 10.0
+    master: str | None = None
     max_attempts: int = 4
     retained_checkpoints: int = 2
-    metrics_port: int | None = None  # coordinator here, nodes from metrics_port + 1
+    metrics_port: int | None = None
+    crash_drill: Any = None
+    persist_changelog: bool = True
+    batch_records: int = 256
+    progress: Callable[[Any], None] | None = None
 
 
 @dataclass
@@ -52,13 +65,13 @@ class Observed:
     segments: set[tuple[str, int, int]] = field(default_factory=set)
     segment_bytes: int = 0
     writers: set[str] = field(default_factory=set)
-    offsets: int = 0
+    records: int = 0
 
     def see(self, cp: CompletedCheckpoint | None) -> None:
         if cp is None or cp.checkpoint_id in self.checkpoint_ids:
             return
         self.checkpoint_ids.add(cp.checkpoint_id)
-        self.offsets = sum(t.records for t in cp.tasks.values())
+        self.records = sum(t.records for t in cp.tasks.values())
         for t in cp.tasks.values():
             for h in t.changelog:
                 self.writers.add(h.log_id)
@@ -70,159 +83,235 @@ class Observed:
                         self.segment_bytes += s.length
 
 
-Progress = Callable[[int, int, Any], None]  # (records done, total records, coordinator stats)
-
-
 @dataclass
 class JobRun:
-    """What the driver saw of one run: per-task results of the final attempt
-    (``{"task", "attempt", "state", "records"}``), recoveries (failed attempts), the
-    coordinator's statistics and latest checkpoint, the checkpoints observed."""
+    """What the driver saw of one run: recoveries (failed attempts), the coordinator's
+    statistics and latest checkpoint, the checkpoints observed, records processed in
+    this run, whether it ended with a final checkpoint, the parallelism restored from
+    where it differed, source files (splits) finished, node count, metrics URLs."""
 
-    results: list[dict[str, Any]]
     recoveries: int
     stats: CoordinatorStatistics
     latest: CompletedCheckpoint | None
     observed: Observed
     nodes: int
     metrics: dict[str, Any] | None
+    records: int = 0
+    finished: bool = False
+    rescaled_from: int | None = None
+    source_files: int = 0
 
 
-def run_keyed_job(
-    spark: Any, job: KeyedJob, opts: JobOptions, progress: Progress | None = None
+def run_pipeline(
+    spark: Any, pipeline: Pipeline, opts: RunOptions, until: Any, stop: threading.Event
 ) -> JobRun:
-    """Run ``job`` on ``opts.tasks`` stateful tasks of a Spark barrier stage, with nodes
-    from ``opts.topology``, checkpoints, materialization and restarts, to the end of its
-    input. Blocking. Raises RuntimeError when ``opts.max_attempts`` attempts failed."""
-    sc = spark.sparkContext
+    """Run ``pipeline`` on ``opts.parallelism`` tasks until ``until`` ("end", seconds,
+    None) or ``stop``; blocking. Raises RescaleError, ValueError (a fresh job over a
+    sink URL holding output), JobFailedError."""
     store = ObjectStore(opts.base_path, opts.storage_options)
-    topo = load_topology(
-        opts.topology, base_path=opts.base_path, storage_options=opts.storage_options
-    )
-    nodes = _start_nodes(sc, opts, topo)
+    start = _check_start(CheckpointStore(store).load_latest(), pipeline, opts)
+    topo = _topology(opts)
+    nodes = NodePlacement() if topo is None else _start_nodes(spark, opts, topo)
     coord = Coordinator(
         store,
-        opts.tasks,
+        opts.parallelism,
         opts.checkpoint_interval,
         opts.materialization_interval,
-        retained_checkpoints=opts.retained_checkpoints,
+        opts.checkpoint_timeout,
+        opts.retained_checkpoints,
         metrics_port=opts.metrics_port,
+        source=pipeline.source,
+        sink=pipeline.sink,
+        max_parallelism=opts.max_parallelism,
+        finish_when_source_done=until == "end",
     )
     observed = Observed()
     try:
         coord.start()
-        results, recoveries = _run_attempts(sc, job, opts, coord, nodes, topo, observed, progress)
-        observed.see(coord.latest_checkpoint())
-        stats, latest = coord.statistics(), coord.latest_checkpoint()
-        metrics = _metrics_urls(coord, nodes)
+        driver = _Attempts(spark, pipeline, opts, coord, nodes, topo, observed)
+        recoveries = driver.run(start, _deadline(until), stop)
+        latest = coord.latest_checkpoint()
+        observed.see(latest)
+        stats, metrics = coord.statistics(), _metrics_urls(coord, nodes)
     finally:
         coord.stop()
         nodes.stop()
-    return JobRun(results, recoveries, stats, latest, observed, nodes.count, metrics)
-
-
-def _start_nodes(sc: Any, opts: JobOptions, topo: TopologyConfig) -> NodePlacement:
-    if opts.master.startswith("local-cluster["):
-        n = executor_count(opts.master)
-        return executor_nodes(sc, topo, n, opts.base_path, opts.storage_options)
-    node_port = opts.metrics_port and opts.metrics_port + 1  # None or 0 (free ports) stay
-    return local_nodes(opts.topology, opts.tasks, opts.base_path, opts.storage_options, node_port)
-
-
-def _task_config(
-    job: KeyedJob,
-    opts: JobOptions,
-    job_id: str,
-    attempt: int,
-    coord: Coordinator,
-    nodes: NodePlacement,
-    topo: TopologyConfig,
-) -> TaskConfig:
-    return TaskConfig(
-        job=job,
-        job_id=job_id,
-        attempt=attempt,
-        parallelism=opts.tasks,
-        base_path=opts.base_path,
-        coordinator=coord.address,
-        storage_options=opts.storage_options,
-        node_for_task=nodes.node_for_task,
-        node_for_executor=nodes.node_for_executor,
-        ack_timeout=_client_ack_timeout(opts, topo),
-        max_parallelism=opts.max_parallelism,
-        records_per_second=opts.records_per_second / opts.tasks,
-        kill_task=opts.tasks - 1 if opts.kill_task_after > 0 else None,
-        kill_after_checkpoints=opts.kill_task_after,
+    before = 0 if start is None else sum(t.records for t in start.tasks.values())
+    return JobRun(
+        recoveries,
+        stats,
+        latest,
+        observed,
+        nodes.count,
+        metrics,
+        records=observed.records - before,
+        finished=latest is not None and latest.final,
+        rescaled_from=_rescaled_from(start, opts),
+        source_files=0
+        if latest is None or latest.enumerator is None
+        else len(latest.enumerator.finished),
     )
 
 
-def _client_ack_timeout(opts: JobOptions, topo: TopologyConfig) -> float:
-    """A task waits for its node as a client of the deepest node would
-    (``TopologyConfig.ack_timeout``): every task's node is at most that deep."""
-    return topo.ack_timeout(topo.tree(executor_count(opts.master)).height() + 1)
+def _check_start(
+    latest: CompletedCheckpoint | None, pipeline: Pipeline, opts: RunOptions
+) -> CompletedCheckpoint | None:
+    if latest is not None and latest.max_parallelism not in (0, opts.max_parallelism):
+        raise RescaleError(
+            f"checkpoint {latest.checkpoint_id} of job {opts.name!r} has max_parallelism "
+            f"{latest.max_parallelism}, this run {opts.max_parallelism}: key groups cannot "
+            "be redistributed; keep max_parallelism or start a new job"
+        )
+    if latest is None and pipeline.sink is not None and _has_output(pipeline):
+        raise ValueError(
+            f"sink {pipeline.sink.url} holds committed output but job {opts.name!r} has "
+            "no checkpoint: use an empty sink URL for a new job"
+        )
+    return latest
 
 
-def _run_attempts(
-    sc: Any,
-    job: KeyedJob,
-    opts: JobOptions,
-    coord: Coordinator,
-    nodes: NodePlacement,
-    topo: TopologyConfig,
-    observed: Observed,
-    progress: Progress | None,
-) -> tuple[list[dict[str, Any]], int]:
-    job_id = uuid.uuid4().hex[:8]
-    total = sum(job.lengths(opts.tasks, opts.max_parallelism))
-    for attempt in range(opts.max_attempts):
-        coord.begin_attempt(attempt)
-        cfg = _task_config(job, opts, job_id, attempt, coord, nodes, topo)
-        box: dict[str, Any] = {}
-        t = threading.Thread(target=_collect, args=(sc, cfg, opts.tasks, box), daemon=True)
-        t.start()
-        while t.is_alive():
-            t.join(0.05)
-            observed.see(coord.latest_checkpoint())
-            if progress is not None:
-                progress(observed.offsets, total, coord.statistics())
-        if "results" in box:
-            return box["results"], attempt
-        if attempt + 1 == opts.max_attempts:
-            raise RuntimeError(f"job failed in {opts.max_attempts} attempts") from box.get("error")
-    raise AssertionError("unreachable")
+def _rescaled_from(start: CompletedCheckpoint | None, opts: RunOptions) -> int | None:
+    if start is None or start.parallelism in (0, opts.parallelism):
+        return None
+    return start.parallelism
 
 
-def _collect(sc: Any, cfg: TaskConfig, tasks: int, box: dict[str, Any]) -> None:
+def _deadline(until: Any) -> float | None:
+    if until is None or until == "end":
+        return None
+    return time.monotonic() + float(until)
+
+
+def _topology(opts: RunOptions) -> TopologyConfig | None:
+    if opts.topology is None:
+        return None
+    return load_topology(
+        opts.topology, base_path=opts.base_path, storage_options=opts.storage_options
+    )
+
+
+def _master(spark: Any, opts: RunOptions) -> str:
+    return opts.master or str(spark.sparkContext.master)
+
+
+def _start_nodes(spark: Any, opts: RunOptions, topo: TopologyConfig) -> NodePlacement:
+    master = _master(spark, opts)
+    assert opts.topology is not None
+    if master.startswith("local-cluster["):
+        n = executor_count(master)
+        return executor_nodes(spark.sparkContext, topo, n, opts.base_path, opts.storage_options)
+    node_port = opts.metrics_port and opts.metrics_port + 1  # None or 0 (free ports) stay
+    return local_nodes(
+        opts.topology, opts.parallelism, opts.base_path, opts.storage_options, node_port
+    )
+
+
+class _Attempts:
+    """Runs the barrier stage attempt after attempt until one ends normally."""
+
+    def __init__(
+        self,
+        spark: Any,
+        pipeline: Pipeline,
+        opts: RunOptions,
+        coord: Coordinator,
+        nodes: NodePlacement,
+        topo: TopologyConfig | None,
+        observed: Observed,
+    ) -> None:
+        self.sc = spark.sparkContext
+        self.pipeline, self.opts, self.coord = pipeline, opts, coord
+        self.nodes, self.topo, self.observed = nodes, topo, observed
+        self.job_id = uuid.uuid4().hex[:8]
+        self.master = _master(spark, opts)
+        self._stop_sent = False
+
+    def run(
+        self, start: CompletedCheckpoint | None, deadline: float | None, stop: threading.Event
+    ) -> int:
+        """Returns the number of failed attempts; raises JobFailedError."""
+        first = 0 if start is None else start.attempt + 1
+        for n in range(self.opts.max_attempts):
+            attempt = first + n
+            restored = self.coord.begin_attempt(attempt, self.opts.parallelism)
+            cfg = self._config(attempt, restored, armed=n == 0)
+            box: dict[str, Any] = {}
+            t = threading.Thread(target=_collect, args=(self.sc, cfg, box), daemon=True)
+            t.start()
+            while t.is_alive():
+                t.join(0.05)
+                self._watch(deadline, stop)
+            if "results" in box:
+                return n
+            _raise_if_input_error(box["error"])
+        raise JobFailedError(f"job failed in {self.opts.max_attempts} attempts") from box.get(
+            "error"
+        )
+
+    def _watch(self, deadline: float | None, stop: threading.Event) -> None:
+        self.observed.see(self.coord.latest_checkpoint())
+        if self.opts.progress is not None:
+            self.opts.progress(self)
+        due = deadline is not None and time.monotonic() >= deadline
+        if (due or stop.is_set()) and not self._stop_sent:
+            self._stop_sent = True
+            self.coord.request_stop()
+
+    def _config(
+        self, attempt: int, restored: CompletedCheckpoint | None, armed: bool
+    ) -> TaskConfig:
+        o, drill = self.opts, self.opts.crash_drill
+        return TaskConfig(
+            pipeline=self.pipeline,
+            job_id=self.job_id,
+            attempt=attempt,
+            parallelism=o.parallelism,
+            base_path=o.base_path,
+            coordinator=self.coord.address,
+            restore_id=None if restored is None else restored.checkpoint_id,
+            storage_options=o.storage_options,
+            node_for_task=self.nodes.node_for_task,
+            node_for_executor=self.nodes.node_for_executor,
+            ack_timeout=self._ack_timeout(),
+            max_parallelism=o.max_parallelism,
+            batch_records=o.batch_records,
+            persist_changelog=o.persist_changelog,
+            kill_task=drill.task if armed and drill is not None else None,
+            kill_after_checkpoints=drill.after_checkpoints if drill is not None else 0,
+        )
+
+    def _ack_timeout(self) -> float:
+        """A task waits for its node as a client of the deepest node would
+        (``TopologyConfig.ack_timeout``): every task's node is at most that deep."""
+        if self.topo is None:
+            return 10.0
+        return self.topo.ack_timeout(self.topo.tree(executor_count(self.master)).height() + 1)
+
+
+def _collect(sc: Any, cfg: TaskConfig, box: dict[str, Any]) -> None:
     def part(_: Any) -> Any:
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
         me = ctx.partitionId()
-        yield run_task(cfg, me, ctx.getTaskInfos()[me].address)
+        yield run_task(cfg, me, ctx.getTaskInfos()[me].address, ctx.allGather)
 
+    n = cfg.parallelism
     try:
-        box["results"] = sc.parallelize(range(tasks), tasks).barrier().mapPartitions(part).collect()
+        box["results"] = sc.parallelize(range(n), n).barrier().mapPartitions(part).collect()
     except Exception as e:  # noqa: BLE001 - a failed attempt: the driver restarts the stage
         box["error"] = e
 
 
-def restore_all(
-    store: ObjectStore,
-    latest: CompletedCheckpoint | None,
-    job: KeyedJob,
-    tasks: int,
-    max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-) -> dict[Any, Any]:
-    """The state of every key restored from ``latest`` (snapshot + changelog replay),
-    with the key groups of ``tasks`` tasks. Raises CorruptObjectError / StorageError."""
-    out: dict[Any, Any] = {}
-    if latest is None:
-        return out
-    for t, tc in latest.tasks.items():
-        kgs = key_group_range(t, tasks, max_parallelism)
-        backend = restore_state(store, tc, kgs, job.state_name, max_parallelism)
-        out.update(dict(backend.items(job.state_name)))
-    return out
+_INPUT_ERROR = re.compile(r"(?:RecordError|SourceError|RescaleError): ([^\n]+)")
+
+
+def _raise_if_input_error(error: BaseException) -> None:
+    """A task failed on input it cannot use: restarting cannot help, fail the job with
+    the task's message (file and row)."""
+    m = _INPUT_ERROR.search(str(error))
+    if m is not None:
+        raise JobFailedError(m.group(1)) from error
 
 
 def _metrics_urls(coord: Coordinator, nodes: NodePlacement) -> dict[str, Any] | None:
@@ -231,3 +320,8 @@ def _metrics_urls(coord: Coordinator, nodes: NodePlacement) -> dict[str, Any] | 
     tree = nodes.local_tree
     node_urls = {} if tree is None else {n: tree.metrics_url(n) for n in tree.tree.nodes}
     return {"coordinator": coord.metrics.url, "nodes": node_urls}
+
+
+def _has_output(pipeline: Pipeline) -> bool:
+    sink = pipeline.sink
+    return sink is not None and bool(committed_files(sink.url, sink.storage_options))

@@ -1,0 +1,227 @@
+"""The loop of one task: its source reader, its keyed operator and its sink writer on one
+thread, driven by coordinator commands and exchange deliveries.
+
+- Reader: reads assigned splits batch by batch (not while the exchange is
+  back-pressured, nothing after a final barrier), applies the filter/map steps, keys
+  each record and sends it to the task owning the key's key group. At a
+  TriggerCheckpoint it records its split states and sends barrier ``cp`` on every
+  channel; it reports splits read to their end (SplitsFinished).
+- Operator: processes the records of every input channel with the user's function;
+  when barrier ``cp`` arrived on all channels (aligned), persists the changelog, stages
+  the sink output and acknowledges ``cp`` with the reader's split states of ``cp``.
+- Commands: AssignSplits, TriggerCheckpoint, Materialize, ApplyMaterialization,
+  CheckpointComplete (stop carrying committables), Finish (return), Fenced (return).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dstltree.coordinator import protocol
+from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
+from dstltree.coordinator.errors import CoordinatorError
+from dstltree.coordinator.task_link import TaskLink
+from dstltree.sparkplug.exchange import Aligned, Exchange
+from dstltree.sparkplug.keygroups import key_group_of, task_of_key_group
+from dstltree.sparkplug.pipeline import apply_steps, key_of
+from dstltree.sparkplug.reading import SplitQueue, record_error
+from dstltree.sparkplug.sinks.layout import Committable
+from dstltree.sparkplug.sources.base import Record, SplitState
+from dstltree.sparkplug.state_backend import KeyedStateBackend, ListState, MapState, ValueState
+from dstltree.sparkplug.task import Restored, TaskConfig, kill_if_drilled, snapshot_now
+from dstltree.storage.store import ObjectStore
+
+IDLE_WAIT = 0.005  # seconds a task with nothing to do waits for deliveries
+
+
+class _Context:
+    """The RuntimeContext a KeyedProcessFunction opens with."""
+
+    def __init__(self, backend: KeyedStateBackend, task: int, parallelism: int, attempt: int):
+        self._backend = backend
+        self.task, self.parallelism, self.attempt = task, parallelism, attempt
+
+    def value_state(self, name: str) -> ValueState:
+        return self._backend.value_state(name)
+
+    def map_state(self, name: str) -> MapState:
+        return self._backend.map_state(name)
+
+    def list_state(self, name: str) -> ListState:
+        return self._backend.list_state(name)
+
+
+class _Output:
+    """The Collector: rows go to the sink writer (or are counted without a sink)."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.rows = 0
+
+    def emit(self, row: dict[str, Any]) -> None:
+        self.rows += 1
+        if self.writer is not None:
+            self.writer.write(row)
+
+
+class TaskLoop:
+    """One task attempt's loop (module docstring). ``run`` returns the records its keyed
+    operator processed in this attempt."""
+
+    def __init__(
+        self,
+        cfg: TaskConfig,
+        task: int,
+        store: ObjectStore,
+        backend: KeyedStateBackend,
+        restored: Restored,
+    ) -> None:
+        p = cfg.pipeline
+        self.cfg, self.task, self.store, self.backend = cfg, task, store, backend
+        self.materialized = restored.materialized
+        self.handles = restored.handles
+        self.records_before = restored.records
+        self.records = 0
+        self.after_sqn = 0 if restored.materialized is None else restored.materialized.sqn
+        self.splits = SplitQueue(p.source.create_reader())
+        self.barrier_states: dict[int, tuple[SplitState, ...]] = {}
+        self.final: int | None = None
+        self.uncommitted: list[Committable] = []
+        self.sink = None if p.sink is None else p.sink.create_writer(task, cfg.attempt)
+        self.out = _Output(self.sink)
+        self.exchange = Exchange(task, cfg.parallelism, batch_records=cfg.batch_records)
+        self._steps, self._key, self._fn = p.steps, p.key_by, p.function
+        self._link: TaskLink | None = None
+
+    # -- driving -----------------------------------------------------------------------
+    def run(self, link: TaskLink, gather: Any) -> int:
+        """Connect the exchange (``gather``), open the function, loop until Finish."""
+        import json
+
+        self._link = link
+        addresses = [json.loads(a) for a in gather(json.dumps(self.exchange.addresses))]
+        self.exchange.connect(addresses)
+        assert self._fn is not None
+        self._fn.open(_Context(self.backend, self.task, self.cfg.parallelism, self.cfg.attempt))
+        try:
+            while not self._step(link):
+                pass
+            self._fn.close()
+        finally:
+            self.exchange.close()
+            if self.sink is not None:
+                self.sink.close()
+        return self.records
+
+    def _step(self, link: TaskLink) -> bool:
+        """One round: commands, a batch of reading, deliveries. True when finished."""
+        for cmd in link.poll():
+            if self._command(cmd):
+                return True
+        busy = self._read()
+        self.exchange.flush()
+        for item in self.exchange.receive(0.0 if busy else IDLE_WAIT):
+            if isinstance(item, Aligned):
+                self._checkpoint(item.checkpoint_id)
+            else:
+                self._process(item.items)
+        return False
+
+    # -- reader ------------------------------------------------------------------------
+    def _read(self) -> bool:
+        """Read one batch if allowed; True if it read (more may follow at once)."""
+        if self.final is not None or self.splits.idle or self.exchange.backpressured:
+            return False
+        done = self.splits.read(self.cfg.batch_records, self._route)
+        if done and self._link is not None:
+            self._link.splits_finished(tuple(done))
+        return True
+
+    def _route(self, record: Record, location: str, row: int) -> None:
+        try:
+            rec = apply_steps(self._steps, record)
+            if rec is None:
+                return
+            assert self._key is not None
+            key = key_of(self._key, rec)
+            kg = key_group_of(key, self.cfg.max_parallelism)
+        except Exception as e:  # noqa: BLE001 - named by file and row, then raised
+            raise record_error(location, row, e) from e
+        target = task_of_key_group(kg, self.cfg.parallelism, self.cfg.max_parallelism)
+        self.exchange.send(target, key, rec)
+
+    # -- operator ----------------------------------------------------------------------
+    def _process(self, items: list[tuple[Any, Record]]) -> None:
+        fn, backend, out = self._fn, self.backend, self.out
+        assert fn is not None
+        for key, record in items:
+            backend.set_current_key(key)
+            fn.process(key, record, out)
+        self.records += len(items)
+
+    def _checkpoint(self, cp: int) -> None:
+        """Barrier ``cp`` aligned: persist, stage the sink output, acknowledge."""
+        handles = self.handles
+        writer = self.backend.writer
+        if writer is not None:
+            future = writer.persist_durably(self.after_sqn, checkpoint_id=cp)
+            handles = (*handles, future.result(timeout=self.cfg.ack_timeout * 3))
+        if self.sink is not None:
+            staged = self.sink.prepare_commit(cp)
+            if staged is not None:
+                self.uncommitted.append(staged)
+        assert self._link is not None
+        kgs = self.backend.key_groups
+        self._link.ack_checkpoint(
+            cp,
+            TaskCheckpoint(
+                self.task,
+                self.cfg.attempt,
+                self.records_before + self.records,
+                self.materialized,
+                handles,
+                (kgs.start, kgs.stop),
+                self.barrier_states.pop(cp, ()),
+                tuple(self.uncommitted),
+            ),
+        )
+
+    # -- commands ----------------------------------------------------------------------
+    def _command(self, cmd: protocol.Command) -> bool:
+        """Carry out one command; True when the task must return."""
+        if isinstance(cmd, protocol.AssignSplits):
+            self.splits.assign(cmd.states)
+        elif isinstance(cmd, protocol.TriggerCheckpoint):
+            self._barrier(cmd)
+        elif isinstance(cmd, protocol.Materialize):
+            self._materialize(cmd.epoch)
+        elif isinstance(cmd, protocol.ApplyMaterialization):
+            self._apply(cmd.ref)
+        elif isinstance(cmd, protocol.CheckpointComplete):
+            self.uncommitted = [c for c in self.uncommitted if c.checkpoint_id > cmd.checkpoint_id]
+        elif isinstance(cmd, protocol.Finish | protocol.Fenced):
+            return True
+        elif isinstance(cmd, protocol.ErrorReply):
+            raise CoordinatorError(f"task {self.task}: coordinator rejected: {cmd.reason}")
+        return False
+
+    def _barrier(self, cmd: protocol.TriggerCheckpoint) -> None:
+        kill_if_drilled(self.cfg, self.task, cmd.checkpoint_id)
+        self.barrier_states[cmd.checkpoint_id] = self.splits.states()
+        self.exchange.barrier(cmd.checkpoint_id)
+        if cmd.final:
+            self.final = cmd.checkpoint_id
+
+    def _materialize(self, epoch: int) -> None:
+        if self.backend.writer is None:
+            return
+        ref = snapshot_now(self.store, self.backend)
+        assert self._link is not None
+        self._link.report_materialization(epoch, ref)
+
+    def _apply(self, ref: MaterializedRef) -> None:
+        writer = self.backend.writer
+        if writer is None:
+            return
+        self.materialized, self.handles, self.after_sqn = ref, (), ref.sqn
+        writer.truncate(ref.sqn)
