@@ -1,0 +1,407 @@
+"""The keyed exchange between the tasks of a job: every task's source reader sends
+``(key, record)`` pairs to the task owning the key's group, and every task's keyed
+operator receives from all P tasks (P input channels, one of them itself), with
+checkpoint barriers aligned across the channels (Flink aligned checkpoints).
+
+Wire: one ZeroMQ PUSH socket per downstream task, connected to a PULL socket that the
+downstream task bound for this sender alone, so a channel that waits for alignment is
+simply left unread: its messages stay in ZeroMQ's queues, the sender's sends fail with
+``zmq.Again`` (high-water marks, non-blocking sends), its bounded outbox fills and
+:attr:`Exchange.backpressured` tells its task to stop reading the source. Nothing is
+ever dropped, and the task thread never blocks on a send: one thread calls
+``send``/``barrier``/``flush``/``receive`` in a loop. The channel to itself is an
+in-memory queue of the same encoded frames, going through the same decoding and
+alignment.
+
+Frames are msgpack: ``[0, [[key, record], ...]]`` for a batch of records,
+``[1, checkpoint_id]`` for a barrier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import msgpack
+import zmq
+
+from dstltree.storage.errors import DstlError
+
+Key: TypeAlias = "None | bool | int | str | bytes | tuple[Key, ...]"
+"""A record key: None, bool, int, str, bytes, or a (nested) tuple of those."""
+
+_BATCH = 0
+_BARRIER = 1
+_UNPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
+
+
+class ExchangeError(DstlError):
+    """The exchange received something it cannot accept: a malformed frame, or a barrier
+    out of order. The message names the input channel (the sending task)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """One batch received on input ``channel`` (the sending task's index): ``items`` are
+    ``(key, record)`` pairs in the order the sender sent them."""
+
+    channel: int
+    items: list[tuple[Key, dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Aligned:
+    """Barrier ``checkpoint_id`` arrived on every input channel: every record sent
+    before it by any sender was delivered before this, none sent after it."""
+
+    checkpoint_id: int
+
+
+class BarrierAligner:
+    """Alignment of checkpoint barriers over ``channels`` input channels (Flink aligned
+    checkpoints): once barrier ``cp`` arrived on a channel, that channel is blocked (its
+    caller must not read it) until ``cp`` arrived on every channel; then ``cp`` is
+    aligned and every channel is unblocked. Pure: no I/O.
+
+    Every sender puts every barrier on every channel, in increasing checkpoint order, so
+    a barrier that does not fit raises :class:`ExchangeError`: a checkpoint id not
+    greater than the last one of its channel, a barrier on a blocked channel, or a
+    barrier of another checkpoint than the one being aligned.
+    """
+
+    def __init__(self, channels: int) -> None:
+        if channels < 1:
+            raise ValueError(f"channels must be >= 1, got {channels}")
+        self.channels = channels
+        self._last: list[int | None] = [None] * channels
+        self._blocked = [False] * channels
+        self._arrived = 0
+        self._pending: int | None = None
+
+    @property
+    def pending(self) -> int | None:
+        """The checkpoint being aligned (arrived on some channels, not all), or None."""
+        return self._pending
+
+    def blocked(self, channel: int) -> bool:
+        """True while ``channel`` delivered the pending barrier and others have not."""
+        return self._blocked[channel]
+
+    def on_barrier(self, channel: int, cp: int) -> int | None:
+        """Barrier ``cp`` arrived on ``channel`` (0..channels-1). Returns ``cp`` when it
+        has now arrived on every channel (aligned), else None. Raises ExchangeError when
+        the barrier is out of order (see the class), IndexError for a bad channel."""
+        last = self._last[channel]
+        if self._blocked[channel]:
+            raise ExchangeError(
+                f"channel {channel}: barrier {cp} while blocked on checkpoint {self._pending}"
+            )
+        if last is not None and cp <= last:
+            raise ExchangeError(
+                f"channel {channel}: barrier {cp} after barrier {last} (checkpoint ids "
+                "must increase)"
+            )
+        if self._pending is not None and cp != self._pending:
+            raise ExchangeError(
+                f"channel {channel}: barrier {cp} while aligning checkpoint {self._pending}"
+            )
+        self._last[channel] = cp
+        self._arrived += 1
+        if self._arrived == self.channels:
+            self._blocked = [False] * self.channels
+            self._arrived = 0
+            self._pending = None
+            return cp
+        self._blocked[channel] = True
+        self._pending = cp
+        return None
+
+
+def _as_key(key: Any) -> Key:
+    """A decoded key with its arrays back as tuples (keys are never lists)."""
+    if type(key) is list:
+        return tuple(_as_key(k) for k in key)
+    return key
+
+
+def _encode(items: list[tuple[Key, dict[str, Any]]]) -> bytes:
+    """The frame of a batch. Raises TypeError naming the key or column that msgpack
+    cannot encode (or a record that is not a dict)."""
+    try:
+        return msgpack.packb([_BATCH, items], use_bin_type=True)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    for key, record in items:
+        _check_encodable(key, "key", key)
+        if not isinstance(record, dict):
+            raise TypeError(f"record for key {key!r} is a {type(record).__name__}, not a dict")
+        for column, value in record.items():
+            _check_encodable(value, f"column {column!r}", key)
+    raise TypeError("batch cannot be encoded by msgpack")  # pragma: no cover
+
+
+def _check_encodable(value: Any, what: str, key: Any) -> None:
+    try:
+        msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(
+            f"{what} of the record for key {key!r}: {type(value).__name__} cannot be "
+            f"encoded by msgpack ({e})"
+        ) from e
+
+
+def _decode(channel: int, frame: bytes) -> tuple[int, Any]:
+    """``(_BATCH, pairs)`` or ``(_BARRIER, checkpoint_id)``; raises ExchangeError naming
+    ``channel`` for anything else."""
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        kind, body = msg
+        if kind == _BARRIER and type(body) is int and body >= 0:
+            return _BARRIER, body
+        if kind != _BATCH or type(body) is not list:
+            raise ValueError(f"unknown message kind {kind!r}")
+        pairs: list[tuple[Key, dict[str, Any]]] = []
+        append = pairs.append
+        for key, record in body:
+            if type(record) is not dict:
+                raise ValueError(f"record is a {type(record).__name__}")
+            append((_as_key(key) if type(key) is list else key, record))
+        return _BATCH, pairs
+    except _UNPACK_ERRORS as e:
+        raise ExchangeError(f"channel {channel}: malformed frame ({len(frame)} B): {e}") from e
+
+
+class Exchange:
+    """The exchange endpoint of task ``task`` of ``parallelism`` tasks.
+
+    Records to a target are batched (``batch_records`` pairs per frame); a batch closes
+    when full, at :meth:`barrier`, and at :meth:`flush` once it has waited one flush.
+    Each target has an outbox of closed batches not yet accepted by ZeroMQ;
+    :attr:`backpressured` is True once one holds ``max_outbox_batches`` (or this task's
+    own input queue does): the caller must then stop reading its source, but keep
+    calling :meth:`flush` and :meth:`receive`. The bound is soft: sends and barriers
+    are still accepted beyond it, never dropped. ``hwm`` is the ZeroMQ high-water mark
+    (frames) of each socket, both ways; ``receive_batches`` bounds the frames one
+    :meth:`receive` reads. Sockets bind on ``host`` at free ports; not thread-safe (one
+    thread drives it). Raises ValueError for bad sizes.
+    """
+
+    def __init__(
+        self,
+        task: int,
+        parallelism: int,
+        *,
+        host: str = "127.0.0.1",
+        batch_records: int = 256,
+        max_outbox_batches: int = 64,
+        hwm: int = 8,
+        receive_batches: int = 64,
+    ) -> None:
+        if not 0 <= task < parallelism:
+            raise ValueError(f"task {task} outside 0..{parallelism - 1}")
+        if min(batch_records, max_outbox_batches, hwm, receive_batches) < 1:
+            raise ValueError("batch_records, max_outbox_batches, hwm, receive_batches >= 1")
+        self.task = task
+        self.parallelism = parallelism
+        self._batch_records = batch_records
+        self._max_outbox = max_outbox_batches
+        self._receive_batches = receive_batches
+        self._hwm = hwm
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._aligner = BarrierAligner(parallelism)
+        self._open: list[list[tuple[Key, dict[str, Any]]]] = [[] for _ in range(parallelism)]
+        self._waited = [False] * parallelism
+        self._outbox: list[deque[bytes]] = [deque() for _ in range(parallelism)]
+        self._inbox: deque[bytes] = deque()  # the channel to itself
+        self._last_barrier: int | None = None
+        self._connected = False
+        self._closed = False
+        self._pull: list[zmq.Socket[bytes] | None] = [None] * parallelism
+        self._push: list[zmq.Socket[bytes] | None] = [None] * parallelism
+        self.addresses: list[str] = [""] * parallelism
+        """Endpoint bound for each upstream task (``tcp://host:port``); own entry ""."""
+        for upstream in range(parallelism):
+            if upstream != task:
+                sock = self._socket(zmq.PULL)
+                self._pull[upstream] = sock
+                try:
+                    port = sock.bind_to_random_port(f"tcp://{host}")
+                except zmq.ZMQError:
+                    self.close()
+                    raise
+                self.addresses[upstream] = f"tcp://{host}:{port}"
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, self._hwm)
+        return sock
+
+    def connect(self, addresses: list[list[str]]) -> None:
+        """Connect to every downstream task: ``addresses[t]`` is task t's
+        :attr:`addresses` (so ``addresses[t][self.task]`` is the endpoint bound for this
+        sender). Raises ValueError for a wrong shape or a missing endpoint, or if
+        already connected."""
+        if self._connected:
+            raise ValueError("exchange already connected")
+        if len(addresses) != self.parallelism or any(len(a) != self.parallelism for a in addresses):
+            raise ValueError(f"addresses must be {self.parallelism} lists of {self.parallelism}")
+        for target in range(self.parallelism):
+            if target == self.task:
+                continue
+            endpoint = addresses[target][self.task]
+            if not endpoint:
+                raise ValueError(f"task {target} has no endpoint for task {self.task}")
+            sock = self._socket(zmq.PUSH)
+            sock.connect(endpoint)
+            self._push[target] = sock
+        self._connected = True
+
+    def send(self, target: int, key: Key, record: dict[str, Any]) -> None:
+        """Queue ``(key, record)`` for task ``target`` (0..parallelism-1, this task
+        included); never blocks. Raises TypeError (naming the column) if a record of the
+        batch this send closes cannot be encoded by msgpack."""
+        batch = self._open[target]
+        batch.append((key, record))
+        if len(batch) >= self._batch_records:
+            self._close_batch(target)
+
+    def barrier(self, checkpoint_id: int) -> None:
+        """Put barrier ``checkpoint_id`` after everything sent so far on every outgoing
+        channel (this task's own included); never blocks. Raises ValueError if it is not
+        greater than the previous barrier, TypeError as :meth:`send`."""
+        if self._last_barrier is not None and checkpoint_id <= self._last_barrier:
+            raise ValueError(f"barrier {checkpoint_id} after barrier {self._last_barrier}")
+        self._last_barrier = checkpoint_id
+        frame = msgpack.packb([_BARRIER, checkpoint_id])
+        for target in range(self.parallelism):
+            if self._open[target]:
+                self._close_batch(target)
+            self._enqueue(target, frame)
+
+    def flush(self) -> bool:
+        """Close the batches that were already open at the previous flush, and hand
+        queued frames to ZeroMQ as far as it accepts them without blocking. Returns True
+        when nothing is left queued (no open batch, every outbox empty). Raises
+        TypeError as :meth:`send`."""
+        for target in range(self.parallelism):
+            if self._open[target]:
+                if self._waited[target]:
+                    self._close_batch(target)
+                else:
+                    self._waited[target] = True
+        idle = True
+        for target in range(self.parallelism):
+            if target != self.task and not self._drain_outbox(target):
+                idle = False
+        return idle and not any(self._open)
+
+    @property
+    def backpressured(self) -> bool:
+        """True when an outbox (or this task's own input queue) holds
+        ``max_outbox_batches`` frames: stop reading the source until it is False."""
+        limit = self._max_outbox
+        return len(self._inbox) >= limit or any(len(q) >= limit for q in self._outbox)
+
+    def receive(self, timeout: float) -> list[Records | Aligned]:
+        """What arrived on the input channels not blocked by alignment, in order per
+        channel, up to ``receive_batches`` frames; waits up to ``timeout`` seconds for the
+        first one if none is there. ``Aligned(cp)`` comes once barrier cp arrived on
+        every channel (Flink aligned checkpoints): a channel that delivered barrier cp is
+        not read until then. Raises ExchangeError (naming the channel) for a malformed
+        frame or an out-of-order barrier."""
+        out: list[Records | Aligned] = []
+        self._read_available(out)
+        if out or timeout <= 0:
+            return out
+        waiting = [
+            (sock, zmq.POLLIN)
+            for channel, sock in enumerate(self._pull)
+            if sock is not None and not self._aligner.blocked(channel)
+        ]
+        if waiting:
+            if zmq.zmq_poll(waiting, int(timeout * 1000)):
+                self._read_available(out)
+        else:
+            time.sleep(timeout)  # only the own channel: nothing can arrive meanwhile
+        return out
+
+    def close(self) -> None:
+        """Close every socket (queued frames are discarded: LINGER 0). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for sock in (*self._pull, *self._push):
+            if sock is not None:
+                sock.close(linger=0)
+
+    def __enter__(self) -> Exchange:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _close_batch(self, target: int) -> None:
+        items = self._open[target]
+        self._open[target] = []
+        self._waited[target] = False
+        self._enqueue(target, _encode(items))
+
+    def _enqueue(self, target: int, frame: bytes) -> None:
+        if target == self.task:
+            self._inbox.append(frame)
+            return
+        outbox = self._outbox[target]
+        outbox.append(frame)
+        if len(outbox) == 1:
+            self._drain_outbox(target)
+
+    def _drain_outbox(self, target: int) -> bool:
+        """Send queued frames to ``target`` until ZeroMQ refuses; True when empty."""
+        outbox = self._outbox[target]
+        sock = self._push[target]
+        if sock is None:
+            return not outbox
+        while outbox:
+            try:
+                sock.send(outbox[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            outbox.popleft()
+        return True
+
+    def _next_frame(self, channel: int) -> bytes | None:
+        if channel == self.task:
+            return self._inbox.popleft() if self._inbox else None
+        sock = self._pull[channel]
+        assert sock is not None
+        try:
+            return sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def _read_available(self, out: list[Records | Aligned]) -> None:
+        """Read unblocked channels round-robin, one frame each per round, until none has
+        anything or ``receive_batches`` frames were read."""
+        budget = self._receive_batches
+        progress = True
+        while progress and budget > 0:
+            progress = False
+            for channel in range(self.parallelism):
+                if budget == 0 or self._aligner.blocked(channel):
+                    continue
+                frame = self._next_frame(channel)
+                if frame is None:
+                    continue
+                progress = True
+                budget -= 1
+                kind, body = _decode(channel, frame)
+                if kind == _BATCH:
+                    if body:
+                        out.append(Records(channel, body))
+                else:
+                    aligned = self._aligner.on_barrier(channel, body)
+                    if aligned is not None:
+                        out.append(Aligned(aligned))
