@@ -305,6 +305,12 @@ class Exchange:
         limit = self._max_outbox
         return len(self._inbox) >= limit or any(len(q) >= limit for q in self._outbox)
 
+    @property
+    def aligning(self) -> int | None:
+        """The checkpoint whose barrier arrived on some input channels but not all yet
+        (those channels are not read meanwhile), or None."""
+        return self._aligner.pending
+
     def receive(self, timeout: float) -> list[Records | Aligned]:
         """What arrived on the input channels not blocked by alignment, in order per
         channel, up to ``receive_batches`` frames; waits up to ``timeout`` seconds for the
