@@ -1,16 +1,79 @@
 """Key groups: keys hash to a key group in [0, max_parallelism); task i of P owns a
-contiguous range of key groups (the unit of state redistribution on rescale)."""
+contiguous range of key groups (the unit of state redistribution on rescale).
+
+A key is None, a bool, an int (64-bit range), a str, bytes, or a tuple of keys (nested
+tuples allowed). Its key group is the CRC32 of its canonical msgpack encoding
+(:func:`encode_key`: tuples as arrays, str as str, bytes as bin, so ``1``, ``True``,
+``"1"`` and ``b"1"`` are different keys) modulo ``max_parallelism``: the same in every
+process and every run. Keys travel through msgpack, which turns tuples into lists;
+:func:`canonical_key` turns a decoded key back into the key.
+"""
 
 from __future__ import annotations
 
 import zlib
+from typing import Any
+
+import msgpack
 
 DEFAULT_MAX_PARALLELISM = 128
 
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack encodes
+# CRC32 of the msgpack header of a str of n < 32 UTF-8 bytes (fixstr 0xa0 | n): the
+# common short-str key hashes without building its encoding.
+_FIXSTR_CRC = tuple(zlib.crc32(bytes([0xA0 | n])) for n in range(32))
 
-def key_group_of(key: str, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
-    """A stable key group for ``key`` (CRC32 of its UTF-8 bytes), same in every process."""
-    return zlib.crc32(key.encode()) % max_parallelism
+
+def check_key(key: Any) -> None:
+    """Raise TypeError (naming the type) unless ``key`` is None, bool, int, str, bytes
+    or a tuple of keys; ValueError for an int outside [-2**63, 2**64 - 1]."""
+    if isinstance(key, str | bytes | bool) or key is None:
+        return
+    if isinstance(key, int):
+        if not _INT_MIN <= key <= _INT_MAX:
+            raise ValueError(f"int key {key} is outside the 64-bit range msgpack encodes")
+        return
+    if isinstance(key, tuple):
+        for part in key:
+            check_key(part)
+        return
+    raise TypeError(
+        f"a key must be None, bool, int, str, bytes or a tuple of them, not "
+        f"{type(key).__name__} ({key!r:.60})"
+    )
+
+
+def encode_key(key: Any) -> bytes:
+    """The canonical encoding of ``key`` (msgpack; tuples as arrays). Equal keys give
+    equal bytes in every process. Raises TypeError / ValueError as :func:`check_key`."""
+    check_key(key)
+    data: bytes = msgpack.packb(key)
+    return data
+
+
+def key_group_of_encoded(encoded: bytes, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
+    """The key group of a key given its :func:`encode_key` bytes."""
+    return zlib.crc32(encoded) % max_parallelism
+
+
+def key_group_of(key: Any, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
+    """A stable key group in [0, max_parallelism) for ``key``: CRC32 of
+    :func:`encode_key` modulo ``max_parallelism``, the same in every process. Raises
+    TypeError naming the type for a float, list, dict or any other non-key, ValueError
+    for an int outside the 64-bit range."""
+    if type(key) is str and len(key) < 32:
+        data = key.encode()
+        if len(data) < 32:
+            return zlib.crc32(data, _FIXSTR_CRC[len(data)]) % max_parallelism
+    return zlib.crc32(encode_key(key)) % max_parallelism
+
+
+def canonical_key(obj: Any) -> Any:
+    """The key a msgpack-decoded key stands for: lists (msgpack's tuples) become
+    tuples, recursively; anything else is returned as is (keys are never lists)."""
+    if type(obj) is list:
+        return tuple([canonical_key(x) for x in obj])
+    return obj
 
 
 def key_group_range(

@@ -1,29 +1,86 @@
 """A keyed state backend for Python tasks whose every update goes to the changelog.
 
-State is kept in memory per key group; each update is appended to the task's
-changelog writer as one change (msgpack ``[op, state, key, ...]``) in the key's key
-group. Materialization serializes the whole state (a snapshot); restore is snapshot
-plus replay of the changelog handles recorded after it (docs/design.md, Data flow 7-8).
-Values must be msgpack-serializable (None, bool, int, float, str, bytes, lists, maps).
+The task sets the *current key* once per record (:meth:`KeyedStateBackend.set_current_key`,
+which computes its key group); value, map and list state handles then act on that key.
+Keys follow :mod:`dstltree.sparkplug.keygroups` (None, bool, int, str, bytes, tuples).
+
+Storage: per state name, per key group, the key's canonical encoding
+(:func:`~dstltree.sparkplug.keygroups.encode_key`) maps to the msgpack encoding of its
+state: bytes (value state), a dict of encoded user key -> encoded value (map state) or
+a list of encoded values (list state). Getters decode, so they return fresh objects
+(mutating one changes nothing until it is written back) and live state reads exactly
+like restored state (tuples inside values come back as lists, as after any msgpack
+round trip). Values: anything msgpack encodes (dicts inside values need hashable
+keys, not tuples).
+
+Changes: every mutation appends one change to the writer, in the current key's group,
+msgpack ``[op, state, key, ...]`` with ``op`` one of ``OP_*``: ``[OP_VALUE_SET, s, k,
+v]``, ``[OP_VALUE_CLEAR, s, k]``, ``[OP_MAP_PUT, s, k, uk, v]``, ``[OP_MAP_REMOVE, s, k,
+uk]``, ``[OP_MAP_CLEAR, s, k]``, ``[OP_LIST_ADD, s, k, v]``, ``[OP_LIST_CLEAR, s, k]``,
+``[OP_LIST_SET, s, k, [v, ...]]``.
+
+Snapshot (materialization, version ``SNAPSHOT_VERSION``): msgpack ``{"v", "max_parallelism",
+"kinds": {state: "value"|"map"|"list"}, "groups": [[key_group, blob], ...]}``, one blob
+per key group holding msgpack ``[[state, {encoded key: stored state}], ...]``, so that a
+restore decodes only the key groups it owns. Restore is snapshot plus replay of the
+changelog handles recorded after it (docs/design.md, Data flow 7-8;
+:mod:`dstltree.sparkplug.restore`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgpack
 
 from dstltree.client.writer import ChangelogWriter
-from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM, key_group_of
+from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM, canonical_key, check_key
 
-_PUT, _DEL, _MPUT, _MDEL = 0, 1, 2, 3
-SNAPSHOT_VERSION = 1
+(
+    OP_VALUE_SET,
+    OP_VALUE_CLEAR,
+    OP_MAP_PUT,
+    OP_MAP_REMOVE,
+    OP_MAP_CLEAR,
+    OP_LIST_ADD,
+    OP_LIST_CLEAR,
+    OP_LIST_SET,
+) = range(8)
+VALUE, MAP, LIST = "value", "map", "list"
+_OP_KIND = {
+    OP_VALUE_SET: VALUE,
+    OP_VALUE_CLEAR: VALUE,
+    OP_MAP_PUT: MAP,
+    OP_MAP_REMOVE: MAP,
+    OP_MAP_CLEAR: MAP,
+    OP_LIST_ADD: LIST,
+    OP_LIST_CLEAR: LIST,
+    OP_LIST_SET: LIST,
+}
+SNAPSHOT_VERSION = 2
+_DECODE_ERRORS = (KeyError, TypeError, ValueError, IndexError, msgpack.UnpackException)
+_EMPTY: dict[bytes, Any] = {}  # read-only stand-in for an absent key group bucket
+
+# per state: key group -> encoded key -> stored state
+Groups = dict[int, dict[bytes, Any]]
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, strict_map_key=False)
+
+
+def _prefix(pack: Any, op: int, name: str, fields: int) -> bytes:
+    """The encoding of ``[op, name`` for a change of ``fields`` array items (fixarray)."""
+    return bytes([0x90 | fields]) + pack(op) + pack(name)
 
 
 class KeyedStateBackend:
-    """Value and map state of the key groups ``key_groups``; changes go to ``writer``
-    (None: no changelog, e.g. when only restoring)."""
+    """Value, map and list state of the key groups ``key_groups`` (a step-1 range in
+    [0, max_parallelism)); every mutation appends one change to ``writer`` (None: no
+    changelog, e.g. when only restoring). Not thread-safe: one task thread uses it.
+    Raises ValueError for a bad ``key_groups``."""
 
     def __init__(
         self,
@@ -31,122 +88,432 @@ class KeyedStateBackend:
         writer: ChangelogWriter | None = None,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
     ) -> None:
+        if key_groups.step != 1 or not 0 <= key_groups.start <= key_groups.stop <= max_parallelism:
+            raise ValueError(f"key groups {key_groups} are not a range in [0, {max_parallelism})")
         self.key_groups = key_groups
         self.writer = writer
         self.max_parallelism = max_parallelism
-        # state name -> key group -> key -> value (map state: value is a dict)
-        self._states: dict[str, dict[int, dict[str, Any]]] = {}
+        packer = msgpack.Packer()
+        self._pack = packer.pack
+        self._pack_array_header = packer.pack_array_header
+        self._states: dict[str, Groups] = {}
         self._kinds: dict[str, str] = {}
+        self._handles: dict[str, _KeyedState] = {}
+        self._key: Any = None
+        self._kb = b""  # the current key's encoding
+        self._kg = -1  # the current key's group; -1: no current key
 
-    def value_state(self, name: str) -> ValueState:
-        self._declare(name, "value")
-        return ValueState(self, name)
-
-    def map_state(self, name: str) -> MapState:
-        self._declare(name, "map")
-        return MapState(self, name)
-
-    def key_group(self, key: str) -> int:
-        kg = key_group_of(key, self.max_parallelism)
+    # -- current key ---------------------------------------------------------------------
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` the key state handles act on (once per record). Raises KeyError
+        if its key group is not in ``key_groups``, TypeError / ValueError for a value
+        that is not a key (:func:`~dstltree.sparkplug.keygroups.check_key`)."""
+        if type(key) is not str:
+            check_key(key)
+        kb = self._pack(key)
+        kg = zlib.crc32(kb) % self.max_parallelism
         if kg not in self.key_groups:
             raise KeyError(f"key {key!r} is in key group {kg}, not owned here ({self.key_groups})")
-        return kg
+        self._key, self._kb, self._kg = key, kb, kg
+
+    @property
+    def current_key(self) -> Any:
+        """The current key (None before the first ``set_current_key``, or the None key)."""
+        return self._key
+
+    @property
+    def current_key_group(self) -> int:
+        """The current key's group, -1 before the first ``set_current_key``."""
+        return self._kg
+
+    # -- state handles -------------------------------------------------------------------
+    def value_state(self, name: str) -> ValueState:
+        """The value state ``name`` (created empty if new). Raises ValueError if
+        ``name`` is another kind of state."""
+        h = self._handle(name, VALUE)
+        assert isinstance(h, ValueState)
+        return h
+
+    def map_state(self, name: str) -> MapState:
+        """The map state ``name`` (created empty if new). Raises ValueError if ``name``
+        is another kind of state."""
+        h = self._handle(name, MAP)
+        assert isinstance(h, MapState)
+        return h
+
+    def list_state(self, name: str) -> ListState:
+        """The list state ``name`` (created empty if new). Raises ValueError if
+        ``name`` is another kind of state."""
+        h = self._handle(name, LIST)
+        assert isinstance(h, ListState)
+        return h
+
+    def state_names(self) -> list[str]:
+        """Names of every declared or restored state, sorted."""
+        return sorted(self._kinds)
+
+    def state_kind(self, name: str) -> str:
+        """``"value"``, ``"map"`` or ``"list"``. Raises KeyError for an unknown state."""
+        return self._kinds[name]
+
+    def items(self, name: str) -> Iterator[tuple[Any, Any]]:
+        """Every (key, state) of state ``name`` (none for an unknown name): a value, a
+        dict (map state) or a list (list state), decoded; keys as
+        :func:`~dstltree.sparkplug.keygroups.canonical_key` gives them."""
+        kind = self._kinds.get(name)
+        if kind is None:
+            return
+        for bucket in self._states[name].values():
+            for kb, stored in bucket.items():
+                yield canonical_key(_unpack(kb)), _decode(kind, stored)
 
     # -- snapshot / restore --------------------------------------------------------------
     def snapshot(self) -> bytes:
-        """The whole state as bytes (materialization)."""
-        return msgpack.packb(
-            {"v": SNAPSHOT_VERSION, "kinds": self._kinds, "states": self._states},
-            strict_types=False,
-        )
+        """The whole state as bytes (materialization; format in the module docstring)."""
+        per_kg: dict[int, list[list[Any]]] = {}
+        for name, groups in self._states.items():
+            for kg, bucket in groups.items():
+                if bucket:
+                    per_kg.setdefault(kg, []).append([name, bucket])
+        doc = {
+            "v": SNAPSHOT_VERSION,
+            "max_parallelism": self.max_parallelism,
+            "kinds": self._kinds,
+            "groups": [[kg, self._pack(per_kg[kg])] for kg in sorted(per_kg)],
+        }
+        data: bytes = self._pack(doc)
+        return data
 
     def restore_snapshot(self, data: bytes) -> None:
-        """Replace the state with a snapshot (raises ValueError for a bad snapshot)."""
+        """Merge the key groups of snapshot ``data`` that lie in ``key_groups`` into this
+        state (others are skipped undecoded); a key present in both takes the
+        snapshot's state. Raises ValueError ("bad state snapshot: ...") for a corrupt
+        snapshot, another version or max_parallelism, or a kind clash."""
         try:
             doc = msgpack.unpackb(data, strict_map_key=False)
-            if doc["v"] != SNAPSHOT_VERSION:
-                raise ValueError(f"snapshot version {doc['v']}")
-            self._kinds = dict(doc["kinds"])
-            self._states = {
-                name: {int(kg): keys for kg, keys in per_kg.items()}
-                for name, per_kg in doc["states"].items()
-            }
-        except (KeyError, TypeError, ValueError, msgpack.UnpackException) as e:
+            if not isinstance(doc, dict):
+                raise TypeError(f"a {type(doc).__name__}, not a map")
+            if doc.get("v") != SNAPSHOT_VERSION:
+                raise ValueError(f"version {doc.get('v')!r}, expected {SNAPSHOT_VERSION}")
+            if doc["max_parallelism"] != self.max_parallelism:
+                raise ValueError(
+                    f"taken with max_parallelism {doc['max_parallelism']}, "
+                    f"restoring with {self.max_parallelism}"
+                )
+            kinds = doc["kinds"]
+            for name, kind in kinds.items():
+                self._declare(name, kind)
+            for kg, blob in doc["groups"]:
+                if type(kg) is not int or not 0 <= kg < self.max_parallelism:
+                    raise ValueError(f"key group {kg!r} outside [0, {self.max_parallelism})")
+                if kg in self.key_groups:
+                    self._restore_group(kg, blob, kinds)
+        except _DECODE_ERRORS as e:
             raise ValueError(f"bad state snapshot: {e}") from e
 
     def apply_change(self, key_group: int, change: bytes) -> None:
-        """Replay one changelog change (recovery)."""
-        op, name, key, *rest = msgpack.unpackb(change, strict_map_key=False)
-        per_key = self._states.setdefault(name, {}).setdefault(key_group, {})
-        if op == _PUT:
-            per_key[key] = rest[0]
-        elif op == _DEL:
-            per_key.pop(key, None)
-        elif op == _MPUT:
-            per_key.setdefault(key, {})[rest[0]] = rest[1]
-        elif op == _MDEL:
-            per_key.get(key, {}).pop(rest[0], None)
-        else:
-            raise ValueError(f"unknown change op {op}")
-
-    def items(self, name: str) -> Iterator[tuple[str, Any]]:
-        """Every (key, value) of state ``name``."""
-        for per_key in self._states.get(name, {}).values():
-            yield from per_key.items()
+        """Replay one changelog change of ``key_group`` (recovery); a change of a key
+        group not in ``key_groups`` is ignored. Raises ValueError ("bad state change
+        ...") for a malformed change, a kind clash, or a key that does not hash to
+        ``key_group`` (a changelog of another max_parallelism)."""
+        if key_group not in self.key_groups:
+            return
+        try:
+            op, name, key, *rest = msgpack.unpackb(change, strict_map_key=False)
+            groups = self._declare(name, _OP_KIND[op])
+            kb = self._pack(key)
+            self._check_group(kb, key_group)
+            bucket = groups.get(key_group)
+            if bucket is None:
+                bucket = groups[key_group] = {}
+            self._replay(op, bucket, kb, rest)
+        except _DECODE_ERRORS as e:
+            raise ValueError(f"bad state change in key group {key_group}: {e}") from e
 
     # -- internals -----------------------------------------------------------------------
-    def _declare(self, name: str, kind: str) -> None:
+    def _handle(self, name: str, kind: str) -> _KeyedState:
+        self._declare(name, kind)
+        h = self._handles.get(name)
+        if h is None:
+            cls = _HANDLE_CLASSES[kind]
+            h = self._handles[name] = cls(self, name)
+        return h
+
+    def _declare(self, name: str, kind: str) -> Groups:
+        if type(name) is not str:
+            raise TypeError(f"state name {name!r} is not a str")
+        if kind not in _HANDLE_CLASSES:
+            raise ValueError(f"unknown state kind {kind!r}")
         if self._kinds.setdefault(name, kind) != kind:
-            raise ValueError(f"state {name!r} is a {self._kinds[name]} state, not {kind}")
-        self._states.setdefault(name, {})
+            raise ValueError(f"state {name!r} is a {self._kinds[name]} state, not a {kind} state")
+        groups = self._states.get(name)
+        if groups is None:
+            groups = self._states[name] = {}
+        return groups
 
-    def _bucket(self, name: str, key: str) -> tuple[int, dict[str, Any]]:
-        kg = self.key_group(key)
-        return kg, self._states[name].setdefault(kg, {})
+    def _check_group(self, kb: bytes, kg: int) -> None:
+        actual = zlib.crc32(kb) % self.max_parallelism
+        if actual != kg:
+            raise ValueError(
+                f"key {canonical_key(_unpack(kb))!r} is stored in key group {kg} but hashes "
+                f"to {actual} (state of another max_parallelism?)"
+            )
 
-    def _log(self, kg: int, *change: Any) -> None:
-        if self.writer is not None:
-            self.writer.append(kg, msgpack.packb(list(change)))
+    def _restore_group(self, kg: int, blob: bytes, kinds: dict[str, str]) -> None:
+        for name, entries in _unpack(blob):
+            kind = kinds[name]
+            if not isinstance(entries, dict):
+                raise TypeError(f"state {name!r} of key group {kg} is not a map")
+            for kb, stored in entries.items():
+                if type(kb) is not bytes or not _valid_stored(kind, stored):
+                    raise TypeError(f"bad {kind} entry in state {name!r} of key group {kg}")
+                self._check_group(kb, kg)
+            groups = self._states[name]
+            bucket = groups.get(kg)
+            if bucket is None:
+                groups[kg] = entries
+            else:
+                bucket.update(entries)
+
+    def _replay(self, op: int, bucket: dict[bytes, Any], kb: bytes, rest: list[Any]) -> None:
+        pack = self._pack
+        if op == OP_VALUE_SET:
+            bucket[kb] = pack(rest[0])
+        elif op == OP_MAP_PUT:
+            m = bucket.get(kb)
+            if m is None:
+                m = bucket[kb] = {}
+            m[pack(rest[0])] = pack(rest[1])
+        elif op == OP_MAP_REMOVE:
+            m = bucket.get(kb)
+            if m is not None:
+                m.pop(pack(rest[0]), None)
+                if not m:
+                    del bucket[kb]
+        elif op == OP_LIST_ADD:
+            lst = bucket.get(kb)
+            if lst is None:
+                bucket[kb] = [pack(rest[0])]
+            else:
+                lst.append(pack(rest[0]))
+        elif op == OP_LIST_SET:
+            values = [pack(v) for v in rest[0]]
+            if values:
+                bucket[kb] = values
+            else:
+                bucket.pop(kb, None)
+        else:  # OP_VALUE_CLEAR, OP_MAP_CLEAR, OP_LIST_CLEAR
+            bucket.pop(kb, None)
+
+    def _read_bucket(self, groups: Groups) -> dict[bytes, Any]:
+        bucket = groups.get(self._kg)
+        if bucket is None:
+            if self._kg < 0:
+                raise _no_current_key()
+            return _EMPTY
+        return bucket
+
+    def _write_bucket(self, groups: Groups) -> dict[bytes, Any]:
+        bucket = groups.get(self._kg)
+        if bucket is None:
+            if self._kg < 0:
+                raise _no_current_key()
+            bucket = groups[self._kg] = {}
+        return bucket
 
 
-class ValueState:
-    """One value per key."""
+def _no_current_key() -> RuntimeError:
+    return RuntimeError("no current key: keyed state is used outside processing a record")
+
+
+def _valid_stored(kind: str, stored: Any) -> bool:
+    if kind == VALUE:
+        return type(stored) is bytes
+    if kind == MAP:
+        return type(stored) is dict and all(
+            type(k) is bytes and type(v) is bytes for k, v in stored.items()
+        )
+    return type(stored) is list and all(type(v) is bytes for v in stored)
+
+
+def _decode(kind: str, stored: Any) -> Any:
+    if kind == VALUE:
+        return _unpack(stored)
+    if kind == MAP:
+        return {canonical_key(_unpack(k)): _unpack(v) for k, v in stored.items()}
+    return [_unpack(v) for v in stored]
+
+
+class _KeyedState:
+    """A state handle bound to the backend's current key."""
+
+    __slots__ = ("_b", "name", "_groups")
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
-        self._b, self.name = backend, name
+        self._b = backend
+        self.name = name
+        self._groups = backend._states[name]
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._b._bucket(self.name, key)[1].get(key, default)
-
-    def update(self, key: str, value: Any) -> None:
-        kg, bucket = self._b._bucket(self.name, key)
-        bucket[key] = value
-        self._b._log(kg, _PUT, self.name, key, value)
-
-    def clear(self, key: str) -> None:
-        kg, bucket = self._b._bucket(self.name, key)
-        bucket.pop(key, None)
-        self._b._log(kg, _DEL, self.name, key)
+    def _log(self, *parts: bytes) -> None:
+        b = self._b
+        if b.writer is not None:
+            b.writer.append(b._kg, b"".join(parts))
 
 
-class MapState:
-    """A map of user keys to values per key."""
+class ValueState(_KeyedState):
+    """One value per key: ``get() -> value | None``, ``set(value)``, ``clear()``, on the
+    backend's current key. Each ``set``/``clear`` appends one change."""
+
+    __slots__ = ("_p_set", "_p_clear")
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
-        self._b, self.name = backend, name
+        super().__init__(backend, name)
+        self._p_set = _prefix(backend._pack, OP_VALUE_SET, name, 4)
+        self._p_clear = _prefix(backend._pack, OP_VALUE_CLEAR, name, 3)
 
-    def get(self, key: str, user_key: str, default: Any = None) -> Any:
-        return self._b._bucket(self.name, key)[1].get(key, {}).get(user_key, default)
+    def get(self) -> Any:
+        """The current key's value (a fresh decoded object), None if unset. Raises
+        RuntimeError without a current key."""
+        b = self._b
+        vb = b._read_bucket(self._groups).get(b._kb)
+        return None if vb is None else _unpack(vb)
 
-    def put(self, key: str, user_key: str, value: Any) -> None:
-        kg, bucket = self._b._bucket(self.name, key)
-        bucket.setdefault(key, {})[user_key] = value
-        self._b._log(kg, _MPUT, self.name, key, user_key, value)
+    def set(self, value: Any) -> None:
+        """Set the current key's value (msgpack-encodable; TypeError otherwise)."""
+        b = self._b
+        bucket = b._write_bucket(self._groups)
+        vb = b._pack(value)
+        bucket[b._kb] = vb
+        if b.writer is not None:
+            b.writer.append(b._kg, b"".join((self._p_set, b._kb, vb)))
 
-    def remove(self, key: str, user_key: str) -> None:
-        kg, bucket = self._b._bucket(self.name, key)
-        bucket.get(key, {}).pop(user_key, None)
-        self._b._log(kg, _MDEL, self.name, key, user_key)
+    def clear(self) -> None:
+        """Remove the current key's value."""
+        b = self._b
+        b._write_bucket(self._groups).pop(b._kb, None)
+        self._log(self._p_clear, b._kb)
 
-    def items(self, key: str) -> Iterator[tuple[str, Any]]:
-        yield from self._b._bucket(self.name, key)[1].get(key, {}).items()
+
+class MapState(_KeyedState):
+    """A map of user keys (hashable msgpack values) to values per key, on the backend's
+    current key. An emptied map is no state. Each ``put``/``remove``/``clear`` appends
+    one change."""
+
+    __slots__ = ("_p_put", "_p_remove", "_p_clear")
+
+    def __init__(self, backend: KeyedStateBackend, name: str) -> None:
+        super().__init__(backend, name)
+        self._p_put = _prefix(backend._pack, OP_MAP_PUT, name, 5)
+        self._p_remove = _prefix(backend._pack, OP_MAP_REMOVE, name, 4)
+        self._p_clear = _prefix(backend._pack, OP_MAP_CLEAR, name, 3)
+
+    def _map(self) -> dict[bytes, bytes]:
+        b = self._b
+        m: dict[bytes, bytes] | None = b._read_bucket(self._groups).get(b._kb)
+        return _EMPTY if m is None else m
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        """The value of ``user_key`` (decoded), ``default`` if absent."""
+        vb = self._map().get(self._b._pack(user_key))
+        return default if vb is None else _unpack(vb)
+
+    def contains(self, user_key: Any) -> bool:
+        return self._b._pack(user_key) in self._map()
+
+    def put(self, user_key: Any, value: Any) -> None:
+        """Map ``user_key`` to ``value``. Raises TypeError for an unhashable user key
+        or a value msgpack cannot encode."""
+        hash(user_key)
+        b = self._b
+        bucket = b._write_bucket(self._groups)
+        ukb, vb = b._pack(user_key), b._pack(value)
+        m = bucket.get(b._kb)
+        if m is None:
+            m = bucket[b._kb] = {}
+        m[ukb] = vb
+        if b.writer is not None:
+            b.writer.append(b._kg, b"".join((self._p_put, b._kb, ukb, vb)))
+
+    def remove(self, user_key: Any) -> None:
+        """Remove ``user_key`` (absent: no effect, still one change)."""
+        b = self._b
+        bucket = b._write_bucket(self._groups)
+        ukb = b._pack(user_key)
+        m = bucket.get(b._kb)
+        if m is not None:
+            m.pop(ukb, None)
+            if not m:
+                del bucket[b._kb]
+        self._log(self._p_remove, b._kb, ukb)
+
+    def clear(self) -> None:
+        """Remove every entry of the current key's map."""
+        b = self._b
+        b._write_bucket(self._groups).pop(b._kb, None)
+        self._log(self._p_clear, b._kb)
+
+    def items(self) -> list[tuple[Any, Any]]:
+        """Every (user key, value), in insertion order (tuples as user keys)."""
+        return [(canonical_key(_unpack(k)), _unpack(v)) for k, v in self._map().items()]
+
+    def keys(self) -> list[Any]:
+        return [canonical_key(_unpack(k)) for k in self._map()]
+
+    def values(self) -> list[Any]:
+        return [_unpack(v) for v in self._map().values()]
+
+
+class ListState(_KeyedState):
+    """A list of values per key, on the backend's current key: ``add(v)``, ``get()``,
+    ``update(values)``, ``clear()``. Each mutation appends one change."""
+
+    __slots__ = ("_p_add", "_p_clear", "_p_set")
+
+    def __init__(self, backend: KeyedStateBackend, name: str) -> None:
+        super().__init__(backend, name)
+        self._p_add = _prefix(backend._pack, OP_LIST_ADD, name, 4)
+        self._p_clear = _prefix(backend._pack, OP_LIST_CLEAR, name, 3)
+        self._p_set = _prefix(backend._pack, OP_LIST_SET, name, 4)
+
+    def get(self) -> list[Any]:
+        """The current key's values in order (decoded; [] if none)."""
+        b = self._b
+        stored = b._read_bucket(self._groups).get(b._kb)
+        return [] if stored is None else [_unpack(v) for v in stored]
+
+    def add(self, value: Any) -> None:
+        """Append ``value`` (msgpack-encodable; TypeError otherwise)."""
+        b = self._b
+        bucket = b._write_bucket(self._groups)
+        vb = b._pack(value)
+        stored = bucket.get(b._kb)
+        if stored is None:
+            bucket[b._kb] = [vb]
+        else:
+            stored.append(vb)
+        if b.writer is not None:
+            b.writer.append(b._kg, b"".join((self._p_add, b._kb, vb)))
+
+    def update(self, values: Iterable[Any]) -> None:
+        """Replace the current key's values by ``values`` (one change)."""
+        b = self._b
+        bucket = b._write_bucket(self._groups)
+        encoded = [b._pack(v) for v in values]
+        if encoded:
+            bucket[b._kb] = encoded
+        else:
+            bucket.pop(b._kb, None)
+        self._log(self._p_set, b._kb, b._pack_array_header(len(encoded)), *encoded)
+
+    def clear(self) -> None:
+        """Remove the current key's values."""
+        b = self._b
+        b._write_bucket(self._groups).pop(b._kb, None)
+        self._log(self._p_clear, b._kb)
+
+
+_HANDLE_CLASSES: dict[str, type[_KeyedState]] = {
+    VALUE: ValueState,
+    MAP: MapState,
+    LIST: ListState,
+}

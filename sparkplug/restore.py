@@ -1,0 +1,141 @@
+"""Restoring keyed state from a completed checkpoint with any parallelism (rescale).
+
+A new task owning key groups ``G`` restores from every task of the checkpoint whose
+key-group range overlaps ``G``: that task's snapshot (only the key groups in ``G`` are
+decoded) and then its changelog handles, reading only the segments whose key groups
+meet ``G`` and replaying only the changes of ``G`` (FLIP-158, "Rescaling"; Flink's
+key-group-range restore). Key groups never move between tasks of one checkpoint, so
+every key is restored from exactly the one old task that held it: none is lost or
+counted twice, whatever the old and new parallelism. ``max_parallelism`` (the number
+of key groups) must not change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dstltree.client.handle import ChangelogHandle
+from dstltree.client.reader import read_segment
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, TaskCheckpoint
+from dstltree.sparkplug.state_backend import KeyedStateBackend
+from dstltree.storage.store import ObjectStore
+
+
+class RescaleError(ValueError):
+    """The checkpoint cannot be restored with this layout: another max_parallelism."""
+
+
+@dataclass
+class RestoreStats:
+    """What a restore read: ``tasks`` old tasks consulted, ``snapshots`` snapshots read,
+    ``segments`` changelog segments read, ``changes`` changes replayed (of the wanted
+    key groups only), ``bytes_read`` bytes of snapshots and segments."""
+
+    tasks: int = 0
+    snapshots: int = 0
+    segments: int = 0
+    changes: int = 0
+    bytes_read: int = 0
+
+
+def restore_key_groups(
+    store: ObjectStore, checkpoint: CompletedCheckpoint, into: KeyedStateBackend
+) -> RestoreStats:
+    """Restore the state of ``into.key_groups`` from ``checkpoint`` into ``into`` (merged
+    into what it holds; normally an empty backend without a writer, or whose writer's
+    changes are not wanted: replay does not log). Raises RescaleError when
+    ``checkpoint.max_parallelism`` (if nonzero) differs from ``into.max_parallelism``;
+    ValueError when the checkpoint's tasks leave some wanted key group uncovered or
+    hold one twice, or for a corrupt snapshot or change (naming its object);
+    CorruptObjectError / StorageError for unreadable changelog objects."""
+    if checkpoint.max_parallelism and checkpoint.max_parallelism != into.max_parallelism:
+        raise RescaleError(
+            f"checkpoint {checkpoint.checkpoint_id} has max_parallelism "
+            f"{checkpoint.max_parallelism}, the job {into.max_parallelism}: the number of "
+            "key groups cannot change on restore (start from an empty state instead)"
+        )
+    wanted = into.key_groups
+    _check_coverage(checkpoint, wanted)
+    stats = RestoreStats()
+    for t in sorted(checkpoint.tasks):
+        tc = checkpoint.tasks[t]
+        held = tc.key_group_range
+        if len(held) and max(held.start, wanted.start) >= min(held.stop, wanted.stop):
+            continue  # no overlap (an empty range is unknown: consult the task)
+        stats.tasks += 1
+        _restore_task(store, tc, into, stats)
+    return stats
+
+
+def restore_all(
+    store: ObjectStore, checkpoint: CompletedCheckpoint | None, max_parallelism: int
+) -> dict[str, dict[Any, Any]]:
+    """The whole state of ``checkpoint``, all key groups: state name -> key -> state
+    (value, dict for map state, list for list state); {} for None. Raises as
+    :func:`restore_key_groups`."""
+    if checkpoint is None:
+        return {}
+    backend = KeyedStateBackend(range(max_parallelism), None, max_parallelism)
+    restore_key_groups(store, checkpoint, backend)
+    return {name: dict(backend.items(name)) for name in backend.state_names()}
+
+
+def _check_coverage(checkpoint: CompletedCheckpoint, wanted: range) -> None:
+    """Raise ValueError unless the known key-group ranges of the checkpoint's tasks
+    hold every key group of ``wanted`` exactly once (skipped when a task's range is
+    unknown, i.e. empty, or the checkpoint has no tasks)."""
+    ranges = [tc.key_group_range for tc in checkpoint.tasks.values()]
+    if not ranges or any(len(r) == 0 for r in ranges):
+        return
+    holders = [0] * len(wanted)
+    for r in ranges:
+        for kg in range(max(r.start, wanted.start), min(r.stop, wanted.stop)):
+            holders[kg - wanted.start] += 1
+    missing = [wanted.start + i for i, n in enumerate(holders) if n == 0]
+    twice = [wanted.start + i for i, n in enumerate(holders) if n > 1]
+    if missing or twice:
+        raise ValueError(
+            f"checkpoint {checkpoint.checkpoint_id}: key groups held by no task "
+            f"{missing[:8]}, by several tasks {twice[:8]} (wanted {wanted})"
+        )
+
+
+def _restore_task(
+    store: ObjectStore, tc: TaskCheckpoint, into: KeyedStateBackend, stats: RestoreStats
+) -> None:
+    if tc.materialized is not None:
+        path = tc.materialized.path
+        data = store.read(path)
+        stats.snapshots += 1
+        stats.bytes_read += len(data)
+        try:
+            into.restore_snapshot(data)
+        except ValueError as e:
+            raise ValueError(f"snapshot {path} of task {tc.task}: {e}") from e
+    for handle in tc.changelog:
+        _replay_handle(store, handle, into, stats)
+
+
+def _replay_handle(
+    store: ObjectStore, handle: ChangelogHandle, into: KeyedStateBackend, stats: RestoreStats
+) -> None:
+    """Replay the changes of ``into.key_groups`` in the handle's SQN range, reading only
+    segments that overlap the range and hold one of those key groups."""
+    lo, hi = handle.sqn_range
+    wanted = into.key_groups
+    for ref in handle.segments:
+        if ref.sqn_to <= lo or ref.sqn_from >= hi or ref.meta.is_marker:
+            continue
+        if ref.key_groups and not any(kg in wanted for kg in ref.key_groups):
+            continue
+        seg = read_segment(store, ref, handle.log_id)
+        stats.segments += 1
+        stats.bytes_read += ref.length
+        try:
+            for _, kg, change in seg.key_group_changes(lo, hi):
+                if kg in wanted:
+                    into.apply_change(kg, change)
+                    stats.changes += 1
+        except ValueError as e:
+            raise ValueError(f"segment at {ref.path}@{ref.offset}: {e}") from e
