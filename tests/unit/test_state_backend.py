@@ -258,7 +258,8 @@ def _snapshot_doc(**changes: Any) -> bytes:
     b.value_state("v").set(1)
     doc = msgpack.unpackb(b.snapshot(), strict_map_key=False)
     doc.update(changes)
-    return msgpack.packb(doc)  # type: ignore[no-any-return]
+    data: bytes = msgpack.packb(doc)
+    return data
 
 
 @pytest.mark.parametrize(
