@@ -27,6 +27,7 @@ from typing import Any, TypeAlias
 import msgpack
 import zmq
 
+from dstltree.sparkplug.keygroups import canonical_key
 from dstltree.storage.errors import DstlError
 
 Key: TypeAlias = "None | bool | int | str | bytes | tuple[Key, ...]"
@@ -119,13 +120,6 @@ class BarrierAligner:
         return None
 
 
-def _as_key(key: Any) -> Key:
-    """A decoded key with its arrays back as tuples (keys are never lists)."""
-    if type(key) is list:
-        return tuple(_as_key(k) for k in key)
-    return key
-
-
 def _encode(items: list[tuple[Key, dict[str, Any]]]) -> bytes:
     """The frame of a batch. Raises TypeError naming the key or column that msgpack
     cannot encode (or a record that is not a dict)."""
@@ -167,7 +161,7 @@ def _decode(channel: int, frame: bytes) -> tuple[int, Any]:
         for key, record in body:
             if type(record) is not dict:
                 raise ValueError(f"record is a {type(record).__name__}")
-            append((_as_key(key) if type(key) is list else key, record))
+            append((canonical_key(key) if type(key) is list else key, record))
         return _BATCH, pairs
     except _UNPACK_ERRORS as e:
         raise ExchangeError(f"channel {channel}: malformed frame ({len(frame)} B): {e}") from e

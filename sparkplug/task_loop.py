@@ -82,7 +82,9 @@ class TaskLoop:
         self.handles = restored.handles
         self.records_before = restored.records
         self.records = 0
-        self.after_sqn = 0 if restored.materialized is None else restored.materialized.sqn
+        # SQNs of this attempt's writer (a restored snapshot's SQN is the old writer's,
+        # except for the fresh snapshot of a rescale, taken at this writer's SQN 0)
+        self.after_sqn = 0
         self.splits = SplitQueue(p.source.create_reader())
         self.barrier_states: dict[int, tuple[SplitState, ...]] = {}
         self.final: int | None = None
