@@ -182,14 +182,36 @@ def _split_id(state: SplitState) -> str:
 
 class SplitEnumerator(ABC):
     """The driver side of a source: discovers splits, assigns them to readers, learns
-    which are finished, and snapshots all of that for a checkpoint. Not thread-safe:
-    the driver calls it from one thread. Reader ids are the task indexes."""
+    which are finished, and snapshots all of that for a checkpoint (FLIP-27
+    ``SplitEnumerator``). Not thread-safe: the driver calls it from one thread, except
+    :meth:`list_splits`, which only does I/O and may run on another thread (the
+    coordinator lists off its event loop). Reader ids are the task indexes."""
 
     @abstractmethod
+    def list_splits(self) -> Listing:
+        """Lists the source's splits now (I/O only). Does not change the enumerator,
+        so the driver may call it on another thread while it keeps using the
+        enumerator; hand the result to :meth:`add_listing` on the driver's thread.
+        Raises SourceError if the listing fails."""
+
+    @abstractmethod
+    def add_listing(self, listing: Listing) -> list[Split]:
+        """Makes the splits of ``listing`` not known yet pending (no I/O) and returns
+        them in ``id`` order; a ``complete`` listing ends discovery. After the last
+        listing (:meth:`listing_complete`) it returns ``[]`` and changes nothing."""
+
+    def listing_complete(self) -> bool:
+        """True once a complete listing was added: no split will be discovered."""
+        return self.snapshot().complete
+
     def discover(self) -> list[Split]:
-        """Looks for splits not known yet; returns them in ``id`` order and makes them
-        pending. After the source's last listing (:attr:`EnumeratorState.complete`) it
-        returns ``[]`` without looking. Raises SourceError if the listing fails."""
+        """``add_listing(list_splits())`` on one thread: looks for splits not known
+        yet, returns them in ``id`` order and makes them pending. After the source's
+        last listing it returns ``[]`` without looking. Raises SourceError if the
+        listing fails."""
+        if self.listing_complete():
+            return []
+        return self.add_listing(self.list_splits())
 
     @abstractmethod
     def assign(self, reader_ids: Sequence[int]) -> dict[int, list[SplitState]]:

@@ -21,9 +21,10 @@ from dstltree.sparkplug.sources.base import (
 
 
 class ListingEnumerator(SplitEnumerator):
-    """A :class:`SplitEnumerator` over ``list_splits() -> Listing``, called on every
-    :meth:`discover` until a listing is ``complete``. A split listed again (same id) is
-    not new; a split is never read twice once finished (its id stays in the state)."""
+    """A :class:`SplitEnumerator` over ``list_splits() -> Listing`` (a function doing
+    I/O only, called by :meth:`list_splits` and so by every :meth:`discover` until a
+    listing is ``complete``). A split listed again (same id) is not new; a split is
+    never read twice once finished (its id stays in the state)."""
 
     def __init__(
         self, list_splits: Callable[[], Listing], restored: EnumeratorState | None = None
@@ -38,15 +39,20 @@ class ListingEnumerator(SplitEnumerator):
     def _known(self, split_id: str) -> bool:
         return split_id in self._pending or split_id in self._assigned or split_id in self._finished
 
-    def discover(self) -> list[Split]:
+    def list_splits(self) -> Listing:
+        return self._list_splits()
+
+    def add_listing(self, listing: Listing) -> list[Split]:
         if self._complete:
             return []
-        listing = self._list_splits()
         new = sorted(s for s in set(listing.splits) if not self._known(s.id))
         for split in new:
             self._pending[split.id] = SplitState(split)
         self._complete = listing.complete
         return new
+
+    def listing_complete(self) -> bool:
+        return self._complete
 
     def assign(self, reader_ids: Sequence[int]) -> dict[int, list[SplitState]]:
         if not self._pending:

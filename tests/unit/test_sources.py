@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from dstltree.sparkplug.sources import (
     EnumeratorState,
+    Listing,
     MemorySource,
     SourceError,
     Split,
@@ -148,6 +149,28 @@ def test_discovery_of_later_splits_and_finishing() -> None:
     assert enum.is_finished()
     with pytest.raises(ValueError, match="finished"):
         src.add_split("d", [])
+
+
+def test_listing_apart_from_adding_it() -> None:
+    """list_splits() only lists (another thread may call it); add_listing() is what
+    discover() does with the listing, without I/O."""
+    src = MemorySource({"b": [{"i": 0}]}, finished=False)
+    enum = src.create_enumerator()
+    before = enum.snapshot()
+    listing = enum.list_splits()
+    assert listing == Listing([Split("b")], False)
+    assert enum.snapshot() == before  # listing changed nothing
+    src.add_split("a", [])
+    src.finish()
+    later = enum.list_splits()
+    assert enum.add_listing(listing) == [Split("b")]
+    assert enum.add_listing(listing) == []  # known splits are not new
+    assert not enum.listing_complete()
+    assert enum.add_listing(later) == [Split("a")]
+    assert enum.listing_complete() and enum.snapshot().complete
+    assert enum.add_listing(Listing([Split("z")], False)) == []  # after the last listing
+    assert enum.discover() == []
+    assert [s.split.id for s in enum.snapshot().pending] == ["a", "b"]
 
 
 def test_restored_enumerator_does_not_reread_finished_splits() -> None:
