@@ -4,11 +4,17 @@ Every event carries ``now``: seconds on the shell's monotonic clock when it happ
 Protocol messages (coordinator/protocol.py) are wrapped, never mirrored: a task's
 message arrives as :class:`MessageFromTask` holding the decoded message, and a command
 to a task leaves as :class:`SendToTask` / :class:`Reply` holding the message to send.
-Storage work (:class:`PersistCheckpoint`, :class:`DeleteCheckpoint`,
-:class:`DeleteObjects`, :class:`CleanOrphans`) runs off the event loop; each reports
-back with one event (:class:`CheckpointWritten`, :class:`WriteFailed`,
-:class:`CheckpointDeleted`, :class:`ObjectsDeleted`, :class:`DeleteFailed`,
-:class:`OrphansDeleted`). The pattern is dask/distributed's ``worker_state_machine``.
+Storage work runs off the event loop; each instruction reports back with one event:
+
+- :class:`PersistCheckpoint` -> :class:`CheckpointWritten` | :class:`WriteFailed`;
+- :class:`DeleteCheckpoint`, :class:`DeleteObjects`, :class:`CleanOrphans` ->
+  :class:`CheckpointDeleted`, :class:`ObjectsDeleted`, :class:`OrphansDeleted` |
+  :class:`DeleteFailed`;
+- :class:`ListSplits` -> :class:`SplitsListed` | :class:`ListingFailed`;
+- :class:`CommitSink` -> :class:`SinkCommitted` | :class:`CommitFailed`;
+- :class:`RecoverSink` -> :class:`SinkRecovered` | :class:`SinkRecoveryFailed`.
+
+The pattern is dask/distributed's ``worker_state_machine``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from dataclasses import dataclass, field
 
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
+from dstltree.sparkplug.sinks.layout import Committable
+from dstltree.sparkplug.sources.base import Listing, SplitEnumerator
 
 # -- events ------------------------------------------------------------------------------
 
@@ -119,6 +127,71 @@ class OrphansDeleted:
     stale_metadata: int
 
 
+@dataclass(frozen=True)
+class StopRequested:
+    """End the run: the next checkpoint is triggered at once (or right after the one
+    in flight) and is final."""
+
+    now: float
+
+
+@dataclass(frozen=True)
+class SplitsListed:
+    """A :class:`ListSplits` returned ``listing`` (the source's splits at that time)."""
+
+    now: float
+    listing: Listing = field(hash=False)
+
+
+@dataclass(frozen=True)
+class ListingFailed:
+    """A :class:`ListSplits` raised (``reason``); the next listing follows an interval
+    later."""
+
+    now: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class SinkCommitted:
+    """The :class:`CommitSink` of ``checkpoint_id`` succeeded: the committables of that
+    checkpoint and every earlier one are visible; ``files``: final files this commit
+    made visible (0 when all were committed before)."""
+
+    now: float
+    checkpoint_id: int
+    files: int
+
+
+@dataclass(frozen=True)
+class CommitFailed:
+    """The :class:`CommitSink` of ``checkpoint_id`` raised (``reason``); it is retried,
+    never skipped."""
+
+    now: float
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SinkRecovered:
+    """The :class:`RecoverSink` at an attempt's start finished: ``files`` final files
+    made visible, ``cleaned`` staged files deleted."""
+
+    now: float
+    files: int
+    cleaned: int
+
+
+@dataclass(frozen=True)
+class SinkRecoveryFailed:
+    """The :class:`RecoverSink` raised (``reason``): the attempt triggers no checkpoint;
+    begin another attempt."""
+
+    now: float
+    reason: str
+
+
 Event = (
     Tick
     | Started
@@ -131,6 +204,13 @@ Event = (
     | ObjectsDeleted
     | DeleteFailed
     | OrphansDeleted
+    | StopRequested
+    | SplitsListed
+    | ListingFailed
+    | SinkCommitted
+    | CommitFailed
+    | SinkRecovered
+    | SinkRecoveryFailed
 )
 
 # -- instructions: messages --------------------------------------------------------------
@@ -190,6 +270,36 @@ class CleanOrphans:
     referenced: frozenset[str]
 
 
+@dataclass(frozen=True)
+class ListSplits:
+    """Call ``enumerator.list_splits()`` (I/O only, leaves the enumerator unchanged);
+    answered by SplitsListed or ListingFailed."""
+
+    enumerator: SplitEnumerator = field(hash=False)
+
+
+@dataclass(frozen=True)
+class CommitSink:
+    """Make the sink's staged ``committables`` visible (``SinkCommitter.commit``,
+    idempotent): those of durable checkpoint ``checkpoint_id`` and of every earlier
+    durable checkpoint not committed yet; answered by SinkCommitted or CommitFailed."""
+
+    checkpoint_id: int
+    committables: tuple[Committable, ...]
+
+
+@dataclass(frozen=True)
+class RecoverSink:
+    """At an attempt's start (no task of it has written yet): run every commit of
+    ``commits`` in order (the retained checkpoints', oldest first, then any durable one
+    not committed), then ``SinkCommitter.cleanup(keep, keep_attempts=())``: delete
+    every staged file not named in ``keep`` (aborted checkpoints, failed attempts);
+    answered by SinkRecovered or SinkRecoveryFailed."""
+
+    commits: tuple[CommitSink, ...]
+    keep: tuple[Committable, ...]
+
+
 # -- instructions: notices (logs and metrics) --------------------------------------------
 
 
@@ -227,6 +337,14 @@ class MaterializationAbandoned:
 
 
 @dataclass(frozen=True)
+class RunFinished:
+    """Final checkpoint ``checkpoint`` is durable and its sink output committed: the
+    run is over (every task was sent ``protocol.Finish``)."""
+
+    checkpoint: CompletedCheckpoint
+
+
+@dataclass(frozen=True)
 class MessageIgnored:
     """A message that is not stale but does not apply (unknown task, late ack)."""
 
@@ -241,12 +359,24 @@ Instruction = (
     | DeleteCheckpoint
     | DeleteObjects
     | CleanOrphans
+    | ListSplits
+    | CommitSink
+    | RecoverSink
     | CheckpointCompleted
     | CheckpointAborted
     | MaterializationStarted
     | MaterializationApplied
     | MaterializationAbandoned
+    | RunFinished
     | MessageIgnored
 )
 #: Instructions the service hands to its storage worker.
-StorageInstruction = PersistCheckpoint | DeleteCheckpoint | DeleteObjects | CleanOrphans
+StorageInstruction = (
+    PersistCheckpoint
+    | DeleteCheckpoint
+    | DeleteObjects
+    | CleanOrphans
+    | ListSplits
+    | CommitSink
+    | RecoverSink
+)

@@ -21,6 +21,25 @@ dask/distributed's ``worker_state_machine``). Behaviour:
 - Hellos, acknowledgements and reports from an older attempt are fenced (a
   ``protocol.Fenced`` reply) and otherwise ignored; anything else is rejected with a
   ``protocol.ErrorReply``.
+- Source (FLIP-27 split enumerator, coordinator/splits.py): the enumerator is rebuilt
+  at every attempt from the latest completed checkpoint; a :class:`ListSplits` every
+  ``discovery_interval`` seconds adds new splits. Pending splits are assigned
+  (``protocol.AssignSplits``) once every task of the attempt said hello and after each
+  listing and ``protocol.SplitsFinished``. The enumerator's snapshot is taken when a
+  checkpoint is triggered; an assignment sent before the trigger is an earlier
+  instruction, so it reaches its task before that task's barrier (one socket, FIFO).
+- Sink (two-phase commit, coordinator/commits.py): once a checkpoint is durable its
+  committables are committed (:class:`CommitSink`), then every task is sent
+  ``protocol.CheckpointComplete``; a failed commit is retried, never skipped. Every
+  attempt starts with :class:`RecoverSink` and triggers no checkpoint before it is
+  answered. Without a sink, ``CheckpointComplete`` follows the metadata write.
+- End of a run: with ``finish_when_source_done``, once the enumerator is finished the
+  next checkpoint triggered is final (``TriggerCheckpoint(final=True)``); after
+  :class:`StopRequested` the next trigger happens at once (or right after the
+  checkpoint in flight) and is final. An aborted final checkpoint is followed by
+  another final one. When a final checkpoint is durable and committed, every task is
+  sent ``protocol.Finish`` (and so is every task of a later attempt once connected),
+  :attr:`CoordinatorState.finished` is set and nothing is triggered any more.
 
 :meth:`CoordinatorState.validate` checks the invariants (docs/design.md, Invariants);
 a state built with ``validate=True`` checks them after every event.
@@ -35,6 +54,7 @@ from functools import singledispatchmethod
 
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
+from dstltree.coordinator.commits import SinkCommits
 from dstltree.coordinator.events import (
     AttemptStarted,
     CheckpointAborted,
@@ -42,11 +62,13 @@ from dstltree.coordinator.events import (
     CheckpointDeleted,
     CheckpointWritten,
     CleanOrphans,
+    CommitFailed,
     DeleteCheckpoint,
     DeleteFailed,
     DeleteObjects,
     Event,
     Instruction,
+    ListingFailed,
     MalformedMessage,
     MaterializationAbandoned,
     MaterializationApplied,
@@ -57,12 +79,20 @@ from dstltree.coordinator.events import (
     OrphansDeleted,
     PersistCheckpoint,
     Reply,
+    RunFinished,
     SendToTask,
+    SinkCommitted,
+    SinkRecovered,
+    SinkRecoveryFailed,
+    SplitsListed,
     Started,
+    StopRequested,
     Tick,
     WriteFailed,
 )
 from dstltree.coordinator.registry import SharedStateRegistry
+from dstltree.coordinator.splits import SourceSplits
+from dstltree.sparkplug.sources.base import EnumeratorState, Source
 
 
 class InvariantError(RuntimeError):
@@ -72,18 +102,35 @@ class InvariantError(RuntimeError):
 @dataclass(frozen=True)
 class CoordinatorConfig:
     """Intervals and timeouts in seconds; ``retained_checkpoints`` >= 1.
-    Raises ValueError for a retention below 1, negative intervals, timeouts <= 0."""
+    ``discovery_interval``: seconds between split listings; ``max_parallelism``: key
+    groups of the job (recorded in every checkpoint); ``finish_when_source_done``: the
+    run ends (a final checkpoint) once the source's enumerator is finished;
+    ``commit_retry_interval``: seconds before a failed sink commit is tried again.
+    Raises ValueError for a retention or ``max_parallelism`` below 1, negative
+    intervals, timeouts <= 0."""
 
     checkpoint_interval: float = 0.3
     materialization_interval: float = 5.0
     checkpoint_timeout: float = 10.0
     retained_checkpoints: int = 2
     materialization_timeout: float = 60.0
+    discovery_interval: float = 0.5
+    max_parallelism: int = 128
+    finish_when_source_done: bool = True
+    commit_retry_interval: float = 1.0
 
     def __post_init__(self) -> None:
         if self.retained_checkpoints < 1:
             raise ValueError("retained_checkpoints must be >= 1")
-        if min(self.checkpoint_interval, self.materialization_interval) < 0:
+        if self.max_parallelism < 1:
+            raise ValueError("max_parallelism must be >= 1")
+        intervals = (
+            self.checkpoint_interval,
+            self.materialization_interval,
+            self.discovery_interval,
+            self.commit_retry_interval,
+        )
+        if min(intervals) < 0:
             raise ValueError("intervals must be >= 0")
         if min(self.checkpoint_timeout, self.materialization_timeout) <= 0:
             raise ValueError("timeouts must be > 0")
@@ -96,6 +143,8 @@ class _Pending:
     num_tasks: int
     triggered_at: float
     epoch: int
+    final: bool = False
+    enumerator: EnumeratorState | None = None  # the snapshot taken at the trigger
     acks: dict[int, TaskCheckpoint] = field(default_factory=dict)
     completed: CompletedCheckpoint | None = None  # set while its metadata is written
 
@@ -115,15 +164,20 @@ class _Epoch:
 class CoordinatorState:
     """All coordinator decisions. Feed events to :meth:`handle`; carry out what it
     returns. ``retained``: completed checkpoints loaded from DFS; checkpoints beyond
-    retention are subsumed on :class:`Started`. ``validate``: run :meth:`validate`
-    after every event (tests). Counters (``checkpoints_completed`` …,
-    ``checkpoint_durations_s`` in seconds) are public."""
+    retention are subsumed on :class:`Started`. ``source``: the job's source (its
+    enumerator is built at every :class:`AttemptStarted`), None for none.
+    ``commit_sink``: the job has a sink whose committables the coordinator commits.
+    ``validate``: run :meth:`validate` after every event (tests). Counters
+    (``checkpoints_completed`` …, ``checkpoint_durations_s`` in seconds) are public;
+    :attr:`finished` is the final checkpoint once the run is over."""
 
     def __init__(
         self,
         config: CoordinatorConfig,
         retained: Iterable[CompletedCheckpoint] = (),
         *,
+        source: Source | None = None,
+        commit_sink: bool = False,
         validate: bool = False,
     ) -> None:
         self.config = config
@@ -138,6 +192,12 @@ class CoordinatorState:
         self.now = 0.0
         self.wall: float | None = None
         self.started = False
+        self.splits = None if source is None else SourceSplits(source, config.discovery_interval)
+        self.commits = SinkCommits(config.commit_retry_interval) if commit_sink else None
+        self.stop_requested = False
+        self.final_written: CompletedCheckpoint | None = None  # durable, maybe not committed
+        self.finished: CompletedCheckpoint | None = None
+        self.complete_sent = 0  # the newest checkpoint id sent as CheckpointComplete
         self._validate = validate
         self._peers: dict[int, dict[int, bytes]] = {}  # attempt -> task -> identity
         self._attempt_tasks: dict[int, int] = {}  # attempt -> its number of tasks
@@ -147,6 +207,10 @@ class CoordinatorState:
         self._epoch: _Epoch | None = None
         self._checkpoint_due = 0.0
         self._materialization_due = 0.0
+        self._finish_sent: set[bytes] = set()  # identities sent protocol.Finish
+        self._init_counters()
+
+    def _init_counters(self) -> None:
         self.checkpoints_completed = 0
         self.checkpoints_aborted = 0
         self.checkpoint_durations_s: list[float] = []
@@ -189,6 +253,10 @@ class CoordinatorState:
         if ev.wall is not None:
             self.wall = ev.wall
         out = self._timeouts()
+        if self.splits is not None and not self._over():
+            out += self.splits.maybe_list(self.now)
+        if self.commits is not None:
+            out += self.commits.retry(self.now)
         if self.all_connected():
             out += self._maybe_trigger_checkpoint()
             out += self._maybe_trigger_materialization()
@@ -207,6 +275,7 @@ class CoordinatorState:
             raise ValueError(f"attempt {ev.attempt} does not follow attempt {self.attempt}")
         if ev.num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
+        enumerator = None if self.splits is None else self.splits.restored(self.latest)
         out: list[Instruction] = []
         if self._pending is not None and not self._pending.persisting:
             out += self._abort(f"attempt {ev.attempt} started")
@@ -220,7 +289,16 @@ class CoordinatorState:
         self._peers[ev.attempt] = {t: i for t, i in early.items() if t < ev.num_tasks}
         self._checkpoint_due = self.now + self.config.checkpoint_interval
         self._materialization_due = self.now + self.config.materialization_interval
-        return out
+        if self.splits is not None and enumerator is not None:
+            self.splits.rebuild(enumerator, self.now)
+        if self.commits is not None:
+            out.append(self.commits.recover(self.retained))
+        return out + self._on_connected()
+
+    @_handle_event.register
+    def _(self, ev: StopRequested) -> list[Instruction]:
+        self.stop_requested = True
+        return self._maybe_trigger_checkpoint() if self.all_connected() else []
 
     @_handle_event.register
     def _(self, ev: MessageFromTask) -> list[Instruction]:
@@ -243,7 +321,12 @@ class CoordinatorState:
         self.checkpoint_durations_s.append(duration)
         self.registry.register(cp)
         self.retained.append(cp)
-        return [CheckpointCompleted(cp, duration), *self._subsume()]
+        if cp.final:
+            self.final_written = cp
+        out: list[Instruction] = [CheckpointCompleted(cp, duration), *self._subsume()]
+        if self.commits is None:
+            return out + self._committed([cp])
+        return out + self.commits.durable(cp)
 
     @_handle_event.register
     def _(self, ev: WriteFailed) -> list[Instruction]:
@@ -252,6 +335,48 @@ class CoordinatorState:
             return [MessageIgnored(-1, f"checkpoint {ev.checkpoint_id} was not being written")]
         p.completed = None
         return self._abort(f"write failed: {ev.reason}")
+
+    @_handle_event.register
+    def _(self, ev: SinkCommitted) -> list[Instruction]:
+        c = self.commits
+        if c is None or c.in_flight != ev.checkpoint_id:
+            return [MessageIgnored(-1, f"no commit of checkpoint {ev.checkpoint_id} runs")]
+        out = self._committed(c.committed(ev.checkpoint_id, ev.files))
+        return out + c.next_commit()
+
+    @_handle_event.register
+    def _(self, ev: CommitFailed) -> list[Instruction]:
+        c = self.commits
+        if c is None or c.in_flight != ev.checkpoint_id:
+            return [MessageIgnored(-1, f"no commit of checkpoint {ev.checkpoint_id} runs")]
+        c.failed(self.now)
+        return []
+
+    @_handle_event.register
+    def _(self, ev: SinkRecovered) -> list[Instruction]:
+        c = self.commits
+        if c is None or c.recovering is None:
+            return [MessageIgnored(-1, "no sink recovery runs")]
+        out = self._committed(c.recovered(ev.files))
+        return out + c.next_commit()
+
+    @_handle_event.register
+    def _(self, ev: SinkRecoveryFailed) -> list[Instruction]:
+        return []  # the attempt stays blocked: no checkpoint before a recovery
+
+    @_handle_event.register
+    def _(self, ev: SplitsListed) -> list[Instruction]:
+        if self.splits is None or not self.splits.listing:
+            return [MessageIgnored(-1, "no listing was outstanding")]
+        self.splits.listed(self.now, ev.listing)
+        return self._assign()
+
+    @_handle_event.register
+    def _(self, ev: ListingFailed) -> list[Instruction]:
+        if self.splits is None or not self.splits.listing:
+            return [MessageIgnored(-1, "no listing was outstanding")]
+        self.splits.failed(self.now)
+        return []
 
     @_handle_event.register
     def _(self, ev: CheckpointDeleted) -> list[Instruction]:
@@ -288,7 +413,20 @@ class CoordinatorState:
         if stale is not None:
             return stale
         self._peers.setdefault(attempt, {})[task] = identity
-        return []
+        return self._on_connected()
+
+    @_handle_message.register
+    def _(self, message: protocol.SplitsFinished, identity: bytes) -> list[Instruction]:
+        stale = self._stale(message.task, message.attempt, identity)
+        if stale is not None:
+            return stale
+        if self.splits is None:
+            return self._reject(identity, "this job has no source")
+        try:
+            self.splits.finish(message.task, message.split_ids)
+        except ValueError as e:
+            return self._reject(identity, f"splits finished: {e}")
+        return self._assign()
 
     @_handle_message.register
     def _(self, message: protocol.Ack, identity: bytes) -> list[Instruction]:
@@ -350,10 +488,63 @@ class CoordinatorState:
         self.messages_rejected += 1
         return [] if identity is None else [Reply(identity, protocol.ErrorReply(reason))]
 
-    def _send_all(self, messages: dict[int, protocol.Command]) -> list[Instruction]:
+    def _send_all(self, messages: dict[int, protocol.Command]) -> list[SendToTask]:
         """Send ``messages[task]`` to every connected task of the current attempt."""
         peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
         return [SendToTask(t, peers[t], m) for t, m in sorted(messages.items()) if t in peers]
+
+    def _send_each(self, message: protocol.Command) -> list[SendToTask]:
+        """Send ``message`` to every connected task of the current attempt."""
+        return self._send_all({t: message for t in range(self.num_tasks)})
+
+    # -- splits, commits, the end of the run -------------------------------------------
+    def _over(self) -> bool:
+        """A final checkpoint is durable: nothing is triggered, listed or assigned."""
+        return self.final_written is not None or self.finished is not None
+
+    def _on_connected(self) -> list[Instruction]:
+        """After a hello or a new attempt: once every task is connected, assign the
+        pending splits, or, when the run is over, tell the tasks not told yet."""
+        if not self.all_connected():
+            return []
+        if self.finished is None:
+            return self._assign()
+        msg = protocol.Finish(self.finished.checkpoint_id)
+        sends = [i for i in self._send_each(msg) if i.identity not in self._finish_sent]
+        self._finish_sent.update(i.identity for i in sends)
+        return list(sends)
+
+    def _assign(self) -> list[Instruction]:
+        """Send every pending split to a reader, once every task is connected."""
+        if self.splits is None or self._over() or not self.all_connected():
+            return []
+        assignment = self.splits.assign(self.num_tasks)
+        return [
+            *self._send_all({t: protocol.AssignSplits(tuple(s)) for t, s in assignment.items()})
+        ]
+
+    def _committed(self, done: list[CompletedCheckpoint]) -> list[Instruction]:
+        """``done`` (oldest first) are durable and committed: CheckpointComplete of the
+        newest to every task; Finish when one of them is final."""
+        if not done:
+            return []
+        newest = done[-1].checkpoint_id
+        out: list[Instruction] = []
+        if newest > self.complete_sent:
+            self.complete_sent = newest
+            out += self._send_each(protocol.CheckpointComplete(newest))
+        final = [c for c in done if c.final]
+        if final and self.finished is None:
+            self.finished = final[-1]
+            out.append(RunFinished(final[-1]))
+            out += self._on_connected()
+        return out
+
+    def _final_wanted(self) -> bool:
+        """The next checkpoint triggered is final: a stop was requested, or the source
+        is done and the run ends with it."""
+        done = self.splits is not None and self.splits.is_finished()
+        return self.stop_requested or (self.config.finish_when_source_done and done)
 
     # -- checkpoints -------------------------------------------------------------------
     def _timeouts(self) -> list[Instruction]:
@@ -371,13 +562,24 @@ class CoordinatorState:
         return out
 
     def _maybe_trigger_checkpoint(self) -> list[Instruction]:
-        if self._pending is not None or self.now < self._checkpoint_due:
+        """Trigger the next checkpoint when due (at once after a stop request), with
+        the enumerator's snapshot; none while one is in flight, while the sink
+        recovers, or once the run is over."""
+        if self._pending is not None or self._over():
+            return []
+        if self.commits is not None and self.commits.recovering is not None:
+            return []
+        if self.now < self._checkpoint_due and not self.stop_requested:
             return []
         assert self.attempt is not None
         cid = self.next_checkpoint_id
         self.next_checkpoint_id += 1
-        self._pending = _Pending(cid, self.attempt, self.num_tasks, self.now, self.applied_epoch)
-        return self._send_all({t: protocol.TriggerCheckpoint(cid) for t in range(self.num_tasks)})
+        final = self._final_wanted()
+        snapshot = None if self.splits is None else self.splits.snapshot()
+        self._pending = _Pending(
+            cid, self.attempt, self.num_tasks, self.now, self.applied_epoch, final, snapshot
+        )
+        return [*self._send_each(protocol.TriggerCheckpoint(cid, final))]
 
     def _complete(self, p: _Pending) -> PersistCheckpoint:
         """Every task acknowledged ``p``: the record to write, naming the retained ids."""
@@ -388,6 +590,10 @@ class CoordinatorState:
             created_at=self.wall if self.wall is not None else self.now,
             duration_s=max(0.0, self.now - p.triggered_at),
             tasks=dict(sorted(p.acks.items())),
+            parallelism=p.num_tasks,
+            max_parallelism=self.config.max_parallelism,
+            enumerator=p.enumerator,
+            final=p.final,
         )
         p.completed = cp
         ids = [c.checkpoint_id for c in self.retained]
@@ -420,6 +626,8 @@ class CoordinatorState:
     def _maybe_trigger_materialization(self) -> list[Instruction]:
         if self._epoch is not None or self.now < self._materialization_due:
             return []
+        if self._over() or (self._pending is not None and self._pending.final):
+            return []
         assert self.attempt is not None
         epoch = self.next_epoch
         self._epoch = _Epoch(epoch, self.attempt, self.now)
@@ -444,6 +652,8 @@ class CoordinatorState:
         self._check_retained()
         self._check_registry()
         self._check_released()
+        self._check_splits()
+        self._check_commits()
 
     def _check_pending(self) -> None:
         p = self._pending
@@ -490,7 +700,7 @@ class CoordinatorState:
             return  # written by an earlier coordinator; its task count is not known here
         n = self._attempt_tasks.get(cp.attempt)
         _require(
-            n is not None and set(cp.tasks) == set(range(n)),
+            n is not None and set(cp.tasks) == set(range(n)) and cp.parallelism == n,
             f"checkpoint {cp.checkpoint_id} complete: an ack from every task of its attempt",
         )
 
@@ -524,6 +734,43 @@ class CoordinatorState:
             return
         live = self._released & self.registry.referenced()
         _require(not live, f"nothing deleted that a retained checkpoint references: {sorted(live)}")
+
+    def _check_splits(self) -> None:
+        if self.splits is None:
+            return
+        broken = self.splits.violation(self.num_tasks)
+        _require(broken is None, str(broken))
+
+    def _check_commits(self) -> None:
+        f = self.finished
+        _require(
+            f is None or (f.final and self.final_written is not None),
+            "the run finishes with a durable final checkpoint",
+        )
+        c = self.commits
+        if c is None:
+            _require(
+                self.latest is None or self.complete_sent <= self.latest.checkpoint_id,
+                "no CheckpointComplete before its checkpoint is durable",
+            )
+            return
+        _require(
+            self.complete_sent <= c.committed_through,
+            "no CheckpointComplete before its commit",
+        )
+        _require(
+            f is None or f.checkpoint_id <= c.committed_through,
+            "the run finishes only once its final checkpoint is committed",
+        )
+        ids = [cp.checkpoint_id for cp in c.pending]
+        _require(
+            ids == sorted(set(ids)) and all(i > c.committed_through for i in ids),
+            "checkpoints awaiting their commit: distinct, oldest first, none committed",
+        )
+        _require(
+            c.in_flight is None or c.in_flight in ids,
+            "a running commit is of a durable checkpoint awaiting its commit",
+        )
 
 
 def _require(ok: bool, invariant: str) -> None:

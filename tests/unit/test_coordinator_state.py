@@ -78,6 +78,11 @@ def triggers(cid: int, attempt: int, num_tasks: int) -> list[Instruction]:
     return [SendToTask(t, ident(t, attempt), msg) for t in range(num_tasks)]
 
 
+def completes(cid: int, attempt: int, num_tasks: int) -> list[Instruction]:
+    msg = protocol.CheckpointComplete(cid)
+    return [SendToTask(t, ident(t, attempt), msg) for t in range(num_tasks)]
+
+
 def _feed(s: CoordinatorState, event: Event) -> list[Instruction]:
     out = s.handle(event)
     s.validate()
@@ -97,7 +102,8 @@ def _started(
 
 def _complete(s: CoordinatorState, now: float, paths: dict[int, list[str]]) -> list:
     """Trigger at ``now``, ack every task with ``paths[task]``, write at ``now + 0.1``;
-    returns the instructions after the write, without the CheckpointCompleted notice."""
+    returns the instructions after the write, without the CheckpointCompleted notice
+    and the CheckpointComplete sent to every task (no sink: right after the write)."""
     assert s.attempt is not None
     out = _feed(s, Tick(now))
     cid = s.next_checkpoint_id - 1
@@ -108,7 +114,9 @@ def _complete(s: CoordinatorState, now: float, paths: dict[int, list[str]]) -> l
     assert len(persist) == 1 and isinstance(persist[0], PersistCheckpoint)
     done, *rest = _feed(s, CheckpointWritten(now + 0.1, cid))
     assert done == CheckpointCompleted(persist[0].checkpoint, pytest.approx(0.1))
-    return rest
+    n = len(paths)
+    assert rest[len(rest) - n :] == completes(cid, s.attempt, n)
+    return rest[: len(rest) - n]
 
 
 def test_no_trigger_until_every_task_said_hello() -> None:
@@ -134,7 +142,10 @@ def test_trigger_ack_persist_and_one_in_flight() -> None:
     assert cp.referenced_paths() == {"a", "b"}
     assert cp.duration_s == pytest.approx(1.5)
     assert _feed(s, Tick(3.0)) == []  # still in flight while written
-    assert _feed(s, CheckpointWritten(3.0, 1)) == [CheckpointCompleted(cp, pytest.approx(2.0))]
+    assert _feed(s, CheckpointWritten(3.0, 1)) == [
+        CheckpointCompleted(cp, pytest.approx(2.0)),
+        *completes(1, 0, 2),
+    ]
     assert s.checkpoints_completed == 1 and s.latest == cp
     assert s.checkpoint_durations_s == [pytest.approx(2.0)]
     assert s.registry.counts() == {"a": 1, "b": 1}
