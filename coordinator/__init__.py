@@ -1,7 +1,8 @@
 """The driver side of dstltree: checkpoint triggering and acknowledgement, the
 completed-checkpoint store on DFS, the shared state registry (reference counts per
 object path), retention and deletion, materialization epochs, recovery selection and
-orphan cleanup. Tasks talk to it through :class:`TaskLink`."""
+orphan cleanup, the split enumerator of the job's source and the commits of its sink.
+Tasks talk to it through :class:`TaskLink`."""
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.errors import (
@@ -11,10 +12,14 @@ from dstltree.coordinator.errors import (
 )
 from dstltree.coordinator.protocol import (
     ApplyMaterialization,
+    AssignSplits,
+    CheckpointComplete,
     Command,
     ErrorReply,
     Fenced,
+    Finish,
     Materialize,
+    SplitsFinished,
     TriggerCheckpoint,
 )
 from dstltree.coordinator.registry import SharedStateRegistry
@@ -24,6 +29,8 @@ from dstltree.coordinator.task_link import TaskLink
 
 __all__ = [
     "ApplyMaterialization",
+    "AssignSplits",
+    "CheckpointComplete",
     "CheckpointStore",
     "CheckpointStoreError",
     "Command",
@@ -34,9 +41,11 @@ __all__ = [
     "CorruptCheckpointError",
     "ErrorReply",
     "Fenced",
+    "Finish",
     "MaterializedRef",
     "Materialize",
     "SharedStateRegistry",
+    "SplitsFinished",
     "TaskCheckpoint",
     "TaskLink",
     "TriggerCheckpoint",

@@ -3,12 +3,17 @@
 
 One loop thread owns a ROUTER socket and the state machine: it ticks the state, turns
 task frames (:mod:`dstltree.coordinator.protocol`) into events, and carries out the
-instructions: sending commands to tasks and handing storage work (checkpoint metadata
-and ``LATEST`` writes, deletions of what the shared state registry released) to a
-:class:`dstltree.coordinator.storage_worker.StorageWorker`, whose answers come back to
-the loop as events. The loop never waits on storage. Other threads talk to it through
-:meth:`Coordinator.begin_attempt`, :meth:`Coordinator.latest_checkpoint`,
-:meth:`Coordinator.statistics` and :meth:`Coordinator.stop`.
+instructions: sending commands to tasks (in the order the state returns them: an
+assignment sent before a checkpoint trigger reaches its task first, one socket being
+FIFO per peer) and handing storage work (checkpoint metadata and ``LATEST`` writes,
+deletions of what the shared state registry released, split listings, sink commits)
+to a :class:`dstltree.coordinator.storage_worker.StorageWorker`, whose answers come
+back to the loop as events. The loop never waits on storage, except inside
+:meth:`Coordinator.begin_attempt`. Other threads talk to it through
+:meth:`Coordinator.begin_attempt`, :meth:`Coordinator.request_stop`,
+:meth:`Coordinator.latest_checkpoint`, :meth:`Coordinator.statistics`,
+:attr:`Coordinator.finished` / :meth:`Coordinator.wait_finished` and
+:meth:`Coordinator.stop`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from dstltree.coordinator.errors import CoordinatorError
 from dstltree.coordinator.metrics import CoordinatorMetrics
 from dstltree.coordinator.storage_worker import StorageWorker
 from dstltree.coordinator.store import CheckpointStore
+from dstltree.sparkplug.sinks.sink import FileSink
+from dstltree.sparkplug.sources.base import Source
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -43,7 +50,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class CoordinatorStatistics:
-    """Counters since start. Durations in seconds (trigger to metadata written)."""
+    """Counters since start. Durations in seconds (trigger to metadata written).
+    ``splits_discovered`` / ``listings_failed``: of the source's enumerator;
+    ``sink_commits`` / ``sink_commits_failed`` / ``sink_files_committed``: of the
+    sink's two-phase commit (files made visible, recoveries included);
+    ``finished_checkpoint_id``: the final checkpoint once the run is over, else None."""
 
     checkpoints_completed: int
     checkpoints_aborted: int
@@ -59,6 +70,12 @@ class CoordinatorStatistics:
     last_materialization_epoch: int
     retained_checkpoint_ids: tuple[int, ...]
     attempt: int | None
+    splits_discovered: int = 0
+    listings_failed: int = 0
+    sink_commits: int = 0
+    sink_commits_failed: int = 0
+    sink_files_committed: int = 0
+    finished_checkpoint_id: int | None = None
 
 
 class Coordinator:
@@ -69,6 +86,15 @@ class Coordinator:
     thread) before launching tasks, then :meth:`begin_attempt` for every (re)start of
     the task stage. ``metrics_port``: serve Prometheus metrics (coordinator.metrics) on
     that loopback port (0 = a free one, see ``.metrics.url``); None (default) = off.
+
+    ``source``: the job's source; its split enumerator (FLIP-27) lives here, lists
+    splits every ``discovery_interval`` s off the loop and assigns them to the tasks
+    (``AssignSplits``). ``sink``: the job's exactly-once sink; the coordinator commits
+    its committables once a checkpoint is durable (then ``CheckpointComplete``) and
+    recovers it at every attempt. ``max_parallelism``: key groups, recorded in every
+    checkpoint. ``finish_when_source_done``: once the source is fully read the next
+    checkpoint is final and the run ends (:attr:`finished`). ``commit_retry_interval``:
+    seconds before a failed sink commit is tried again. See coordinator/state.py.
     """
 
     def __init__(
@@ -85,27 +111,40 @@ class Coordinator:
         tick: float = 0.01,
         call_timeout: float = 30.0,
         metrics_port: int | None = None,
+        source: Source | None = None,
+        sink: FileSink | None = None,
+        max_parallelism: int = 128,
+        finish_when_source_done: bool = True,
+        discovery_interval: float = 0.5,
+        commit_retry_interval: float = 1.0,
     ) -> None:
         if num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
         self.store = store
         self.checkpoints = CheckpointStore(store)
         self.num_tasks = num_tasks
+        self.source = source
+        self.sink = sink
         self.config = st.CoordinatorConfig(
             checkpoint_interval,
             materialization_interval,
             checkpoint_timeout,
             retained_checkpoints,
             materialization_timeout,
+            discovery_interval=discovery_interval,
+            max_parallelism=max_parallelism,
+            finish_when_source_done=finish_when_source_done,
+            commit_retry_interval=commit_retry_interval,
         )
         self._tick_ms = max(1, int(tick * 1000))
         self._call_timeout = call_timeout
-        self._state = st.CoordinatorState(self.config)
+        self._state = self._new_state([])
         self._lock = threading.RLock()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
         self._stopping = threading.Event()
+        self._finished = threading.Event()
         self._thread: threading.Thread | None = None
-        self._storage = StorageWorker(store, self.checkpoints)
+        self._storage = StorageWorker(store, self.checkpoints, sink=sink)
         self.metrics = None if metrics_port is None else CoordinatorMetrics(metrics_port)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -124,7 +163,7 @@ class Coordinator:
             raise CoordinatorError("coordinator already started")
         retained = self.checkpoints.list_retained()
         with self._lock:
-            self._state = st.CoordinatorState(self.config, retained)
+            self._state = self._new_state(retained)
             for ins in self._state.handle(ev.Started(time.monotonic())):
                 # Waited for: orphan cleanup is only safe before any task writes; only
                 # its failure stops the start (leftovers of the others are cleaned later).
@@ -142,6 +181,11 @@ class Coordinator:
         self._thread = threading.Thread(target=self._run, name="dstl-coordinator", daemon=True)
         self._thread.start()
 
+    def _new_state(self, retained: list[CompletedCheckpoint]) -> st.CoordinatorState:
+        return st.CoordinatorState(
+            self.config, retained, source=self.source, commit_sink=self.sink is not None
+        )
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the loop thread (waiting at most ``timeout`` s), let queued storage work
         finish within what is left of ``timeout``, and close the socket."""
@@ -150,22 +194,25 @@ class Coordinator:
         if self._thread is not None:
             self._thread.join(timeout)
         if self._thread is None or not self._thread.is_alive():
-            self._finish_storage(deadline)
+            self._settle(deadline)
         self._storage.shutdown()
         self._sock.close(linger=0)
         self._ctx.term()
         if self.metrics is not None:
             self.metrics.close()
 
-    def _finish_storage(self, deadline: float) -> None:
-        """Carry queued storage work (and what its results start) to its end."""
+    def _settle(self, deadline: float) -> bool:
+        """Carry queued storage work (and what its results start) to its end, waiting
+        at most until ``deadline`` (monotonic s); True if nothing is left. Listings
+        are not waited for."""
         while self._storage.wait_idle(deadline - time.monotonic()):
             with self._lock:
                 results = self._storage.results()
                 for event in results:
                     self._on_result(event)
             if not results and not self._storage.busy():
-                return
+                return True
+        return False
 
     def __enter__(self) -> Coordinator:
         self.start()
@@ -176,21 +223,76 @@ class Coordinator:
 
     # -- driver API --------------------------------------------------------------------
     def begin_attempt(
-        self, attempt: int, num_tasks: int | None = None
+        self, attempt: int, num_tasks: int | None = None, timeout: float | None = None
     ) -> CompletedCheckpoint | None:
-        """Start task-stage attempt ``attempt`` (strictly increasing; older attempts are
-        fenced from now on); returns the latest completed checkpoint to restore from.
-        Raises ValueError for a non-increasing attempt, CoordinatorError if the coordinator
-        is not running (call start() first) or does not answer within call_timeout s."""
+        """Start task-stage attempt ``attempt`` of ``num_tasks`` tasks (default: as
+        before; strictly increasing attempts, older ones are fenced from now on);
+        returns the latest completed checkpoint to restore from. Blocking, at most
+        ``timeout`` s (default ``call_timeout``): storage work under way finishes first
+        (a checkpoint being written becomes the latest, or fails), the enumerator is
+        rebuilt from the latest checkpoint, and with a sink the sink is recovered:
+        every retained checkpoint's committables are committed again, oldest first
+        (idempotent), then every other staged file is deleted (call this before the
+        attempt's tasks write). Raises ValueError for a non-increasing attempt or a
+        latest checkpoint whose reader states do not fit its enumerator snapshot,
+        SinkCommitError / StorageError when the sink cannot be recovered (the attempt
+        then triggers no checkpoint: begin another), CoordinatorError if the
+        coordinator is not running (call start() first) or does not answer in time."""
         n = self.num_tasks if num_tasks is None else num_tasks
+        limit = self._call_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
 
         def call() -> CompletedCheckpoint | None:
+            if not self._settle(deadline):
+                raise CoordinatorError(f"storage work did not finish within {limit} s")
             self._tick()
-            self._execute(self._state.handle(ev.AttemptStarted(time.monotonic(), attempt, n)))
+            out = self._state.handle(ev.AttemptStarted(time.monotonic(), attempt, n))
             self.num_tasks = n
+            self._execute_recovering(out)
             return self._state.latest
 
-        return self._call(call)
+        return self._call(call, limit)
+
+    def _execute_recovering(self, instructions: list[ev.Instruction]) -> None:
+        """Carry out ``instructions``, a sink recovery among them synchronously; its
+        failure is raised once the others are carried out."""
+        error: Exception | None = None
+        for ins in instructions:
+            if not isinstance(ins, ev.RecoverSink):
+                self._execute([ins])
+                continue
+            try:
+                self._on_result(self._storage.call(ins, safely=False))
+            except Exception as e:  # noqa: BLE001 - re-raised below
+                error = e
+                reason = f"{type(e).__name__}: {e}"
+                self._execute(self._state.handle(ev.SinkRecoveryFailed(time.monotonic(), reason)))
+        if error is not None:
+            raise error
+
+    def request_stop(self) -> None:
+        """End the run: the next checkpoint is triggered at once (or right after the
+        one in flight) and is final; :attr:`finished` is set once it is durable and
+        committed. Returns at once (safe in a signal handler); before :meth:`start`
+        it takes effect when the loop starts."""
+        fut: Future[None] = Future()
+        self._calls.put((self._apply_stop, fut))
+
+    def _apply_stop(self) -> None:
+        self._execute(self._state.handle(ev.StopRequested(time.monotonic())))
+
+    @property
+    def finished(self) -> CompletedCheckpoint | None:
+        """The final checkpoint once the run is over (durable, its sink output
+        committed, every task sent ``Finish``), else None."""
+        with self._lock:
+            return self._state.finished
+
+    def wait_finished(self, timeout: float) -> CompletedCheckpoint | None:
+        """Wait at most ``timeout`` s for :attr:`finished`; returns it (None if the
+        run is not over by then)."""
+        self._finished.wait(max(0.0, timeout))
+        return self.finished
 
     def latest_checkpoint(self) -> CompletedCheckpoint | None:
         """The latest completed checkpoint, or None."""
@@ -216,18 +318,25 @@ class Coordinator:
                 last_materialization_epoch=s.applied_epoch,
                 retained_checkpoint_ids=tuple(c.checkpoint_id for c in s.retained),
                 attempt=s.attempt,
+                splits_discovered=0 if s.splits is None else s.splits.splits_discovered,
+                listings_failed=0 if s.splits is None else s.splits.listings_failed,
+                sink_commits=0 if s.commits is None else s.commits.commits_completed,
+                sink_commits_failed=0 if s.commits is None else s.commits.commits_failed,
+                sink_files_committed=0 if s.commits is None else s.commits.files_committed,
+                finished_checkpoint_id=None if s.finished is None else s.finished.checkpoint_id,
             )
 
-    def _call(self, fn: Callable[[], T]) -> T:
+    def _call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         t = self._thread
         if t is None or not t.is_alive():
             raise CoordinatorError("coordinator is not running: call start() first")
+        limit = self._call_timeout if timeout is None else timeout
         fut: Future[T] = Future()
         self._calls.put((fn, fut))
         try:
-            return fut.result(timeout=self._call_timeout)
+            return fut.result(timeout=limit)
         except TimeoutError as e:
-            raise CoordinatorError(f"coordinator did not answer in {self._call_timeout} s") from e
+            raise CoordinatorError(f"coordinator did not answer in {limit} s") from e
 
     # -- loop --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -309,8 +418,16 @@ class Coordinator:
     @_carry_out.register(ev.DeleteCheckpoint)
     @_carry_out.register(ev.DeleteObjects)
     @_carry_out.register(ev.CleanOrphans)
+    @_carry_out.register(ev.ListSplits)
+    @_carry_out.register(ev.CommitSink)
+    @_carry_out.register(ev.RecoverSink)
     def _(self, ins: ev.StorageInstruction) -> None:
         self._storage.submit(ins)
+
+    @_carry_out.register
+    def _(self, ins: ev.RunFinished) -> None:
+        log.info("run finished with checkpoint %d", ins.checkpoint.checkpoint_id)
+        self._finished.set()
 
     @_carry_out.register(ev.CheckpointCompleted)
     @_carry_out.register(ev.MaterializationStarted)

@@ -3,9 +3,12 @@
 One worker thread (a ``concurrent.futures.ThreadPoolExecutor`` of one) carries out the
 storage instructions of coordinator/events.py in the order they were submitted, so a
 checkpoint's metadata and pointer are written before subsumed metadata is deleted, and
-that before its objects. Each instruction is answered by one event stamped with the
-monotonic clock when it finished; the loop collects them with :meth:`results`. Nothing
-here touches the coordinator state.
+that before its objects, and a sink commit (``SinkCommitter.commit``) or recovery runs
+after the metadata it depends on. Split listings (``SplitEnumerator.list_splits``) run
+on a second thread of their own, so a slow listing never delays a checkpoint. Each
+instruction is answered by one event stamped with the monotonic clock when it
+finished; the loop collects them with :meth:`results`. Nothing here touches the
+coordinator state (``list_splits`` does not change the enumerator).
 """
 
 from __future__ import annotations
@@ -23,24 +26,36 @@ from dstltree.coordinator.events import (
     CheckpointDeleted,
     CheckpointWritten,
     CleanOrphans,
+    CommitFailed,
+    CommitSink,
     DeleteCheckpoint,
     DeleteFailed,
     DeleteObjects,
     Event,
+    ListingFailed,
+    ListSplits,
     ObjectsDeleted,
     OrphansDeleted,
     PersistCheckpoint,
+    RecoverSink,
+    SinkCommitted,
+    SinkRecovered,
+    SinkRecoveryFailed,
+    SplitsListed,
     StorageInstruction,
     WriteFailed,
 )
 from dstltree.coordinator.store import CheckpointStore
+from dstltree.sparkplug.sinks.committer import SinkCommitter
+from dstltree.sparkplug.sinks.sink import FileSink
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
 
 class StorageWorker:
-    """Runs storage instructions on ``store`` / ``checkpoints`` in one thread, in order.
+    """Runs storage instructions on ``store`` / ``checkpoints`` (and ``sink``'s
+    committer, if given) in one thread, in order; listings in a second thread.
     ``clock``: seconds, monotonic (stamps the answering events)."""
 
     def __init__(
@@ -48,11 +63,15 @@ class StorageWorker:
         store: ObjectStore,
         checkpoints: CheckpointStore,
         clock: Callable[[], float] = time.monotonic,
+        sink: FileSink | None = None,
     ) -> None:
         self.store = store
         self.checkpoints = checkpoints
+        self.sink = sink
+        self._committer: SinkCommitter | None = None
         self._clock = clock
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-io")
+        self._lister = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-list")
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._outstanding: set[Future[None]] = set()
@@ -60,7 +79,12 @@ class StorageWorker:
     # -- asynchronous (the loop) -------------------------------------------------------
     def submit(self, instruction: StorageInstruction) -> None:
         """Queue ``instruction``; its answering event shows up in :meth:`results`
-        (failures as WriteFailed or DeleteFailed, never as an exception)."""
+        (failures as WriteFailed, DeleteFailed, ListingFailed, CommitFailed or
+        SinkRecoveryFailed, never as an exception). A ListSplits runs on the listing
+        thread and is not waited for by :meth:`busy` / :meth:`wait_idle`."""
+        if isinstance(instruction, ListSplits):
+            self._lister.submit(self._work, instruction)
+            return
         fut = self._executor.submit(self._work, instruction)
         with self._lock:
             self._outstanding.add(fut)
@@ -76,7 +100,7 @@ class StorageWorker:
                 return out
 
     def busy(self) -> bool:
-        """Instructions are queued or running."""
+        """Instructions (other than listings) are queued or running."""
         with self._lock:
             return bool(self._outstanding)
 
@@ -89,6 +113,7 @@ class StorageWorker:
     def shutdown(self) -> None:
         """Cancel what has not started; a running instruction finishes in the background."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._lister.shutdown(wait=False, cancel_futures=True)
 
     def _work(self, instruction: StorageInstruction) -> None:
         self._results.put(self.run_safely(instruction))
@@ -105,16 +130,24 @@ class StorageWorker:
         return self._executor.submit(fn, instruction).result()
 
     def run_safely(self, instruction: StorageInstruction) -> Event:
-        """:meth:`run`, with a failure answered by WriteFailed (a checkpoint write) or
-        DeleteFailed (anything else)."""
+        """:meth:`run`, with a failure answered by its event: WriteFailed (a checkpoint
+        write), ListingFailed, CommitFailed, SinkRecoveryFailed, or DeleteFailed
+        (anything else)."""
         try:
             return self.run(instruction)
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
             reason = f"{type(e).__name__}: {e}"
             log.exception("coordinator storage: %s failed", type(instruction).__name__)
+            now = self._clock()
             if isinstance(instruction, PersistCheckpoint):
-                return WriteFailed(self._clock(), instruction.checkpoint.checkpoint_id, reason)
-            return DeleteFailed(self._clock(), _describe(instruction), reason)
+                return WriteFailed(now, instruction.checkpoint.checkpoint_id, reason)
+            if isinstance(instruction, ListSplits):
+                return ListingFailed(now, reason)
+            if isinstance(instruction, CommitSink):
+                return CommitFailed(now, instruction.checkpoint_id, reason)
+            if isinstance(instruction, RecoverSink):
+                return SinkRecoveryFailed(now, reason)
+            return DeleteFailed(now, _describe(instruction), reason)
 
     @singledispatchmethod
     def run(self, instruction: StorageInstruction) -> Event:
@@ -141,6 +174,34 @@ class StorageWorker:
         orphans = len(self.store.delete(find_orphans(self.store, instruction.referenced)))
         stale = len(self.store.delete(self.checkpoints.stale_files()))
         return OrphansDeleted(self._clock(), orphans, stale)
+
+    @run.register
+    def _(self, instruction: ListSplits) -> Event:
+        listing = instruction.enumerator.list_splits()
+        return SplitsListed(self._clock(), listing)
+
+    @run.register
+    def _(self, instruction: CommitSink) -> Event:
+        made = self.committer().commit(instruction.committables)
+        return SinkCommitted(self._clock(), instruction.checkpoint_id, len(made))
+
+    @run.register
+    def _(self, instruction: RecoverSink) -> Event:
+        committer = self.committer()
+        made = 0
+        for commit in instruction.commits:
+            made += len(committer.commit(commit.committables))
+        cleaned = len(committer.cleanup(instruction.keep, keep_attempts=()))
+        return SinkRecovered(self._clock(), made, cleaned)
+
+    def committer(self) -> SinkCommitter:
+        """The sink's committer (created on first use). Raises RuntimeError without a
+        sink."""
+        if self.sink is None:
+            raise RuntimeError("a sink instruction, but the coordinator has no sink")
+        if self._committer is None:
+            self._committer = self.sink.create_committer()
+        return self._committer
 
 
 def _describe(instruction: StorageInstruction) -> str:
