@@ -1,23 +1,30 @@
-"""The ZeroMQ coordinator and task links over loopback, with real changelog writers."""
+"""The ZeroMQ coordinator and task links over loopback, with real changelog writers,
+and with a source and an exactly-once FileSink: tasks read assigned splits, stage at
+barriers, and the run ends with a final checkpoint whose output is committed."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import zmq
 
 from dstltree.client import ChangelogClient
 from dstltree.client.errors import StorageError
 from dstltree.coordinator import (
     ApplyMaterialization,
+    AssignSplits,
     CheckpointComplete,
+    CompletedCheckpoint,
     Coordinator,
     ErrorReply,
     Fenced,
+    Finish,
     Materialize,
     MaterializedRef,
     TaskCheckpoint,
@@ -28,6 +35,16 @@ from dstltree.coordinator import (
 from dstltree.coordinator.cleanup import list_data_files
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.coordinator.testing import completed, task_checkpoint
+from dstltree.sparkplug.sinks import (
+    Committable,
+    FileSink,
+    SinkCommitError,
+    SinkWriter,
+    committed_files,
+    read_committed,
+)
+from dstltree.sparkplug.sinks.layout import STAGING_DIR
+from dstltree.sparkplug.sources import MemorySource, Source, SplitReader, SplitState
 from dstltree.storage.store import CHECKPOINT_DIR, ObjectStore
 from tests.support.waiting import wait_until
 
@@ -283,3 +300,191 @@ def test_failed_metadata_write_aborts_and_the_next_checkpoint_completes(tmp_path
         coord.stop()
     assert CheckpointStore(store).retained_ids() == [2]
     assert coord.statistics().last_checkpoint_id == 2
+
+
+# -- a source, a sink, the end of a run ----------------------------------------------
+
+
+@dataclass
+class _Reader:
+    """What one task's source reader holds: unfinished assigned splits (head first,
+    at their current offsets), finished ones, the open iterator of the head."""
+
+    reader: SplitReader
+    queue: list[SplitState] = field(default_factory=list)
+    done: list[SplitState] = field(default_factory=list)
+    current: Iterator[dict[str, Any]] | None = None
+
+    def step(self, link: TaskLink, writer: SinkWriter, n: int) -> None:
+        """Read up to ``n`` records into ``writer``; report finished splits."""
+        while n > 0 and self.queue:
+            head = self.queue[0]
+            if self.current is None:
+                self.current = self.reader.read(head.split, head.offset)
+            record = next(self.current, None)
+            if record is None:
+                self.done.append(replace(head, finished=True))
+                self.queue.pop(0)
+                self.current = None
+                link.splits_finished((head.split.id,))
+                continue
+            writer.write(record)
+            self.queue[0] = replace(head, offset=head.offset + 1)
+            n -= 1
+
+
+def _run_task(address: str, source: Source, sink: FileSink, task: int, box: dict[str, Any]) -> None:
+    """A task of attempt 0: reads its assigned splits into its sink writer, stages at
+    every barrier and carries its committables until CheckpointComplete, reads nothing
+    after a final barrier, returns on Finish (``box["finish", task]``)."""
+    try:
+        link = TaskLink(address, task, 0)
+        writer = sink.create_writer(task, 0)
+        r = _Reader(source.create_reader())
+        carried: list[Committable] = []
+        final = False
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            for cmd in link.poll(timeout=0.005):
+                if isinstance(cmd, AssignSplits):
+                    r.queue += cmd.states
+                elif isinstance(cmd, TriggerCheckpoint):
+                    staged = writer.prepare_commit(cmd.checkpoint_id)
+                    carried += [staged] if staged is not None else []
+                    splits = (*r.done, *r.queue)
+                    tc = TaskCheckpoint(task, 0, splits=splits, committables=tuple(carried))
+                    link.ack_checkpoint(cmd.checkpoint_id, tc)
+                    final = final or cmd.final
+                elif isinstance(cmd, CheckpointComplete):
+                    carried = [c for c in carried if c.checkpoint_id > cmd.checkpoint_id]
+                elif isinstance(cmd, Finish):
+                    box["finish", task] = cmd.checkpoint_id
+                    writer.close()
+                    link.close()
+                    return
+            if not final:
+                r.step(link, writer, 2)
+        raise AssertionError(f"task {task} was not told to finish")
+    except BaseException as e:  # noqa: BLE001 - reported to the test thread
+        box.setdefault("errors", []).append(e)
+
+
+def _staged(sink: FileSink) -> list[str]:
+    store = sink.store()
+    return store.list_files(store.join(STAGING_DIR))
+
+
+def _run(
+    tmp_path: Path, source: MemorySource, until: Callable[[Coordinator], None]
+) -> tuple[Coordinator, FileSink, CompletedCheckpoint, dict[str, Any]]:
+    """Two tasks over ``source`` into a json FileSink until the run is finished;
+    ``until(coord)`` runs while they work."""
+    sink = FileSink(str(tmp_path / "out"), format="json")
+    coord = Coordinator(
+        ObjectStore(str(tmp_path / "cp")),
+        2,
+        checkpoint_interval=0.05,
+        source=source,
+        sink=sink,
+        discovery_interval=0.02,
+    )
+    coord.start()
+    box: dict[str, Any] = {}
+    try:
+        assert coord.begin_attempt(0) is None
+        threads = [
+            threading.Thread(target=_run_task, args=(coord.address, source, sink, t, box))
+            for t in range(2)
+        ]
+        for th in threads:
+            th.start()
+        until(coord)
+        cp = coord.wait_finished(20)
+        for th in threads:
+            th.join(20)
+    finally:
+        coord.stop()
+    assert not box.get("errors"), box.get("errors")
+    assert cp is not None and cp.final and coord.finished == cp
+    assert box["finish", 0] == box["finish", 1] == cp.checkpoint_id
+    return coord, sink, cp, box
+
+
+def test_run_to_the_end_of_the_source_commits_every_record_once(tmp_path: Path) -> None:
+    splits = {f"s{i}": [{"id": f"s{i}-{n}"} for n in range(7)] for i in range(5)}
+    coord, sink, cp, _ = _run(tmp_path, MemorySource(splits), lambda c: None)
+    rows = read_committed(sink.url, "json").column("id").to_pylist()
+    assert sorted(rows) == sorted(r["id"] for rs in splits.values() for r in rs)
+    assert _staged(sink) == []  # everything staged was committed
+    assert cp.enumerator is not None and cp.enumerator.finished == set(splits)
+    assert (cp.parallelism, cp.max_parallelism) == (2, 128)
+    assert CheckpointStore(ObjectStore(str(tmp_path / "cp"))).load_latest() == cp
+    s = coord.statistics()
+    assert s.finished_checkpoint_id == cp.checkpoint_id and s.splits_discovered == 5
+    assert s.sink_files_committed == len(committed_files(sink.url)) >= 2
+
+
+def test_a_stop_request_ends_the_run_with_a_final_checkpoint(tmp_path: Path) -> None:
+    splits = {f"s{i}": [{"id": f"s{i}-{n}"} for n in range(500)] for i in range(4)}
+    source = MemorySource(splits, finished=False)  # never finishes by itself
+
+    def stop_after_a_checkpoint(coord: Coordinator) -> None:
+        wait_until(lambda: coord.statistics().checkpoints_completed >= 2)
+        coord.request_stop()
+
+    _, sink, cp, _ = _run(tmp_path, source, stop_after_a_checkpoint)
+    rows = read_committed(sink.url, "json").column("id").to_pylist()
+    read = {s.split.id: s.offset for s in cp.split_states()}  # offsets at the final barrier
+    assert sorted(rows) == sorted(f"{sid}-{n}" for sid, o in read.items() for n in range(o))
+    assert _staged(sink) == []
+
+
+def test_begin_attempt_recovers_the_sink(tmp_path: Path) -> None:
+    sink = FileSink(str(tmp_path / "out"), format="json")
+    w0 = sink.create_writer(0, 0)
+    staged = []
+    for cid, row in enumerate(["a", "b", "c"], 1):
+        w0.write({"id": row})
+        staged.append(w0.prepare_commit(cid))
+    w0.close()
+    c1, c2, c3 = staged  # c3: an aborted checkpoint's
+    assert c1 is not None and c2 is not None and c3 is not None
+    with sink.create_writer(0, 1) as w1:  # a failed attempt's staged file
+        w1.write({"id": "z"})
+        assert w1.prepare_commit(9) is not None
+    sink.create_committer().commit([c1])  # committed before the driver crashed
+    store = ObjectStore(str(tmp_path / "cp"))
+    for cid, c in [(1, c1), (2, c2)]:
+        tc = TaskCheckpoint(0, 0, committables=(c,))
+        CheckpointStore(store).add(CompletedCheckpoint(cid, 0, 0, 0.0, 0.0, {0: tc}, 1, 128))
+    coord = Coordinator(store, 1, sink=sink)
+    coord.start()
+    try:
+        latest = coord.begin_attempt(2)
+        assert latest is not None and latest.checkpoint_id == 2
+        assert read_committed(sink.url, "json").column("id").to_pylist() == ["a", "b"]
+        assert _staged(sink) == []  # c3 and the failed attempt's file are gone
+        assert coord.statistics().sink_files_committed == 1  # c1 was committed before
+    finally:
+        coord.stop()
+
+
+def test_begin_attempt_raises_when_the_sink_cannot_be_recovered(tmp_path: Path) -> None:
+    sink = FileSink(str(tmp_path / "out"), format="json")
+    with sink.create_writer(0, 0) as w:
+        w.write({"id": "a"})
+        c1 = w.prepare_commit(1)
+    assert c1 is not None
+    sink.store().delete([sink.store().join(c1.staged)])  # staged output lost
+    store = ObjectStore(str(tmp_path / "cp"))
+    tc = TaskCheckpoint(0, 0, committables=(c1,))
+    CheckpointStore(store).add(CompletedCheckpoint(1, 0, 0, 0.0, 0.0, {0: tc}, 1, 128))
+    coord = Coordinator(store, 1, sink=sink, checkpoint_interval=0.01)
+    coord.start()
+    try:
+        with pytest.raises(SinkCommitError, match="lost"):
+            coord.begin_attempt(0)
+        with TaskLink(coord.address, 0, 0) as link:  # the attempt triggers nothing
+            assert link.poll(timeout=0.2) == []
+    finally:
+        coord.stop()
