@@ -443,6 +443,9 @@ class CoordinatorState:
             return [
                 MessageIgnored(message.task, "acknowledged state names another task or attempt")
             ]
+        problem = _ack_problem(p, tc)
+        if problem is not None:
+            return self._reject(identity, f"checkpoint {p.checkpoint_id}: {problem}")
         p.acks[message.task] = tc
         if len(p.acks) < p.num_tasks:
             return []
@@ -771,6 +774,22 @@ class CoordinatorState:
             c.in_flight is None or c.in_flight in ids,
             "a running commit is of a durable checkpoint awaiting its commit",
         )
+
+
+def _ack_problem(p: _Pending, tc: TaskCheckpoint) -> str | None:
+    """Why an acknowledgement cannot be part of ``p`` (None if it can): a committable
+    of another task or attempt, or reader split states that do not fit the
+    enumerator snapshot of the trigger (the checkpoint could not be restored)."""
+    if any(c.task != tc.task or c.attempt != tc.attempt for c in tc.committables):
+        return "a committable of another task or attempt"
+    if tc.splits and p.enumerator is None:
+        return "split states, but the job has no source"
+    if p.enumerator is not None:
+        try:
+            p.enumerator.resumed(tc.splits)
+        except ValueError as e:
+            return f"split states do not fit the enumerator: {e}"
+    return None
 
 
 def _require(ok: bool, invariant: str) -> None:

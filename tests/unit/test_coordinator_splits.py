@@ -33,6 +33,7 @@ from dstltree.sparkplug.sources import EnumeratorState, MemorySource, Split, Spl
 from tests.support.coordinator_events import (
     ack,
     assigned,
+    committable,
     feed,
     finished,
     hello,
@@ -267,3 +268,16 @@ def test_rescaled_attempt_reassigns_the_unfinished_splits() -> None:
         2: [("s3", 0)],
     }
     assert feed(s, Tick(3.0)) == triggers(2, 1, 3)
+
+
+def test_acks_whose_split_states_do_not_fit_the_snapshot_are_rejected() -> None:
+    s, _ = _running(_source("a", "b"), 2)
+    feed(s, Tick(1.0))
+    (reply,) = feed(s, ack(1.0, 0, 0, 1, [SplitState(Split("zzz"), 1)]))
+    assert isinstance(reply, Reply) and isinstance(reply.message, protocol.ErrorReply)
+    assert "unknown split 'zzz'" in reply.message.reason
+    (reply,) = feed(s, ack(1.0, 0, 0, 1, committables=[committable(1, 1)]))  # task 1's
+    assert isinstance(reply, Reply) and "another task" in str(reply.message)
+    feed(s, ack(1.0, 0, 0, 1, [SplitState(Split("a"), 2)]))
+    (persist,) = feed(s, ack(1.0, 1, 0, 1, [SplitState(Split("b"), 1)]))
+    assert isinstance(persist, PersistCheckpoint)
