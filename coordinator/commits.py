@@ -85,6 +85,8 @@ class SinkCommits:
         """The recovery succeeded; returns the pending checkpoints it committed."""
         through = self.recovering or 0
         self.recovering = None
+        if self.in_flight is not None and self.in_flight <= through:
+            self.in_flight = None  # covered by the recovery; its late answer is ignored
         self.recoveries += 1
         self.files_committed += files
         return self._through(through)

@@ -179,3 +179,15 @@ def test_validate_refuses_checkpoint_complete_before_its_commit() -> None:
     s.complete_sent = 1
     with pytest.raises(InvariantError, match="no CheckpointComplete before its commit"):
         s.validate()
+
+
+def test_a_recovery_covers_the_commit_in_flight() -> None:
+    s = _running()
+    c1 = committable(1, 0)
+    assert _durable(s, 1.0, c1) == [CommitSink(1, (c1,))]
+    (recover,) = feed(s, AttemptStarted(1.5, 1, 1))
+    assert recover == RecoverSink((CommitSink(1, (c1,)),), (c1,))
+    assert feed(s, SinkRecovered(1.6, 0, 0)) == []
+    assert s.commits is not None and s.commits.in_flight is None
+    (ign,) = feed(s, SinkCommitted(1.7, 1, 1))  # the late answer of the covered commit
+    assert isinstance(ign, MessageIgnored)

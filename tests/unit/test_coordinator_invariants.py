@@ -17,18 +17,26 @@ from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
 from dstltree.coordinator.events import (
     AttemptStarted,
     CheckpointWritten,
+    CommitFailed,
     DeleteObjects,
     Event,
     Instruction,
+    ListingFailed,
     MessageFromTask,
     PersistCheckpoint,
     Reply,
+    SinkCommitted,
+    SinkRecovered,
+    SinkRecoveryFailed,
+    SplitsListed,
     Started,
+    StopRequested,
     Tick,
     WriteFailed,
 )
 from dstltree.coordinator.state import CoordinatorConfig, CoordinatorState
 from dstltree.coordinator.testing import task_checkpoint
+from dstltree.sparkplug.sources import MemorySource
 
 CFG = CoordinatorConfig(
     checkpoint_interval=1.0,
@@ -43,7 +51,7 @@ POOL = [f"obj-{i}" for i in range(8)]
 class CoordinatorMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.s = CoordinatorState(CFG, validate=True)
+        self.s = self.make_state()
         self.now = 0.0
         self.attempt = -1
         self.num_tasks: dict[int, int] = {}
@@ -51,6 +59,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.persisting: PersistCheckpoint | None = None
         self.fresh = 0
         self.feed(Started(0.0))
+
+    def make_state(self) -> CoordinatorState:
+        return CoordinatorState(CFG, validate=True)
 
     def feed(self, event: Event) -> list[Instruction]:
         out = self.s.handle(event)  # validate=True: validate() ran after the event
@@ -182,3 +193,86 @@ CoordinatorMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )
 test_coordinator_invariants = CoordinatorMachine.TestCase
+
+
+class SourceSinkMachine(CoordinatorMachine):
+    """The same with a source (splits listed, assigned, finished; more added until
+    the source finishes) and a sink (recoveries and commits that succeed or fail),
+    and stop requests: validate() also checks that a split is never both assigned and
+    finished, no CheckpointComplete precedes its commit, and the run finishes only
+    with a durable, committed final checkpoint."""
+
+    def make_state(self) -> CoordinatorState:
+        self.source = MemorySource({f"s{i}": [{"i": i}] for i in range(4)}, finished=False)
+        self.added = 0
+        return CoordinatorState(CFG, source=self.source, commit_sink=True, validate=True)
+
+    @precondition(lambda self: self.s.splits is not None and self.s.splits.listing)
+    @rule(ok=st.booleans())
+    def answer_listing(self, ok: bool) -> None:
+        listing = self.source.list_splits()
+        self.feed(SplitsListed(self.now, listing) if ok else ListingFailed(self.now, "x"))
+
+    @rule(finish=st.booleans())
+    def more_splits(self, finish: bool) -> None:
+        if self.source.finished:
+            return
+        self.added += 1
+        self.source.add_split(f"n{self.added}", [{"i": 0}])
+        if finish:
+            self.source.finish()
+
+    @precondition(lambda self: self.attempt >= 0)
+    @rule(data=st.data())
+    def splits_finished(self, data: st.DataObject) -> None:
+        """A task finishes splits: mostly its own, sometimes another's or unknown."""
+        e = self.s.splits.enumerator if self.s.splits is not None else None
+        n = self.num_tasks[self.attempt]
+        pairs = [(t, x.split.id) for t in range(n) for x in e.assigned_to(t)] if e else []
+        task, sid = data.draw(st.sampled_from(pairs or [(0, "none")]), label="split")
+        if data.draw(st.booleans(), label="someone else"):
+            task = data.draw(st.integers(0, n - 1), label="task")
+        msg = protocol.SplitsFinished(task, self.attempt, (sid,))
+        self.feed(self._message(task, self.attempt, msg))
+
+    @precondition(lambda self: self.s.commits is not None and self.s.commits.in_flight)
+    @rule(ok=st.booleans())
+    def commit_result(self, ok: bool) -> None:
+        assert self.s.commits is not None and self.s.commits.in_flight is not None
+        cid = self.s.commits.in_flight
+        self.now += 0.01
+        self.feed(SinkCommitted(self.now, cid, 1) if ok else CommitFailed(self.now, cid, "x"))
+
+    @precondition(lambda self: self.s.commits is not None and self.s.commits.recovering is not None)
+    @rule(ok=st.booleans())
+    def recovery_result(self, ok: bool) -> None:
+        self.feed(SinkRecovered(self.now, 0, 0) if ok else SinkRecoveryFailed(self.now, "x"))
+
+    @precondition(lambda self: self.attempt >= 0)
+    @rule(data=st.data())
+    def checkpoint_round(self, data: st.DataObject) -> None:
+        """A whole round, the sink recovered and splits listed first, committed after."""
+        c = self.s.commits
+        if c is not None and c.recovering is not None:
+            self.recovery_result(ok=True)
+        if self.s.splits is not None and self.s.splits.listing:
+            self.answer_listing(ok=True)
+        super().checkpoint_round(data)
+        if c is not None and c.in_flight is not None:
+            self.commit_result(ok=True)
+
+    @rule()
+    def stop(self) -> None:
+        self.feed(StopRequested(self.now))
+
+    @invariant()
+    def finished_run_is_final_and_committed(self) -> None:
+        f = self.s.finished
+        c = self.s.commits
+        assert f is None or (f.final and c is not None and f.checkpoint_id <= c.committed_through)
+
+
+SourceSinkMachine.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=50, deadline=None
+)
+test_coordinator_invariants_with_source_and_sink = SourceSinkMachine.TestCase
