@@ -117,7 +117,9 @@ class StreamingJob:
     RescaleError). ``topology``: the aggregator nodes' YAML (None: tasks write their
     changelog straight to the DFS). Intervals in seconds. Keyword options: ``master``
     (default: the session's), ``max_attempts``, ``retained_checkpoints``,
-    ``metrics_port``, ``crash_drill`` (a :class:`CrashDrill`), ``persist_changelog``
+    ``metrics_port``, ``crash_drill`` (a :class:`CrashDrill`), ``source_rate``
+    (records per second per task's reader, 0 = unlimited), ``batch_records``,
+    ``checkpoint_timeout``, ``persist_changelog``
     (False: the minimal changelog, for benchmarks: state changes are not logged and
     checkpoints hold only offsets and output, so state is NOT recoverable)."""
 

@@ -35,7 +35,9 @@ class JobFailedError(RuntimeError):
 @dataclass(frozen=True)
 class RunOptions:
     """How to run a job (see StreamingJob). Times in seconds. ``crash_drill``: a
-    ``CrashDrill`` (one task killed hard once in the run's first attempt)."""
+    ``CrashDrill`` (one task killed hard once in the run's first attempt);
+    ``source_rate``: records per second each task's reader reads at most (0: as fast
+    as it can)."""
 
     name: str
     base_path: str
@@ -53,6 +55,7 @@ class RunOptions:
     crash_drill: Any = None
     persist_changelog: bool = True
     batch_records: int = 256
+    source_rate: float = 0.0
     progress: Callable[[Any], None] | None = None
 
 
@@ -276,6 +279,7 @@ class _Attempts:
             max_parallelism=o.max_parallelism,
             batch_records=o.batch_records,
             persist_changelog=o.persist_changelog,
+            source_rate=o.source_rate,
             kill_task=drill.task if armed and drill is not None else None,
             kill_after_checkpoints=drill.after_checkpoints if drill is not None else 0,
         )

@@ -26,6 +26,7 @@ class SplitQueue:
         self._current: SplitState | None = None
         self._records: Iterator[Record] | None = None
         self._offset = 0
+        self.consumed = 0  # records read by this queue, all splits
 
     def assign(self, states: tuple[SplitState, ...]) -> None:
         """Add assigned splits (each is read from its state's offset)."""
@@ -63,6 +64,7 @@ class SplitQueue:
                 continue
             emit(record, location, self._offset)
             self._offset += 1
+            self.consumed += 1
             limit -= 1
         return done
 

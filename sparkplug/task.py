@@ -53,6 +53,7 @@ class TaskConfig:
     max_parallelism: int = 128
     batch_records: int = 256
     persist_changelog: bool = True
+    source_rate: float = 0.0  # records per second per reader, 0 = unlimited
     kill_task: int | None = None
     kill_after_checkpoints: int = 0
 

@@ -15,11 +15,12 @@ thread, driven by coordinator commands and exchange deliveries.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
-from dstltree.coordinator.errors import CoordinatorError
 from dstltree.coordinator.task_link import TaskLink
 from dstltree.sparkplug.exchange import Aligned, Exchange
 from dstltree.sparkplug.keygroups import key_group_of, task_of_key_group
@@ -31,6 +32,7 @@ from dstltree.sparkplug.state_backend import KeyedStateBackend, ListState, MapSt
 from dstltree.sparkplug.task import Restored, TaskConfig, kill_if_drilled, snapshot_now
 from dstltree.storage.store import ObjectStore
 
+log = logging.getLogger(__name__)
 IDLE_WAIT = 0.005  # seconds a task with nothing to do waits for deliveries
 
 
@@ -94,6 +96,8 @@ class TaskLoop:
         self.exchange = Exchange(task, cfg.parallelism, batch_records=cfg.batch_records)
         self._steps, self._key, self._fn = p.steps, p.key_by, p.function
         self._link: TaskLink | None = None
+        self._rate_start: float | None = None
+        self.read_records = 0
 
     # -- driving -----------------------------------------------------------------------
     def run(self, link: TaskLink, gather: Any) -> int:
@@ -134,10 +138,28 @@ class TaskLoop:
         """Read one batch if allowed; True if it read (more may follow at once)."""
         if self.final is not None or self.splits.idle or self.exchange.backpressured:
             return False
-        done = self.splits.read(self.cfg.batch_records, self._route)
+        limit = self._allowed()
+        if limit <= 0:
+            return False
+        before = self.splits.consumed
+        done = self.splits.read(limit, self._route)
+        self.read_records += self.splits.consumed - before
         if done and self._link is not None:
             self._link.splits_finished(tuple(done))
         return True
+
+    def _allowed(self) -> int:
+        """Records the reader may read now: a batch, or fewer under ``source_rate``
+        (records per second per reader, 0 = unlimited; a token bucket from the first
+        read)."""
+        rate = self.cfg.source_rate
+        if rate <= 0:
+            return self.cfg.batch_records
+        now = time.monotonic()
+        if self._rate_start is None:
+            self._rate_start = now
+        budget = int((now - self._rate_start) * rate) + 1 - self.read_records
+        return min(self.cfg.batch_records, budget)
 
     def _route(self, record: Record, location: str, row: int) -> None:
         try:
@@ -204,7 +226,7 @@ class TaskLoop:
         elif isinstance(cmd, protocol.Finish | protocol.Fenced):
             return True
         elif isinstance(cmd, protocol.ErrorReply):
-            raise CoordinatorError(f"task {self.task}: coordinator rejected: {cmd.reason}")
+            log.warning("task %d: the coordinator rejected a message: %s", self.task, cmd.reason)
         return False
 
     def _barrier(self, cmd: protocol.TriggerCheckpoint) -> None:

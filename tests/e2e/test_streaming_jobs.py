@@ -80,7 +80,7 @@ def test_exactly_once_with_a_task_killed_at_a_random_checkpoint(spark: Any, tmp_
     write_files(tmp_path / "in", files=12, per_file=300, seed=1)
     (tmp_path / "in" / "_SUCCESS").touch()
     drill = CrashDrill(task=rng.randrange(3), after_checkpoints=rng.randrange(2, 6))
-    job = _job(spark, tmp_path, 3, crash_drill=drill)
+    job = _job(spark, tmp_path, 3, crash_drill=drill, source_rate=1000.0)
     result = job.run(until="end")
     assert result.recoveries == 1 and result.finished
     assert result.source_files == 12
@@ -109,7 +109,7 @@ def test_files_landing_while_the_job_runs(spark: Any, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 4)])
 def test_rescaling_from_a_stopped_run(spark: Any, tmp_path: Path, before: int, after: int) -> None:
     write_files(tmp_path / "in", files=10, per_file=400, seed=3)
-    first = _job(spark, tmp_path, before, batch_records=32)
+    first = _job(spark, tmp_path, before, batch_records=32, source_rate=500.0)
     stopped = first.run(until=1.5)
     assert stopped.finished and stopped.rescaled_from is None
     (tmp_path / "in" / "_SUCCESS").touch()
@@ -128,12 +128,19 @@ def test_a_changed_max_parallelism_is_refused(spark: Any, tmp_path: Path) -> Non
         _job(spark, tmp_path, 2, max_parallelism=64).run(until="end")
 
 
-def test_a_record_without_its_key_fails_the_job_naming_file_and_row(
-    spark: Any, tmp_path: Path
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"page": "home"}\n{"page": "cart"}\n', r"events-0001\.json, row 0: KeyError: .*user"),
+        ('{"user": "a", "page": "home"}\n{"user": "b", "page": \n', r"events-0001\.json, row 1"),
+    ],
+    ids=["key-column-missing", "unreadable-row"],
+)
+def test_a_bad_record_fails_the_job_naming_file_and_row(
+    spark: Any, tmp_path: Path, content: str, message: str
 ) -> None:
     write_files(tmp_path / "in", files=1, per_file=20, seed=5)
-    bad = tmp_path / "in" / "events-0001.json"
-    bad.write_text('{"user": "a", "page": "home"}\n{"page": "home"}\n')
+    (tmp_path / "in" / "events-0001.json").write_text(content)
     (tmp_path / "in" / "_SUCCESS").touch()
-    with pytest.raises(JobFailedError, match=r"events-0001\.json, row 1: .*user"):
+    with pytest.raises(JobFailedError, match=message):
         _job(spark, tmp_path, 2).run(until="end")
