@@ -40,12 +40,15 @@ class CountAndSum(KeyedProcessFunction):
 
 @dataclass(frozen=True)
 class JobBenchResult:
-    """One configuration's run: records, seconds, records per second, checkpoints."""
+    """One configuration's run: records, wall seconds of ``run``, records per wall
+    second, the steady rate (records per second between the first checkpoint holding
+    records and the last checkpoint: start-up and the end excluded), checkpoints."""
 
     name: str
     records: int
     seconds: float
     records_per_second: float
+    steady_records_per_second: float
     checkpoints: int
 
 
@@ -69,7 +72,8 @@ def write_input(root: Path, files: int, per_file: int, keys: int, seed: int = 7)
 def run_one(
     spark: Any, work: Path, name: str, topology: Path | None, parallelism: int, persist: bool
 ) -> JobBenchResult:
-    """Run the job once over ``work/in`` into a fresh sink and checkpoint directory."""
+    """Run the job once over ``work/in`` into a fresh sink and checkpoint directory
+    (nodes of ``topology`` started for the run in both cases: the same start-up)."""
     for d in (work / f"out-{name}", work / "checkpoints" / name):
         shutil.rmtree(d, ignore_errors=True)
     job = StreamingJob(
@@ -96,5 +100,15 @@ def run_one(
         result.records,
         round(seconds, 2),
         round(result.records / seconds, 1),
+        round(steady_rate(result.run.observed.samples), 1),
         result.checkpoints_completed,
     )
+
+
+def steady_rate(samples: list[tuple[float, int]]) -> float:
+    """Records per second between the first sample with records and the last one
+    (0 with fewer than two such samples)."""
+    busy = [s for s in samples if s[1] > 0]
+    if len(busy) < 2 or busy[-1][0] <= busy[0][0]:
+        return 0.0
+    return (busy[-1][1] - busy[0][1]) / (busy[-1][0] - busy[0][0])

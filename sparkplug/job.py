@@ -61,7 +61,8 @@ class RunOptions:
 
 @dataclass
 class Observed:
-    """What the driver sees of completed checkpoints while the job runs."""
+    """What the driver sees of completed checkpoints while the job runs; ``samples``:
+    (seconds, monotonic, when seen; records in the checkpoint) per checkpoint."""
 
     checkpoint_ids: set[int] = field(default_factory=set)
     objects: set[str] = field(default_factory=set)
@@ -69,12 +70,14 @@ class Observed:
     segment_bytes: int = 0
     writers: set[str] = field(default_factory=set)
     records: int = 0
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (monotonic s, records)
 
     def see(self, cp: CompletedCheckpoint | None) -> None:
         if cp is None or cp.checkpoint_id in self.checkpoint_ids:
             return
         self.checkpoint_ids.add(cp.checkpoint_id)
         self.records = sum(t.records for t in cp.tasks.values())
+        self.samples.append((time.monotonic(), self.records))
         for t in cp.tasks.values():
             for h in t.changelog:
                 self.writers.add(h.log_id)
