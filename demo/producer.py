@@ -45,7 +45,7 @@ TOTAL_FLIGHTS = 336_776
 LANDING_SCHEMA = pa.schema(
     [
         pa.field("day", pa.string(), nullable=False),  # "2013-01-01", scheduled local date
-        pa.field("time_hour", pa.timestamp("s", tz="UTC"), nullable=False),
+        pa.field("time_hour", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("event_time", pa.int64(), nullable=False),  # time_hour, epoch seconds
         pa.field("tailnum", pa.string()),  # null: no tail number recorded
         pa.field("carrier", pa.string(), nullable=False),
