@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dstltree.demo.flights import load_table
+from dstltree.demo.producer import flights_table
 from tests.support.demo_run import run_demo_cli
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -20,13 +20,15 @@ def _demo(tmp_path: Path, *args: str) -> dict:
 
 def _check(r: dict, nodes: int) -> None:
     assert r["state_matches_batch"] is True, r["mismatched_keys"]
+    assert r["sink_matches_batch"] is True and r["sink_duplicate_rows"] == 0
     assert r["mismatched_keys"] == []
     assert r["recoveries"] == 1
     assert r["checkpoints_completed"] >= 5
     assert r["materializations"] >= 1
     assert r["nodes"] == nodes
-    assert r["records"] == 30000
-    assert r["keys"] == load_table(30000)["tailnum"].nunique()  # one aggregate per plane
+    assert r["records"] == r["sink_rows"] == 30000
+    # one aggregate per plane, flights without a tail number under the null key
+    assert r["keys"] == len(set(flights_table(30000).column("tailnum").to_pylist()))
     assert r["objects_written"] >= r["objects_referenced"] >= 1
     # every event changes its plane's value: at least one encoded change per record
     assert r["changelog_bytes"] >= r["records"]
@@ -47,3 +49,9 @@ def test_demo_local_mode_with_task_kill(tmp_path: Path) -> None:
 def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:
     r = _demo(tmp_path, "--tasks", "2", "--master", "local-cluster[2,1,1024]")
     _check(r, nodes=2)
+
+
+def test_demo_rescaled_from_4_to_2_tasks(tmp_path: Path) -> None:
+    r = _demo(tmp_path, "--tasks", "4", "--rescale-to", "2", "--rescale-after", "8")
+    assert r["rescaled_from"] == 4 and r["tasks"] == 2
+    _check(r, nodes=7)

@@ -1,5 +1,5 @@
 """Running the real ``dstl demo`` command in a subprocess (its own JVM), in the quick
-mode of the end-to-end tests: 30,000 flights at 10,000 records/s, one task killed hard
+mode of the end-to-end tests: 30,000 flights landing over 15 s, one task killed hard
 after 4 checkpoints, a materialization every second."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICK = [
     "--limit-records",
     "30000",
-    "--records-per-second",
-    "10000",
+    "--producer-seconds",
+    "15",
     "--kill-task-after",
     "4",
     "--materialization-interval",
