@@ -23,6 +23,7 @@ from dstltree.sparkplug.sinks import read_committed
 from dstltree.sparkplug.spark_session import spark_session
 from dstltree.storage.store import ObjectStore
 from tests.support.sessions_job import Sessions, expected, read_events, write_files
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 MAX_P = 32
@@ -144,3 +145,22 @@ def test_a_bad_record_fails_the_job_naming_file_and_row(
     (tmp_path / "in" / "_SUCCESS").touch()
     with pytest.raises(JobFailedError, match=message):
         _job(spark, tmp_path, 2).run(until="end")
+
+
+def test_stop_ends_a_run_without_end_with_a_final_checkpoint(spark: Any, tmp_path: Path) -> None:
+    write_files(tmp_path / "in", files=3, per_file=100, seed=6)  # no _SUCCESS: never ends
+    job = _job(spark, tmp_path, 2)
+    box: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: box.update(result=job.run(until=None)))
+    runner.start()
+    store = ObjectStore(str(tmp_path / "checkpoints" / "sessions"))
+
+    def all_read() -> bool:
+        latest = CheckpointStore(store).load_latest()
+        return latest is not None and sum(t.records for t in latest.tasks.values()) == 300
+
+    wait_until(all_read, timeout=120, interval=0.1)
+    job.stop()
+    runner.join(timeout=120)
+    assert not runner.is_alive() and box["result"].finished
+    _check(tmp_path)
