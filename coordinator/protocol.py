@@ -126,20 +126,6 @@ class ErrorReply:
     reason: str
 
 
-Message = (
-    Hello
-    | Ack
-    | Report
-    | SplitsFinished
-    | TriggerCheckpoint
-    | Materialize
-    | ApplyMaterialization
-    | AssignSplits
-    | CheckpointComplete
-    | Finish
-    | Fenced
-    | ErrorReply
-)
 Command = (
     TriggerCheckpoint
     | Materialize
@@ -150,6 +136,7 @@ Command = (
     | Fenced
     | ErrorReply
 )
+Message = Hello | Ack | Report | SplitsFinished | Command
 COMMANDS = (
     TriggerCheckpoint,
     Materialize,
