@@ -19,6 +19,7 @@ see :attr:`CoordinatorMetrics.url`); off by default.
 - ``dstl_objects_deleted_total`` (released by the shared state registry),
   ``dstl_orphans_deleted_total`` (cleanup at start).
 - ``dstl_messages_fenced_total`` (from stale task attempts),
+- ``dstl_tasks_without_node`` (tasks writing straight to the DFS: no node on their host),
   ``dstl_messages_rejected_total`` (malformed or not task messages).
 - ``dstl_last_checkpoint_id`` (gauge, -1 before the first).
 """
@@ -96,6 +97,12 @@ class CoordinatorMetrics:
         )
         self.messages_rejected = Counter(
             "dstl_messages_rejected", "Malformed or unexpected messages rejected.", registry=r
+        )
+        self.tasks_without_node = Gauge(
+            "dstl_tasks_without_node",
+            "Tasks of the current attempt writing their changelog straight to the DFS "
+            "(no aggregator node found for their host).",
+            registry=r,
         )
         self.last_checkpoint_id = Gauge(
             "dstl_last_checkpoint_id", "Id of the latest completed checkpoint.", registry=r

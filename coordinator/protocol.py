@@ -29,8 +29,13 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Hello:
+    """Task ``task`` of ``attempt`` is connected; ``node``: the endpoint of the
+    aggregator node its changelog goes through ("" = none: it writes straight to the
+    DFS, counted by the coordinator)."""
+
     task: int
     attempt: int
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ COMMANDS = (
 
 def _fields(m: Message) -> dict[str, Any]:
     if isinstance(m, Hello):
-        return {"t": "hello", "task": m.task, "attempt": m.attempt}
+        return {"t": "hello", "task": m.task, "attempt": m.attempt, "node": m.node}
     if isinstance(m, Ack):
         return {
             "t": "ack",
@@ -214,6 +219,12 @@ def _str(v: Any) -> str:
     return v
 
 
+def _endpoint(v: Any) -> str:
+    if not isinstance(v, str) or len(v) > 256:
+        raise ValueError("a node endpoint is a string of at most 256 characters")
+    return v
+
+
 def _split_state(r: Any) -> SplitState:
     if not isinstance(r, list | tuple) or len(r) != 4:
         raise ValueError("a split state is [id, location, offset, finished]")
@@ -224,7 +235,7 @@ def _split_state(r: Any) -> SplitState:
 
 
 _DECODERS: dict[str, Callable[[dict[str, Any]], Message]] = {
-    "hello": lambda d: Hello(_int(d, "task"), _int(d, "attempt")),
+    "hello": lambda d: Hello(_int(d, "task"), _int(d, "attempt"), _endpoint(d.get("node", ""))),
     "ack": lambda d: Ack(
         _int(d, "task"),
         _int(d, "attempt"),

@@ -76,13 +76,16 @@ class CoordinatorStatistics:
     sink_commits_failed: int = 0
     sink_files_committed: int = 0
     finished_checkpoint_id: int | None = None
+    tasks_without_node: int = 0
 
 
 class Coordinator:
     """Checkpoint coordinator for ``num_tasks`` tasks, checkpoints on ``store``.
 
-    Intervals and timeouts are seconds. ``bind``: a ZeroMQ endpoint; ``.address`` is
-    the endpoint tasks connect to. Call :meth:`start` (blocking cleanup, then the loop
+    Intervals and timeouts are seconds. ``bind``: a ZeroMQ endpoint (``tcp://0.0.0.0:*``
+    for every interface); ``.address`` is the endpoint tasks connect to: the bound port
+    on ``advertise_host`` (the driver's host as executors reach it, Spark's
+    ``spark.driver.host``) when given. Call :meth:`start` (blocking cleanup, then the loop
     thread) before launching tasks, then :meth:`begin_attempt` for every (re)start of
     the task stage. ``metrics_port``: serve Prometheus metrics (coordinator.metrics) on
     that loopback port (0 = a free one, see ``.metrics.url``); None (default) = off.
@@ -117,6 +120,7 @@ class Coordinator:
         finish_when_source_done: bool = True,
         discovery_interval: float = 0.5,
         commit_retry_interval: float = 1.0,
+        advertise_host: str | None = None,
     ) -> None:
         if num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
@@ -151,7 +155,7 @@ class Coordinator:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self._sock.bind(bind)
-        self.address = _connectable(self._sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.address = _connectable(self._sock.getsockopt_string(zmq.LAST_ENDPOINT), advertise_host)
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -324,6 +328,7 @@ class Coordinator:
                 sink_commits_failed=0 if s.commits is None else s.commits.commits_failed,
                 sink_files_committed=0 if s.commits is None else s.commits.files_committed,
                 finished_checkpoint_id=None if s.finished is None else s.finished.checkpoint_id,
+                tasks_without_node=s.tasks_without_node,
             )
 
     def _call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
@@ -395,6 +400,8 @@ class Coordinator:
 
     # -- instructions ------------------------------------------------------------------
     def _execute(self, instructions: list[ev.Instruction]) -> None:
+        if self.metrics is not None:
+            self.metrics.tasks_without_node.set(self._state.tasks_without_node)
         for ins in instructions:
             if self.metrics is not None:
                 _observe(self.metrics, ins)
@@ -485,8 +492,12 @@ def _observe(m: CoordinatorMetrics, ins: ev.Instruction) -> None:
         m.messages_rejected.inc()
 
 
-def _connectable(endpoint: str) -> str:
-    """Replace a wildcard host in a bound endpoint by this host's address."""
+def _connectable(endpoint: str, advertise_host: str | None = None) -> str:
+    """The endpoint tasks connect to: the bound port on ``advertise_host`` if given, else
+    the bound endpoint with a wildcard host replaced by this host's address."""
+    if advertise_host:
+        port = endpoint.rsplit(":", 1)[-1]
+        return f"tcp://{advertise_host}:{port}"
     for wildcard in ("0.0.0.0", "*"):
         prefix = f"tcp://{wildcard}:"
         if endpoint.startswith(prefix):

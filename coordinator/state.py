@@ -200,6 +200,7 @@ class CoordinatorState:
         self.complete_sent = 0  # the newest checkpoint id sent as CheckpointComplete
         self._validate = validate
         self._peers: dict[int, dict[int, bytes]] = {}  # attempt -> task -> identity
+        self._without_node: dict[int, set[int]] = {}  # attempt -> tasks with no node
         self._attempt_tasks: dict[int, int] = {}  # attempt -> its number of tasks
         self._restored = frozenset(c.checkpoint_id for c in self.retained)
         self._released: set[str] | None = set() if validate else None
@@ -227,6 +228,14 @@ class CoordinatorState:
     def latest(self) -> CompletedCheckpoint | None:
         """The latest completed checkpoint (the newest retained), or None."""
         return self.retained[-1] if self.retained else None
+
+    @property
+    def tasks_without_node(self) -> int:
+        """Tasks of the current attempt that said hello without an aggregator node
+        (their changelog goes straight to the DFS)."""
+        if self.attempt is None:
+            return 0
+        return len(self._without_node.get(self.attempt, set()))
 
     def all_connected(self) -> bool:
         """Every task of the current attempt said hello."""
@@ -405,6 +414,9 @@ class CoordinatorState:
     @_handle_message.register
     def _(self, message: protocol.Hello, identity: bytes) -> list[Instruction]:
         task, attempt = message.task, message.attempt
+        if 0 <= task < 1 << 20:
+            without = self._without_node.setdefault(attempt, set())
+            (without.discard if message.node else without.add)(task)
         if self.attempt is not None and attempt > self.attempt:
             if task >= 0:  # early: kept for when its attempt starts
                 self._peers.setdefault(attempt, {})[task] = identity

@@ -20,7 +20,8 @@ class TaskLink:
     """Link of task ``task`` of attempt ``attempt`` to the coordinator at ``address``.
 
     ``send_timeout``: seconds a send may wait (raises CoordinatorError after it);
-    ``linger``: seconds :meth:`close` waits to deliver queued messages.
+    ``linger``: seconds :meth:`close` waits to deliver queued messages; ``node``: the
+    endpoint of the task's aggregator node ("" = it writes straight to the DFS).
     """
 
     def __init__(
@@ -31,6 +32,7 @@ class TaskLink:
         *,
         send_timeout: float = 5.0,
         linger: float = 1.0,
+        node: str = "",
     ) -> None:
         self.address = address
         self.task = task
@@ -42,7 +44,7 @@ class TaskLink:
         self._sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         self._sock.connect(address)
-        self._send(protocol.Hello(task, attempt))
+        self._send(protocol.Hello(task, attempt, node))
 
     def poll(self, timeout: float = 0.0) -> list[Command]:
         """Commands received so far, in order; waits up to ``timeout`` seconds (default:

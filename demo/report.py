@@ -44,6 +44,7 @@ def run_figures(
         "changelog_bytes": sum(length for _, _, length in segments),
         "writers": len(writers),
         "nodes": max(r.run.nodes for r in results),
+        "tasks_without_node": max(s.tasks_without_node for s in stats),
         "objects_per_checkpoint": round(len(objects) / max(1, checkpoints), 3),
         "objects_deleted": sum(s.objects_deleted for s in stats),
         "orphans_deleted_at_start": stats[0].orphans_deleted,

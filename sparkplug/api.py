@@ -16,10 +16,11 @@ split offsets) and the sink makes output visible only when its checkpoint comple
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -144,7 +145,7 @@ class StreamingJob:
         self.name = name
         self.options = RunOptions(
             name=name,
-            base_path=checkpoint_dir.rstrip("/") + "/" + name,
+            base_path=absolute_url(checkpoint_dir).rstrip("/") + "/" + name,
             storage_options=dict(storage_options or {}),
             topology=None if topology is None else Path(topology),
             parallelism=parallelism,
@@ -175,6 +176,7 @@ class StreamingJob:
         if self._pipeline is None:
             raise ValueError("the job has no source(...)")
         self._pipeline.check()
+        _absolute_locations(self._pipeline)
         if until is not None and until != "end" and not isinstance(until, int | float):
             raise ValueError(f"until must be 'end', seconds or None, got {until!r}")
         self._stop.clear()
@@ -198,6 +200,23 @@ class StreamingJob:
         """Ask a running :meth:`run` to stop gracefully (a final checkpoint, then
         return). Thread-safe; harmless when not running."""
         self._stop.set()
+
+
+def absolute_url(url: str) -> str:
+    """``url`` with a local relative path made absolute on the driver (executors run in
+    other working directories); URLs with a scheme are returned as they are."""
+    if "://" in url or "::" in url:
+        return url
+    return os.path.abspath(url)
+
+
+def _absolute_locations(pipeline: Pipeline) -> None:
+    """Make the source's and the sink's local relative URLs absolute."""
+    source = pipeline.source
+    if isinstance(getattr(source, "url", None), str):
+        source.url = absolute_url(source.url)  # type: ignore[attr-defined]
+    if pipeline.sink is not None:
+        pipeline.sink = replace(pipeline.sink, url=absolute_url(pipeline.sink.url))
 
 
 def _on_sigterm(handler: Callable[[], None]) -> Callable[[], None]:

@@ -21,7 +21,7 @@ from dstltree.sparkplug.nodes import NodePlacement, executor_nodes, local_nodes
 from dstltree.sparkplug.pipeline import Pipeline
 from dstltree.sparkplug.restore import RescaleError
 from dstltree.sparkplug.sinks.read import committed_files
-from dstltree.sparkplug.spark_session import executor_count
+from dstltree.sparkplug.spark_session import driver_addresses, executor_count
 from dstltree.sparkplug.task import TaskConfig, run_task
 from dstltree.storage.store import ObjectStore
 from dstltree.topology.config import TopologyConfig, load_topology
@@ -118,6 +118,7 @@ def run_pipeline(
     start = _check_start(CheckpointStore(store).load_latest(), pipeline, opts)
     topo = _topology(opts)
     nodes = NodePlacement() if topo is None else _start_nodes(spark, opts, topo)
+    bind, advertise = driver_addresses(spark)
     coord = Coordinator(
         store,
         opts.parallelism,
@@ -125,6 +126,8 @@ def run_pipeline(
         opts.materialization_interval,
         opts.checkpoint_timeout,
         opts.retained_checkpoints,
+        bind,
+        advertise_host=advertise,
         metrics_port=opts.metrics_port,
         source=pipeline.source,
         sink=pipeline.sink,
@@ -201,15 +204,38 @@ def _master(spark: Any, opts: RunOptions) -> str:
 
 
 def _start_nodes(spark: Any, opts: RunOptions, topo: TopologyConfig) -> NodePlacement:
+    """Nodes for the job: by host (started by the hosts' supervisors: only looked up),
+    a local tree in local mode, else one per executor from the barrier-stage
+    launcher."""
     master = _master(spark, opts)
     assert opts.topology is not None
-    if master.startswith("local-cluster["):
-        n = executor_count(master)
-        return executor_nodes(spark.sparkContext, topo, n, opts.base_path, opts.storage_options)
-    node_port = opts.metrics_port and opts.metrics_port + 1  # None or 0 (free ports) stay
-    return local_nodes(
-        opts.topology, opts.parallelism, opts.base_path, opts.storage_options, node_port
-    )
+    by_host = topo.host_nodes()
+    if by_host:
+        return NodePlacement(node_for_host=by_host, count=len(by_host))
+    if master.startswith("local["):
+        node_port = opts.metrics_port and opts.metrics_port + 1  # None or 0 stay
+        return local_nodes(
+            opts.topology, opts.parallelism, opts.base_path, opts.storage_options, node_port
+        )
+    sc = spark.sparkContext
+    n = executor_count(master) if master.startswith("local-cluster[") else _executors(sc, opts)
+    return executor_nodes(sc, topo, n, opts.base_path, opts.storage_options)
+
+
+def _executors(sc: Any, opts: RunOptions, timeout: float = 120.0) -> int:
+    """Registered executors, once they offer ``opts.parallelism`` task slots (a barrier
+    stage needs them all at once). Raises JobFailedError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1  # minus driver
+        if executors > 0 and int(sc.defaultParallelism) >= opts.parallelism:
+            return executors
+        if time.monotonic() > deadline:
+            raise JobFailedError(
+                f"{executors} executors with {sc.defaultParallelism} task slots after "
+                f"{timeout:.0f} s; a barrier stage of {opts.parallelism} tasks needs as many"
+            )
+        time.sleep(0.2)  # polling Spark's executor registry, bounded by the deadline
 
 
 class _Attempts:
@@ -278,6 +304,7 @@ class _Attempts:
             storage_options=o.storage_options,
             node_for_task=self.nodes.node_for_task,
             node_for_executor=self.nodes.node_for_executor,
+            node_for_host=self.nodes.node_for_host,
             ack_timeout=self._ack_timeout(),
             max_parallelism=o.max_parallelism,
             batch_records=o.batch_records,

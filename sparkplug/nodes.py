@@ -1,10 +1,18 @@
 """Aggregator nodes beside the executors.
 
+- Nodes by host (the topology names hosts): started by a supervisor on each host
+  (``dstl node --topology F --node-id ID``); nothing is started here, tasks find the
+  node of their executor's host (dstltree.sparkplug.task.find_node).
 - Local mode (``local[N]``): the nodes of a topology file run as processes on this
   machine; task ``i`` uses node ``i mod n`` (each node stands for one executor).
-- ``local-cluster[...]`` or a real cluster: one node per executor, started from a
-  barrier stage (one task per executor), arranged as a k-ary tree over the executors in
-  address order; tasks find their node by their executor's address.
+- ``local-cluster[...]`` or a cluster where nothing can be installed on the hosts: one
+  node per executor, started from a barrier stage that fills every task slot (so every
+  executor runs at least one of its tasks; the first task on each executor starts the
+  node), arranged as a k-ary tree over the executors in address order. A stage that
+  does not reach every registered executor fails with NodeLaunchError. Nodes exit with
+  their executor JVM and are stopped by a second barrier stage on the executors
+  (SIGTERM to the node whose PID the first stage left on that host), never by PID from
+  the driver.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import os
 import signal
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,22 +33,27 @@ from dstltree.aggregator.launcher import LocalTree, start_tree
 from dstltree.topology.config import TopologyConfig, load_topology
 
 
+class NodeLaunchError(RuntimeError):
+    """The barrier-stage launcher could not place one node on every executor."""
+
+
 @dataclass
 class NodePlacement:
-    """Where each task's node is; ``stop()`` ends the node processes started here."""
+    """Where each task's node is; ``stop()`` ends the node processes started for the
+    job (a local tree here, or executor nodes through a stage on the executors)."""
 
     node_for_task: dict[int, str] = field(default_factory=dict)
     node_for_executor: dict[str, str] = field(default_factory=dict)
-    pids: list[int] = field(default_factory=list)
+    node_for_host: dict[str, str] = field(default_factory=dict)
     count: int = 0
     local_tree: LocalTree | None = None
+    stop_executor_nodes: Callable[[], None] | None = None
 
     def stop(self) -> None:
         if self.local_tree is not None:
             self.local_tree.stop()
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        if self.stop_executor_nodes is not None:
+            self.stop_executor_nodes()
 
 
 def local_nodes(
@@ -73,25 +87,61 @@ def local_nodes(
 def executor_nodes(
     sc: Any, topo: TopologyConfig, executors: int, base_path: str, storage_options: dict[str, Any]
 ) -> NodePlacement:
-    """Start one node per executor from a barrier stage of ``executors`` tasks."""
+    """Start one node per executor from a barrier stage filling every task slot; raises
+    NodeLaunchError (after stopping what it started) unless each of the ``executors``
+    registered executors got one."""
     doc = topo.model_dump(mode="json", exclude_none=True)
     doc["base_path"] = base_path
     doc["storage_options"] = storage_options
     branching = topo.branching or 8
+    slots = max(executors, int(sc.defaultParallelism))
+    run = sc.applicationId
     rows = (
-        sc.parallelize(range(executors), executors)
+        sc.parallelize(range(slots), slots)
         .barrier()
-        .mapPartitions(lambda _: _start_on_executor(doc, branching))
+        .mapPartitions(lambda _: _start_on_executor(doc, branching, run))
         .collect()
     )
     placement = NodePlacement(count=len(rows))
-    for executor, address, pid, _depth in rows:
+    for executor, address, _depth in rows:
         placement.node_for_executor[executor] = address
-        placement.pids.append(pid)
+    placement.stop_executor_nodes = lambda: _stop_on_executors(sc, slots, run)
+    if len(rows) != executors:
+        placement.stop()
+        raise NodeLaunchError(
+            f"the node launcher reached {len(rows)} of {executors} executors "
+            f"({sorted(placement.node_for_executor)}): give every executor a task slot "
+            "or start nodes by host (docs/deploy.md)"
+        )
     return placement
 
 
-def _start_on_executor(doc: dict[str, Any], branching: int) -> Any:
+def _pid_file(run: str, executor: str) -> Path:
+    """Where the launcher leaves the PID of an executor's node on its host."""
+    safe = "".join(c if c.isalnum() else "_" for c in f"{run}-{executor}")
+    return Path(tempfile.gettempdir()) / f"dstl-node-{safe}.pid"
+
+
+def _stop_on_executors(sc: Any, slots: int, run: str) -> None:
+    """SIGTERM every executor's node from a barrier stage on the executors."""
+
+    def stop(_: Any) -> Any:
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        executor = ctx.getTaskInfos()[ctx.partitionId()].address
+        pid_file = _pid_file(run, executor)
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text())
+            pid_file.unlink()
+            os.kill(pid, signal.SIGTERM)
+        return []
+
+    with contextlib.suppress(Exception):  # executors gone: their nodes exited with them
+        sc.parallelize(range(slots), slots).barrier().mapPartitions(stop).collect()
+
+
+def _start_on_executor(doc: dict[str, Any], branching: int, run: str) -> Any:
     from pyspark import BarrierTaskContext
 
     from dstltree.aggregator.launcher import start_node_process
@@ -125,7 +175,8 @@ def _start_on_executor(doc: dict[str, Any], branching: int) -> Any:
         bind=f"tcp://{host}:{port}",
         exit_with_pid=_executor_pid(),
     )
-    return [(executor, h.address, h.pid, depth)]
+    _pid_file(run, executor).write_text(str(h.pid))
+    return [(executor, h.address, depth)]
 
 
 def _free_port(host: str) -> int:
@@ -144,6 +195,6 @@ def _executor_pid() -> int | None:
             if "java" in p.name():
                 return int(p.pid)
             p = p.parent()
-    except Exception:  # noqa: BLE001 - best effort; the driver also stops nodes by PID
+    except Exception:  # noqa: BLE001 - best effort; the stop stage also ends nodes
         return None
     return None

@@ -1,4 +1,5 @@
-"""Building the Spark session for the job: loopback only, quiet logs, our Python."""
+"""Building the Spark session for the job (quiet logs, our Python; loopback for local
+masters, the configured addresses for a cluster) and the driver's addresses."""
 
 from __future__ import annotations
 
@@ -10,11 +11,20 @@ from typing import Any
 LOG4J = Path(__file__).with_name("log4j2.properties")
 
 
-def spark_session(master: str, app: str = "dstltree") -> Any:
-    """A SparkSession on ``master`` (``local[N]`` or ``local-cluster[E,C,M]``) bound to
-    127.0.0.1, with task failures failing the job at once (the job restarts the stage
-    itself, so that every task restores from the latest completed checkpoint)."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+def spark_session(master: str, app: str = "dstltree", driver_host: str | None = None) -> Any:
+    """A SparkSession on ``master`` (``local[N]``, ``local-cluster[E,C,M]``,
+    ``spark://host:port`` or any other classic-mode master), with task failures failing
+    the stage at once (the job restarts the stage itself, so that every task restores
+    from the latest completed checkpoint) and quiet logs.
+
+    Addresses: local masters are bound to 127.0.0.1. For a cluster master the driver's
+    host is ``driver_host``, else ``SPARK_LOCAL_IP``, else whatever the Spark
+    configuration says (``spark.driver.host`` from spark-submit or spark-defaults.conf,
+    else Spark's default); executors keep their own addresses."""
+    local = master.startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    host = driver_host or os.environ.get("SPARK_LOCAL_IP") or None
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -25,21 +35,34 @@ def spark_session(master: str, app: str = "dstltree") -> Any:
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.task.maxFailures", "1")
         .config("spark.stage.maxConsecutiveAttempts", "1")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
-        .config("spark.executorEnv.SPARK_LOCAL_IP", "127.0.0.1")
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         .config("spark.python.task.killTimeout", "2s")
     )
+    if host:
+        builder = builder.config("spark.driver.host", host)
+        builder = builder.config("spark.driver.bindAddress", host)
+    if local:
+        builder = builder.config("spark.executorEnv.SPARK_LOCAL_IP", "127.0.0.1")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def driver_addresses(spark: Any) -> tuple[str, str | None]:
+    """(bind endpoint for the driver's sockets, host executors reach the driver at)
+    from the session's ``spark.driver.bindAddress`` and ``spark.driver.host``: e.g.
+    ``("tcp://0.0.0.0:*", "10.0.0.5")`` (every interface when only the host is set);
+    loopback when neither is set."""
+    conf = spark.sparkContext.getConf()
+    host = conf.get("spark.driver.host", None)
+    bind = conf.get("spark.driver.bindAddress", None) or ("0.0.0.0" if host else "127.0.0.1")
+    return f"tcp://{bind}:*", host
 
 
 def executor_count(master: str) -> int:

@@ -20,6 +20,7 @@ Contract per attempt (precise about what a checkpoint covers):
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.pipeline import Pipeline
 from dstltree.sparkplug.restore import restore_key_groups
 from dstltree.sparkplug.state_backend import KeyedStateBackend
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class TaskConfig:
     storage_options: dict[str, Any] = field(default_factory=dict)
     node_for_task: dict[int, str] = field(default_factory=dict)  # local mode
     node_for_executor: dict[str, str] = field(default_factory=dict)  # one node per executor
+    node_for_host: dict[str, str] = field(default_factory=dict)  # topology nodes by host
     ack_timeout: float = 10.0
     max_parallelism: int = 128
     batch_records: int = 256
@@ -92,7 +96,7 @@ def run_task(
     from dstltree.sparkplug.task_loop import TaskLoop
 
     store = ObjectStore(cfg.base_path, cfg.storage_options)
-    node = cfg.node_for_task.get(task) or (cfg.node_for_executor.get(executor or "") or None)
+    node = find_node(cfg, task, executor)
     client = ChangelogClient.open(
         cfg.base_path, node=node, storage_options=cfg.storage_options, ack_timeout=cfg.ack_timeout
     )
@@ -105,12 +109,40 @@ def run_task(
             backend.writer = client.create_writer(f"{cfg.job_id}-t{task}-a{cfg.attempt}", kgs)
             if restored.rescaled_from is not None:
                 restored.materialized = snapshot_now(store, backend)
-        loop = TaskLoop(cfg, task, store, backend, restored)
-        with TaskLink(cfg.coordinator, task, cfg.attempt) as link:
+        loop = TaskLoop(cfg, task, store, backend, restored, host_of(executor))
+        with TaskLink(cfg.coordinator, task, cfg.attempt, node=node or "") as link:
             records = loop.run(link, gather)
     finally:
         client.close()
     return {"task": task, "attempt": cfg.attempt, "records": records}
+
+
+def find_node(cfg: TaskConfig, task: int, executor: str | None) -> str | None:
+    """The endpoint of this task's aggregator node: ``DSTL_NODE`` in the environment
+    (``spark.executorEnv.DSTL_NODE``), else the topology's node of the executor's host,
+    else the local-mode or launcher placement. None (with a warning): the changelog
+    goes straight to the DFS, and the coordinator counts the task."""
+    env = os.environ.get("DSTL_NODE", "").strip()
+    if env:
+        return env
+    host = host_of(executor)
+    node = (
+        cfg.node_for_host.get(host)
+        or cfg.node_for_task.get(task)
+        or cfg.node_for_executor.get(executor or "")
+    )
+    if not node and (cfg.node_for_host or cfg.node_for_executor or cfg.node_for_task):
+        log.warning(
+            "task %d on %s: no aggregator node for this host; writing to the DFS", task, host
+        )
+    return node or None
+
+
+def host_of(executor: str | None) -> str:
+    """The host part of an executor address ``host:port`` (127.0.0.1 when unknown)."""
+    if not executor:
+        return "127.0.0.1"
+    return executor.rsplit(":", 1)[0] if ":" in executor else executor
 
 
 def restore(

@@ -16,6 +16,7 @@ thread, driven by coordinator commands and exchange deliveries.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from typing import Any
 
@@ -34,6 +35,14 @@ from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 IDLE_WAIT = 0.005  # seconds a task with nothing to do waits for deliveries
+
+
+def _interface(host: str) -> str:
+    """An address to bind the exchange on: ``host`` as an IP (names resolved)."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return "127.0.0.1"
 
 
 class _Context:
@@ -67,8 +76,9 @@ class _Output:
 
 
 class TaskLoop:
-    """One task attempt's loop (module docstring). ``run`` returns the records its keyed
-    operator processed in this attempt."""
+    """One task attempt's loop (module docstring). ``host``: the executor's host, where
+    the exchange binds. ``run`` returns the records its keyed operator processed in
+    this attempt."""
 
     def __init__(
         self,
@@ -77,6 +87,7 @@ class TaskLoop:
         store: ObjectStore,
         backend: KeyedStateBackend,
         restored: Restored,
+        host: str = "127.0.0.1",
     ) -> None:
         p = cfg.pipeline
         self.cfg, self.task, self.store, self.backend = cfg, task, store, backend
@@ -93,7 +104,9 @@ class TaskLoop:
         self.uncommitted: list[Committable] = []
         self.sink = None if p.sink is None else p.sink.create_writer(task, cfg.attempt)
         self.out = _Output(self.sink)
-        self.exchange = Exchange(task, cfg.parallelism, batch_records=cfg.batch_records)
+        self.exchange = Exchange(
+            task, cfg.parallelism, host=_interface(host), batch_records=cfg.batch_records
+        )
         self._steps, self._key, self._fn = p.steps, p.key_by, p.function
         self._link: TaskLink | None = None
         self._rate_start: float | None = None

@@ -176,6 +176,7 @@ def _summary(r: dict[str, Any]) -> Any:
         ("records", f"{r['records']:,}"),
         ("source files", str(r["source_files"])),
         ("tasks / nodes / writers", f"{r['tasks']} / {r['nodes']} / {r['writers']}"),
+        ("tasks without a node (DFS direct)", str(r["tasks_without_node"])),
         ("rescaled from", "-" if r["rescaled_from"] is None else str(r["rescaled_from"])),
         ("checkpoints completed", str(r["checkpoints_completed"])),
         (

@@ -371,3 +371,15 @@ def test_validate_catches_deleting_what_a_retained_checkpoint_references() -> No
     s.handle(ack(5.0, 0, 0, 3, ["a"]))
     with pytest.raises(InvariantError, match="nothing deleted"):
         s.handle(CheckpointWritten(5.1, 3))
+
+
+def test_tasks_without_a_node_are_counted_per_attempt() -> None:
+    s = _started(num_tasks=3)  # hellos without a node endpoint
+    assert s.tasks_without_node == 3
+    node = protocol.Hello(1, 0, "tcp://127.0.0.2:7700")
+    _feed(s, MessageFromTask(0.1, ident(1, 0), node))
+    assert s.tasks_without_node == 2
+    _feed(s, AttemptStarted(1.0, 1, 2))
+    assert s.tasks_without_node == 0  # nobody of attempt 1 said hello yet
+    _feed(s, MessageFromTask(1.1, ident(0, 1), protocol.Hello(0, 1, "")))
+    assert s.tasks_without_node == 1

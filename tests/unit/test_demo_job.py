@@ -74,6 +74,7 @@ def _result(records: int, cps: list[int], objects: set[str], rescaled: int | Non
         materializations_completed=1,
         objects_deleted=2,
         orphans_deleted=3,
+        tasks_without_node=0,
     )
     observed = SimpleNamespace(
         objects=objects,
