@@ -164,7 +164,7 @@ def test_k8s_topology_passes_the_schema() -> None:
     port = _node_port()
     hosts = [n["host"] for n in _k8s_topology()["nodes"]]
     assert topo.host_nodes() == {h: f"tcp://{h}:{port}" for h in hosts}
-    assert topo.node_for_host(hosts[1]) == f"tcp://{hosts[1]}:{port}"
+    assert topo.node_for_host(hosts[1]) == hosts[1]  # node ids are the host IPs
     assert topo.node_for_host("192.0.2.1") is None
     assert len(topo.tree()) == len(hosts)
 
@@ -233,6 +233,7 @@ def test_standalone_topology_passes_the_schema() -> None:
     topo = parse_topology(doc, source="deploy/standalone/topology.yaml")
     port = doc["node_port"]
     assert topo.host_nodes() == {h: f"tcp://{h}:{port}" for h in doc["hosts"]}
+    assert topo.node_for_host(doc["hosts"][1]) == "n1"
     tree = topo.tree()
     assert tree.root == "n0" and len(tree) == len(doc["hosts"])
 
