@@ -98,12 +98,7 @@ class CoordinatorMetrics:
         self.messages_rejected = Counter(
             "dstl_messages_rejected", "Malformed or unexpected messages rejected.", registry=r
         )
-        self.tasks_without_node = Gauge(
-            "dstl_tasks_without_node",
-            "Tasks of the current attempt writing their changelog straight to the DFS "
-            "(no aggregator node found for their host).",
-            registry=r,
-        )
+        self._add_gauges(r)
         self.last_checkpoint_id = Gauge(
             "dstl_last_checkpoint_id", "Id of the latest completed checkpoint.", registry=r
         )
@@ -114,6 +109,14 @@ class CoordinatorMetrics:
         self.endpoint = MetricsEndpoint(r, host, port)
         self.host = host
         self.port = self.endpoint.port
+
+    def _add_gauges(self, r: CollectorRegistry) -> None:
+        self.tasks_without_node = Gauge(
+            "dstl_tasks_without_node",
+            "Tasks of the current attempt writing their changelog straight to the DFS "
+            "(no aggregator node found for their host).",
+            registry=r,
+        )
 
     @property
     def url(self) -> str | None:
