@@ -1,7 +1,8 @@
 """The topology YAML schema, validated with pydantic.
 
 A topology names the aggregator nodes and their parents (or a branching factor for
-one node per Spark executor), the collectors' thresholds and the DFS location::
+one node per Spark executor, or one node per host), the collectors' thresholds and the
+DFS location::
 
     base_path: data/dstl            # fsspec URL or local directory
     storage_options: {}             # passed to fsspec (e.g. endpoint_url for S3)
@@ -16,47 +17,165 @@ one node per Spark executor), the collectors' thresholds and the DFS location::
       - {id: root, bind: auto}
       - {id: a, bind: auto, parent: root}
 
+Nodes by host (beside a cluster: the executors on ``host`` use that node)::
+
+    nodes:
+      - {id: root, host: 10.0.0.5, bind: "tcp://0.0.0.0:7700"}   # advertised tcp://10.0.0.5:7700
+      - {id: a, host: 10.0.0.6, bind: "tcp://10.0.0.6:7700", parent: root}
+      - {id: b, bind: "tcp://0.0.0.0:7700", advertise: "tcp://b.example:7700", parent: root}
+
+or generated, one node ``n<i>`` per host, host i's parent host (i - 1) // branching::
+
+    hosts: [10.0.0.5, 10.0.0.6, 10.0.0.7]
+    branching: 2
+    node_port: 7700                 # every node binds tcp://<host>:7700
+    bind_all: false                 # true: bind tcp://0.0.0.0:7700 (advertised the same)
+
 Errors are raised as :class:`TopologyError` whose message names the offending field
-(``nodes[2].parent``) or node.
+(``nodes[2].parent``, ``nodes[3].advertise``, ``hosts[2]``) or node.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from dstltree.topology.endpoints import (
+    check_host,
+    is_wildcard,
+    split_tcp,
+    tcp_endpoint,
+)
 from dstltree.topology.tree import TopologyError, Tree, kary_tree
 
 __all__ = ["NodeSpec", "TopologyConfig", "TopologyError", "load_topology", "parse_topology"]
 
 
 class NodeSpec(BaseModel):
-    """One aggregator node: ``id``, ``bind`` address (``tcp://host:port``, ``ipc://path``
-    or ``auto`` for a free loopback port chosen at start) and ``parent`` node id."""
+    """One aggregator node: ``id``, ``bind`` address (``tcp://host:port`` with a concrete
+    host or ``0.0.0.0`` / ``*`` for every interface, ``ipc://path``, or ``auto`` for a
+    free loopback port chosen at start), ``parent`` node id, ``host`` (the host whose
+    executors use this node, as Spark reports executor hosts: an IP or a name) and
+    ``advertise`` (the ``tcp://host:port`` others connect to; default: the bind when it
+    names a concrete host, else ``tcp://<host>:<bind port>``; see :attr:`advertised`).
+
+    Raises ValidationError (field ``bind``/``host``/``advertise``) for a malformed
+    endpoint or host, a port outside 0..65535, an advertise that is not a concrete
+    ``tcp://host:port`` (port 1..65535), a wildcard bind without ``advertise`` or
+    ``host``, and a node with ``host`` but no endpoint to advertise."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     bind: str = "auto"
     parent: str | None = None
+    host: str | None = None
+    advertise: str | None = Field(default=None, validate_default=True)
 
-    @model_validator(mode="after")
-    def _check_bind(self) -> NodeSpec:
-        if self.bind != "auto" and not self.bind.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"bind must be 'auto' or a ZeroMQ endpoint, got {self.bind!r}")
-        return self
+    @field_validator("bind")
+    @classmethod
+    def _check_bind(cls, bind: str) -> str:
+        if bind == "auto" or bind.startswith(("ipc://", "inproc://")):
+            return bind
+        if bind.startswith("tcp://"):
+            split_tcp(bind)
+            return bind
+        raise ValueError(f"bind must be 'auto' or a ZeroMQ endpoint, got {bind!r}")
+
+    @field_validator("host")
+    @classmethod
+    def _check_host(cls, host: str | None) -> str | None:
+        if host is not None:
+            check_host(host)
+        return host
+
+    @field_validator("advertise")
+    @classmethod
+    def _check_advertise(cls, advertise: str | None, info: ValidationInfo) -> str | None:
+        if advertise is not None:
+            _check_concrete(advertise)
+            return advertise
+        if "bind" not in info.data or "host" not in info.data:
+            return None  # bind or host failed: reported on its own field
+        bind, host = info.data["bind"], info.data["host"]
+        if _derived_advertise(bind, host) is not None:
+            return None
+        wildcard = bind.startswith("tcp://") and is_wildcard(split_tcp(bind)[0])
+        if wildcard and host is None:
+            raise ValueError(
+                f"bind {bind!r} listens on every interface: give advertise "
+                "(the tcp://host:port others connect to) or host"
+            )
+        if host is not None:
+            raise ValueError(
+                f"node on host {host!r} needs an endpoint others connect to: a tcp bind "
+                f"with a port (e.g. tcp://0.0.0.0:7700) or advertise; bind is {bind!r}"
+            )
+        return None
+
+    @property
+    def advertised(self) -> str | None:
+        """The endpoint other nodes and tasks connect to: ``advertise``, else derived
+        from ``bind`` and ``host``; None for ``bind: auto`` or a free port (0) not yet
+        known (the address file of the running node has it)."""
+        return self.advertise or _derived_advertise(self.bind, self.host)
+
+
+def _check_concrete(endpoint: str) -> None:
+    """Raise ValueError unless ``endpoint`` is ``tcp://host:port`` with a host others can
+    reach (not a wildcard) and a port 1..65535."""
+    host, port = split_tcp(endpoint)
+    if is_wildcard(host) or not port:
+        raise ValueError(
+            f"advertise must be a concrete tcp://host:port (no wildcard host, port "
+            f"1..65535), got {endpoint!r}"
+        )
+    check_host(host)
+
+
+def _derived_advertise(bind: str, host: str | None) -> str | None:
+    if bind.startswith(("ipc://", "inproc://")):
+        return bind
+    if not bind.startswith("tcp://"):
+        return None
+    bind_host, port = split_tcp(bind)
+    if not port:
+        return None
+    if is_wildcard(bind_host):
+        return tcp_endpoint(host, port) if host is not None else None
+    return bind
 
 
 class TopologyConfig(BaseModel):
-    """A validated topology. Sizes are bytes (``4MiB`` strings accepted), times seconds."""
+    """A validated topology. Sizes are bytes (``4MiB`` strings accepted), times seconds.
+
+    Exactly one shape: ``nodes`` (an explicit tree), ``hosts`` + ``branching`` +
+    ``node_port`` (one node ``n<i>`` per host; after validation :attr:`nodes` holds the
+    generated nodes, and :meth:`model_dump` gives ``hosts`` back, not ``nodes``), or
+    ``branching`` alone (one node per executor, placed when the job starts)."""
 
     model_config = ConfigDict(extra="forbid")
 
     nodes: list[NodeSpec] | None = None
+    hosts: list[str] | None = None
     branching: int | None = Field(default=None, ge=1, le=4096)
+    node_port: int | None = Field(default=None, ge=1, le=65535)
+    bind_all: bool = False
     target_object_bytes: ByteSize = Field(default=ByteSize(4 * 1024 * 1024), gt=0)
     persist_delay: float = Field(default=0.05, ge=0.0, le=60.0)
     plan_window: int = Field(default=16, ge=1)
@@ -74,20 +193,72 @@ class TopologyConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_shape(self) -> TopologyConfig:
+        if self.hosts is not None:
+            _check_hosts(self)
+            assert self.branching is not None and self.node_port is not None
+            self.nodes = _host_nodes(self.hosts, self.branching, self.node_port, self.bind_all)
+            return self
+        if self.node_port is not None or self.bind_all:
+            field = "node_port" if self.node_port is not None else "bind_all"
+            raise ValueError(f"{field}: only used with 'hosts' (one node per host)")
         if (self.nodes is None) == (self.branching is None):
-            raise ValueError("give exactly one of 'nodes' (explicit tree) or 'branching'")
+            raise ValueError(
+                "give exactly one of 'nodes' (explicit tree), 'branching' (one node per "
+                "executor) or 'hosts' (one node per host, with 'branching' and 'node_port')"
+            )
         if self.nodes is not None:
             _check_nodes(self.nodes)
         return self
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        doc: dict[str, Any] = handler(self)
+        if self.hosts is not None:
+            doc.pop("nodes", None)  # generated from hosts: the dump validates again
+        return doc
+
     def tree(self, executors: int | None = None) -> Tree:
-        """The tree of this topology; with ``branching``, ``executors`` nodes are needed."""
+        """The tree of this topology (node ids). With ``nodes`` or ``hosts`` the topology
+        is the tree and ``executors`` is ignored; with ``branching`` alone it is
+        :func:`kary_tree` of ``executors`` nodes ``e0..``. Raises TopologyError when a
+        branching topology gets no executor count."""
         if self.nodes is not None:
             return Tree.from_specs(self.nodes)
         if executors is None:
             raise TopologyError("branching: a tree by branching factor needs the executor count")
         assert self.branching is not None
         return kary_tree(executors, self.branching)
+
+    def spec(self, node_id: str) -> NodeSpec:
+        """The node ``node_id`` of ``nodes`` (or generated from ``hosts``). Raises
+        KeyError for an unknown id or a branching topology (no listed nodes)."""
+        for n in self.nodes or ():
+            if n.id == node_id:
+                return n
+        raise KeyError(f"node {node_id!r} is not listed in the topology")
+
+    def advertised(self, node_id: str) -> str | None:
+        """The endpoint others connect to for node ``node_id`` (:attr:`NodeSpec.advertised`):
+        None when it is only known once the node runs (``bind: auto``, port 0) and for
+        every node of a branching topology. Raises KeyError for an id not listed when
+        the topology lists its nodes."""
+        if self.nodes is None:
+            return None
+        return self.spec(node_id).advertised
+
+    def host_nodes(self) -> dict[str, str]:
+        """``{host: advertised endpoint}`` of the nodes tied to a host, in node order;
+        empty when no node names a host (explicit local trees, branching topologies)."""
+        return {n.host: n.advertised for n in self.nodes or () if n.host and n.advertised}
+
+    def node_for_host(self, host: str) -> str | None:
+        """The id of the node whose ``host`` is ``host`` (names compared without case,
+        IPv6 brackets ignored), or None when no node is tied to that host."""
+        want = host.strip("[]").lower()
+        for n in self.nodes or ():
+            if n.host is not None and n.host.strip("[]").lower() == want:
+                return n.id
+        return None
 
     def ack_timeout(self, depth: int) -> float:
         """Seconds a sender ``depth`` hops below the root waits for an ack before it
@@ -101,14 +272,61 @@ class TopologyConfig(BaseModel):
         return self.parent_timeout * max(depth, 1)
 
 
+def _check_hosts(cfg: TopologyConfig) -> None:
+    """Raise ValueError (naming the field) unless ``hosts`` is a list of distinct hosts
+    given with ``branching`` and ``node_port`` and without ``nodes``."""
+    assert cfg.hosts is not None
+    if cfg.nodes is not None:
+        raise ValueError("hosts: give either 'hosts' (one node per host) or 'nodes', not both")
+    if not cfg.hosts:
+        raise ValueError("hosts: at least one host is needed")
+    seen: dict[str, int] = {}
+    for i, h in enumerate(cfg.hosts):
+        try:
+            check_host(h)
+        except ValueError as e:
+            raise ValueError(f"hosts[{i}]: {e}") from None
+        if h.lower() in seen:
+            raise ValueError(f"hosts[{i}]: duplicate host {h!r} (also hosts[{seen[h.lower()]}])")
+        seen[h.lower()] = i
+    if cfg.node_port is None:
+        raise ValueError("node_port: needed with 'hosts' (the port of every host's node)")
+    if cfg.branching is None:
+        raise ValueError("branching: needed with 'hosts' (children per node)")
+
+
+def _host_nodes(hosts: list[str], branching: int, port: int, bind_all: bool) -> list[NodeSpec]:
+    """One node ``n<i>`` per host; host i's parent is host (i - 1) // branching."""
+    out = []
+    for i, h in enumerate(hosts):
+        endpoint = tcp_endpoint(h, port)
+        out.append(
+            NodeSpec(
+                id=f"n{i}",
+                bind=f"tcp://0.0.0.0:{port}" if bind_all else endpoint,
+                parent=None if i == 0 else f"n{(i - 1) // branching}",
+                host=h,
+                advertise=endpoint,
+            )
+        )
+    return out
+
+
 def _check_nodes(nodes: list[NodeSpec]) -> None:
     if not nodes:
         raise ValueError("nodes: at least one node is needed")
     ids: set[str] = set()
+    hosts: dict[str, str] = {}
     for i, n in enumerate(nodes):
         if n.id in ids:
             raise ValueError(f"nodes[{i}].id: duplicate node id {n.id!r}")
         ids.add(n.id)
+        if n.host is not None and n.host.lower() in hosts:
+            raise ValueError(
+                f"nodes[{i}].host: duplicate host {n.host!r} (node {hosts[n.host.lower()]!r})"
+            )
+        if n.host is not None:
+            hosts[n.host.lower()] = n.id
     for i, n in enumerate(nodes):
         if n.parent is not None and n.parent not in ids:
             raise ValueError(f"nodes[{i}].parent: unknown node {n.parent!r}")
@@ -123,13 +341,19 @@ def _check_nodes(nodes: list[NodeSpec]) -> None:
         raise ValueError(str(e)) from e
 
 
+_NAMES_FIELD = re.compile(r"^[a-z_]+(\[\d+\])?(\.[a-z_]+)?: ")
+
+
 def _format_error(source: str, err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in e["loc"])
         loc = loc.replace(".[", "[")
         msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{source}: {loc or '(top level)'}: {msg}")
+        if not loc and _NAMES_FIELD.match(msg):
+            parts.append(f"{source}: {msg}")  # a check across fields names the field itself
+        else:
+            parts.append(f"{source}: {loc or '(top level)'}: {msg}")
     return "\n".join(parts)
 
 
