@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dstltree.topology.config import TopologyConfig
-from dstltree.topology.tree import Tree
+from dstltree.topology.config import NodeSpec, TopologyConfig
+from dstltree.topology.endpoints import is_loopback, is_wildcard, split_tcp, tcp_endpoint
+from dstltree.topology.tree import TopologyError, Tree
 
 
 @dataclass
@@ -92,7 +93,7 @@ def start_node_process(
     plans: bool = True,
 ) -> NodeHandle:
     """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address
-    file (endpoint, then metrics URL when the topology sets ``metrics_port``).
+    file (advertised endpoint, then metrics URL when the topology sets ``metrics_port``).
     The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM
     and a snapshot to ``workdir/<node_id>.snapshot.json`` on SIGUSR1."""
     addr_file = workdir / f"{node_id}.addr"
@@ -146,22 +147,27 @@ def start_tree(
     executors: int | None = None,
     plans: bool = True,
 ) -> LocalTree:
-    """Start every node of ``topology`` as a local process, parents before children."""
+    """Start every node of ``topology`` as a local process, parents before children;
+    each child gets its parent's endpoint from the parent's address file. Nodes tied
+    to loopback hosts (127.0.0.x standing for machines) bind their own endpoints, a
+    wildcard bind narrowed to the node's host. Raises TopologyError, before starting
+    anything, when a node is tied to another host (see :func:`check_local_hosts`)."""
     tree = topology.tree(executors)
+    check_local_hosts(topology, topology_file)
     wd = workdir or Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
-    binds = {n.id: n.bind for n in topology.nodes or []}
+    specs = {n.id: n for n in topology.nodes or []}
     running = LocalTree(topology, tree, workdir=wd)
     try:
         for node_id in tree.nodes:
             parent = tree.parent(node_id)
-            bind = binds.get(node_id, "auto")
+            spec = specs.get(node_id)
             h = start_node_process(
                 topology_file,
                 node_id,
                 tree.depth(node_id),
                 running.nodes[parent].address if parent else None,
                 wd,
-                bind="tcp://127.0.0.1:0" if bind == "auto" else bind,
+                bind=local_bind(spec) if spec is not None else "tcp://127.0.0.1:0",
                 base_path=base_path,
                 exit_with_pid=os.getpid(),
                 plans=plans,
@@ -171,3 +177,30 @@ def start_tree(
         running.stop()
         raise
     return running
+
+
+def check_local_hosts(topology: TopologyConfig, topology_file: Path) -> None:
+    """Raise TopologyError naming the first node tied to a host that is not loopback
+    (``localhost``, 127.0.0.0/8, ``::1``): such nodes run on their own machines
+    (``dstl node --topology F --node-id ID`` there), not all here."""
+    for i, n in enumerate(topology.nodes or ()):
+        if n.host is not None and not is_loopback(n.host):
+            raise TopologyError(
+                f"{topology_file}: nodes[{i}].host: node {n.id!r} is on host {n.host!r}, "
+                "not this machine; only topologies whose hosts are loopback addresses "
+                f"(127.0.0.x) start here. On each host run: dstl node --topology "
+                f"{topology_file} --node-id <its node>"
+            )
+
+
+def local_bind(spec: NodeSpec) -> str:
+    """The endpoint a node binds when started on this machine: ``auto`` is a free
+    loopback port; a wildcard tcp bind of a node tied to a host binds that host only
+    (nodes standing for machines on 127.0.0.x may share a port); else ``spec.bind``."""
+    if spec.bind == "auto":
+        return "tcp://127.0.0.1:0"
+    if spec.host is not None and spec.bind.startswith("tcp://"):
+        host, port = split_tcp(spec.bind)
+        if is_wildcard(host):
+            return tcp_endpoint(spec.host, port or 0)
+    return spec.bind

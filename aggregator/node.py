@@ -53,7 +53,9 @@ class Node:
     ``metrics``: updated from the loop and the uploads; the node closes it (stops its
     HTTP server) when it stops serving. Objects are written by :attr:`writer`, this
     node's own :class:`ObjectWriter` (hedged per ``upload_policy``), on
-    ``upload_threads`` threads off the event loop."""
+    ``upload_threads`` threads off the event loop. ``advertise``: the endpoint other
+    nodes connect to (:attr:`address`), needed when ``bind`` is a wildcard such as
+    ``tcp://0.0.0.0:7700``; default: the bound endpoint."""
 
     def __init__(
         self,
@@ -64,6 +66,7 @@ class Node:
         upload_threads: int = 4,
         upload_policy: UploadPolicy | None = None,
         metrics: NodeMetrics | None = None,
+        advertise: str | None = None,
     ) -> None:
         self.store = store
         self.max_message_bytes = max_message_bytes
@@ -73,7 +76,9 @@ class Node:
         self._front = self._ctx.socket(zmq.ROUTER)
         self._front.setsockopt(zmq.LINGER, 0)
         self._front.bind(bind[:-2] + ":*" if bind.endswith(":0") else bind)
-        self.address: str = self._front.getsockopt_string(zmq.LAST_ENDPOINT)
+        # what other nodes connect to (sent down in plans): the bound endpoint, unless a
+        # bind on every interface (tcp://0.0.0.0:port) is advertised under another name
+        self.address: str = advertise or self._front.getsockopt_string(zmq.LAST_ENDPOINT)
         self.core = NodeCore(replace(config, address=self.address))
         self._upstream: dict[str, zmq.Socket] = {}
         self._poller = zmq.Poller()

@@ -47,10 +47,12 @@ def build_node(
     parent: str | None,
     store: ObjectStore | None = None,
     metrics: NodeMetrics | None = None,
+    advertise: str | None = None,
 ) -> Node:
-    """The node ``node_id`` at ``depth`` of ``topo``, bound to ``bind``, with its own
-    object writer hedging uploads per the topology (``upload_attempts``,
-    ``upload_timeout``). ``store``: default, the topology's base path."""
+    """The node ``node_id`` at ``depth`` of ``topo``, bound to ``bind`` and known to
+    others as ``advertise`` (default: the bound endpoint), with its own object writer
+    hedging uploads per the topology (``upload_attempts``, ``upload_timeout``).
+    ``store``: default, the topology's base path."""
     store = store or ObjectStore(topo.base_path, topo.storage_options)
     cfg = node_config(topo, node_id, depth, parent)
     policy = UploadPolicy(attempts=topo.upload_attempts, upload_timeout=topo.upload_timeout)
@@ -61,6 +63,7 @@ def build_node(
         max_message_bytes=int(topo.max_message_bytes),
         upload_policy=policy,
         metrics=metrics,
+        advertise=advertise,
     )
 
 
@@ -94,14 +97,16 @@ def run_node(
     exit_with_pid: int | None = None,
     stats_file: Path | None = None,
     snapshot_file: Path | None = None,
+    advertise: str | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or until process ``exit_with_pid`` is gone), then
     write the node's final statistics as JSON to ``stats_file``. On SIGUSR1 the current
     statistics go to ``snapshot_file`` without stopping (benchmarks split counters at
-    plan-window boundaries this way). Blocking."""
+    plan-window boundaries this way). ``advertise``: the endpoint others connect to,
+    written to ``address_file`` (default: the bound endpoint). Blocking."""
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node {node_id} %(message)s")
     metrics = node_metrics(topo, node_id, bind)
-    node = build_node(topo, node_id, depth, bind, parent, metrics=metrics)
+    node = build_node(topo, node_id, depth, bind, parent, metrics=metrics, advertise=advertise)
     if address_file is not None:
         tmp = address_file.with_suffix(".tmp")
         url = metrics.url if metrics is not None else None

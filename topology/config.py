@@ -57,6 +57,7 @@ from pydantic import (
 
 from dstltree.topology.endpoints import (
     check_host,
+    derive_advertise,
     is_wildcard,
     split_tcp,
     tcp_endpoint,
@@ -113,7 +114,7 @@ class NodeSpec(BaseModel):
         if "bind" not in info.data or "host" not in info.data:
             return None  # bind or host failed: reported on its own field
         bind, host = info.data["bind"], info.data["host"]
-        if _derived_advertise(bind, host) is not None:
+        if derive_advertise(bind, host) is not None:
             return None
         wildcard = bind.startswith("tcp://") and is_wildcard(split_tcp(bind)[0])
         if wildcard and host is None:
@@ -133,7 +134,7 @@ class NodeSpec(BaseModel):
         """The endpoint other nodes and tasks connect to: ``advertise``, else derived
         from ``bind`` and ``host``; None for ``bind: auto`` or a free port (0) not yet
         known (the address file of the running node has it)."""
-        return self.advertise or _derived_advertise(self.bind, self.host)
+        return self.advertise or derive_advertise(self.bind, self.host)
 
 
 def _check_concrete(endpoint: str) -> None:
@@ -146,19 +147,6 @@ def _check_concrete(endpoint: str) -> None:
             f"1..65535), got {endpoint!r}"
         )
     check_host(host)
-
-
-def _derived_advertise(bind: str, host: str | None) -> str | None:
-    if bind.startswith(("ipc://", "inproc://")):
-        return bind
-    if not bind.startswith("tcp://"):
-        return None
-    bind_host, port = split_tcp(bind)
-    if not port:
-        return None
-    if is_wildcard(bind_host):
-        return tcp_endpoint(host, port) if host is not None else None
-    return bind
 
 
 class TopologyConfig(BaseModel):

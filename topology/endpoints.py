@@ -12,6 +12,7 @@ import re
 __all__ = [
     "WILDCARD_HOSTS",
     "check_host",
+    "derive_advertise",
     "is_loopback",
     "is_wildcard",
     "split_tcp",
@@ -69,3 +70,21 @@ def check_host(host: str) -> None:
 def tcp_endpoint(host: str, port: int) -> str:
     """``tcp://host:port``, an IPv6 address in brackets."""
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def derive_advertise(bind: str, host: str | None) -> str | None:
+    """The endpoint others connect to for a node bound to ``bind`` on ``host``: an
+    ``ipc://``/``inproc://`` bind itself, a tcp bind naming a concrete host itself, a
+    wildcard tcp bind ``tcp://<host>:<port>``; None for ``auto``, a free port (0 or
+    ``*``, known only once bound) and a wildcard bind without ``host``. Raises
+    ValueError for a malformed tcp endpoint."""
+    if bind.startswith(("ipc://", "inproc://")):
+        return bind
+    if not bind.startswith("tcp://"):
+        return None
+    bind_host, port = split_tcp(bind)
+    if not port:
+        return None
+    if is_wildcard(bind_host):
+        return tcp_endpoint(host, port) if host is not None else None
+    return bind

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import signal
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from dstltree.topology.config import TopologyConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -21,11 +25,16 @@ def node(
     bind: str = typer.Option(
         "", help="ZeroMQ endpoint (default: the topology's; 'auto' = free loopback port)."
     ),
-    parent: str = typer.Option("", help="The parent's endpoint (needed when its bind is 'auto')."),
+    advertise: str = typer.Option(
+        "", help="Endpoint others connect to (default: the topology's, else from --bind)."
+    ),
+    parent: str = typer.Option(
+        "", help="The parent's endpoint (default: its advertised endpoint in the topology)."
+    ),
     depth: int | None = typer.Option(
         None, min=0, help="Depth below the root (default: from the topology's tree)."
     ),
-    address_file: Path | None = typer.Option(None, help="Write the bound endpoint here."),
+    address_file: Path | None = typer.Option(None, help="Write the advertised endpoint here."),
     base_path: str = typer.Option("", help="Override the topology's base_path."),
     exit_with_pid: int | None = typer.Option(None, help="Stop when this process is gone."),
     stats_file: Path | None = typer.Option(None, help="Final statistics (JSON) at exit."),
@@ -33,7 +42,10 @@ def node(
     no_plans: bool = typer.Option(False, help="Forward hop by hop (no plans)."),
 ) -> None:
     """Run one aggregator node (blocking; stops on SIGTERM/SIGINT). The one entry point
-    of a node process: supervisors run it, and so do ``dstl up`` and the launchers."""
+    of a node process: supervisors run it, and so do ``dstl up`` and the launchers.
+    On a host of a cluster: ``dstl node --topology F --node-id ID`` takes the node's
+    bind and advertised endpoint, its parent's advertised endpoint and its depth from
+    the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override."""
     from dstltree.aggregator.process import run_node
     from dstltree.topology.config import TopologyError, load_topology
 
@@ -43,50 +55,81 @@ def node(
         )
     except TopologyError as e:
         raise typer.BadParameter(str(e), param_hint="--topology") from e
-    if depth is None:
-        depth, bind, parent = _place(topo, topology, node_id, bind, parent)
-    endpoint = "tcp://127.0.0.1:0" if bind in ("", "auto") else bind
+    place = _place(topo, topology, node_id, _Given(bind, advertise, parent, depth))
+    assert place.depth is not None  # _place gives the depth or refuses
+    endpoint = "tcp://127.0.0.1:0" if place.bind in ("", "auto") else place.bind
     run_node(
         topo,
         node_id,
-        depth,
+        place.depth,
         endpoint,
-        parent or None,
+        place.parent or None,
         address_file,
         exit_with_pid,
         stats_file,
         snapshot_file,
+        advertise=place.advertise or None,
     )
 
 
-def _place(topo: Any, topology: Path, node_id: str, bind: str, parent: str) -> tuple[int, str, str]:
-    """(depth, bind, parent endpoint) of ``node_id`` from the topology's explicit nodes."""
+@dataclass(frozen=True)
+class _Given:
+    """Where a node runs: bind, advertised and parent endpoints ("" = none), depth."""
+
+    bind: str
+    advertise: str
+    parent: str
+    depth: int | None
+
+
+def _place(topo: TopologyConfig, topology: Path, node_id: str, given: _Given) -> _Given:
+    """``given`` completed from the topology's listed nodes (explicit or from ``hosts``):
+    the node's bind and advertised endpoint, its parent's advertised endpoint, its
+    depth. A branching topology places nodes at run time: --depth (and --parent below
+    the root) are needed. Raises typer.BadParameter naming the node and the field."""
     from dstltree.topology.config import TopologyError
+    from dstltree.topology.endpoints import derive_advertise
 
     try:
         tree = topo.tree()
     except TopologyError as e:
+        if given.depth is not None:
+            return given
         raise typer.BadParameter(
             f"{e}; or give --depth and --parent", param_hint="--topology"
         ) from e
     if node_id not in tree:
         raise typer.BadParameter(f"node {node_id!r} is not in {topology}", param_hint="--node-id")
-    specs = {n.id: n for n in topo.nodes or []}
-    parent_id = tree.parent(node_id)
+    spec = topo.spec(node_id)
+    parent, parent_id = given.parent, tree.parent(node_id)
     if not parent and parent_id is not None:
-        parent = specs[parent_id].bind
-        if parent == "auto":
+        parent = topo.advertised(parent_id) or ""
+        if not parent:
+            k = [n.id for n in topo.nodes or ()].index(parent_id)
             raise typer.BadParameter(
-                f"parent {parent_id!r} binds 'auto': give --parent", param_hint="--parent"
+                f"node {node_id!r}: its parent {parent_id!r} has no advertised endpoint "
+                f"(nodes[{k}].bind is {topo.spec(parent_id).bind!r}, no nodes[{k}].advertise): "
+                "give --parent",
+                param_hint="--parent",
             )
-    return tree.depth(node_id), bind or specs[node_id].bind, parent
+    advertise = given.advertise or spec.advertised or ""
+    if given.bind and given.bind != spec.bind and not given.advertise:
+        try:  # another bind than the topology's: advertise what it names
+            advertise = derive_advertise(given.bind, spec.host) or ""
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--bind") from e
+    depth = tree.depth(node_id) if given.depth is None else given.depth
+    return _Given(given.bind or spec.bind, advertise, parent, depth)
 
 
 def up(
     topology: Path = typer.Option(..., exists=True, dir_okay=False, help="Topology YAML."),
     base_path: str = typer.Option("", help="Override the topology's base_path."),
 ) -> None:
-    """Start every node of the topology on this machine (root first) until Ctrl-C."""
+    """Start every node of the topology on this machine (root first) until Ctrl-C: a
+    development tree. A topology by host starts here only when its hosts are loopback
+    addresses (127.0.0.x standing for machines), each node bound to its host; other
+    hosts are refused (run ``dstl node --topology F --node-id ID`` on each host)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -95,9 +138,9 @@ def up(
 
     try:
         topo = load_topology(topology, base_path=base_path or None)
+        running = start_tree(topo, topology, base_path=base_path or None)
     except TopologyError as e:
         raise typer.BadParameter(str(e), param_hint="--topology") from e
-    running = start_tree(topo, topology, base_path=base_path or None)
     table = Table(title=f"dstltree nodes ({topology})")
     for col in ("node", "parent", "address", "pid"):
         table.add_column(col)
