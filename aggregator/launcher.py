@@ -155,6 +155,7 @@ def start_tree(
     tree = topology.tree(executors)
     check_local_hosts(topology, topology_file)
     wd = workdir or Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
+    wd.mkdir(parents=True, exist_ok=True)
     specs = {n.id: n for n in topology.nodes or []}
     running = LocalTree(topology, tree, workdir=wd)
     try:
