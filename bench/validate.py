@@ -99,7 +99,9 @@ def _real(vs: ValidateSettings, faults: str | None) -> _RealRun:
     topo = load_topology(vs.topology)
     tree = topo.tree(None)
     n = len(tree)
-    doc = topo.model_dump(mode="json", exclude={"nodes", "branching"})
+    doc = topo.model_dump(
+        mode="json", exclude={"nodes", "branching", "hosts", "node_port", "bind_all"}
+    )
     doc["persist_delay"] = vs.persist_delay
     wl = Workload(n * vs.tasks_per_executor, n, vs.bytes_per_writer, vs.checkpoints, seed=vs.seed)
     settings = BenchSettings(

@@ -128,7 +128,9 @@ def bench(
     workload = Workload(writers, n_exec, parse_size(bytes_per_checkpoint), checkpoints, dist, seed)
     settings = BenchSettings(
         workload=workload,
-        topology=topo.model_dump(mode="json", exclude={"nodes", "branching"}),
+        topology=topo.model_dump(
+            mode="json", exclude={"nodes", "branching", "hosts", "node_port", "bind_all"}
+        ),
         tree=tree,
         target_object_bytes=target_bytes(target_object_bytes, topo),
         plan_window=plan_window or topo.plan_window,

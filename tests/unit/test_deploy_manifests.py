@@ -18,7 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 STANDALONE = ROOT / "deploy" / "standalone"
 
-NEEDS_HOSTS = pytest.mark.xfail(strict=False, reason="needs topology by host")
 
 # Settings every job needs, whatever the cluster manager (docs/deploy.md, "Spark settings").
 JOB_SETTINGS = {
@@ -158,7 +157,6 @@ def test_topology_nodes_are_the_hosts_at_the_node_port() -> None:
     assert sum(1 for n in nodes if "parent" not in n) == 1
 
 
-@NEEDS_HOSTS
 def test_k8s_topology_passes_the_schema() -> None:
     topo = parse_topology(yaml.safe_load(_topology_text()), source="dstl-topology")
     port = _node_port()
@@ -227,7 +225,6 @@ def test_standalone_topology_lists_hosts() -> None:
     assert "nodes" not in doc
 
 
-@NEEDS_HOSTS
 def test_standalone_topology_passes_the_schema() -> None:
     doc = _standalone_topology()
     topo = parse_topology(doc, source="deploy/standalone/topology.yaml")
