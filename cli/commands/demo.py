@@ -34,7 +34,8 @@ def demo(
         DEFAULT_TOPOLOGY, help="Topology YAML (local mode: its nodes run here)."
     ),
     master: str = typer.Option(
-        "local[4]", help="Spark master: local[N] or local-cluster[E,1,1024]."
+        "local[4]",
+        help="Spark master: local[N], local-cluster[E,1,1024] or spark://HOST:PORT (docs/deploy.md).",
     ),
     producer_seconds: float = typer.Option(
         75.0, min=0, help="The flights land over about this many seconds (0: at once)."
