@@ -1,18 +1,22 @@
 """A real Spark standalone cluster (tests/support/standalone.py): a master and two workers,
 each its own JVM on its own loopback address standing for a host, and applications sent
-with ``spark-submit --deploy-mode client`` as users send them. One cluster per module."""
+with ``spark-submit --deploy-mode client`` as users send them (one cluster for these);
+and ``dstl cluster up`` / ``down``."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
+from tests.support.demo_run import ROOT
 from tests.support.standalone import (
     DRIVER_HOST,
     StandaloneCluster,
@@ -35,6 +39,7 @@ import json, os, sys
 import psutil
 from pyspark import BarrierTaskContext
 from pyspark.sql import SparkSession
+from tests.support.demo_run import ROOT
 from tests.support.waiting import wait_until
 
 HOLD = sys.argv[1] if len(sys.argv) > 1 else None
@@ -149,3 +154,26 @@ def test_an_executor_killed_mid_stage_is_replaced_and_the_stage_retried(
     on_killed_host = next(r for r in result["rows"] if r["host"] == "127.0.0.2")
     assert on_killed_host["executor_pid"] not in (None, killed)
     print(f"killed executor {killed}, before {before}", file=sys.stderr)
+
+
+def _dstl(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "dstltree.cli.app", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_cluster_command_starts_and_stops_the_daemons(tmp_path: Path) -> None:
+    workdir = str(tmp_path / "c")
+    up = _dstl("cluster", "up", "--workers", "1", "--workdir", workdir)
+    assert up.returncode == 0, up.stderr[-4000:]
+    try:
+        doc = json.loads(up.stdout)
+        assert doc["master_url"].startswith(f"spark://{DRIVER_HOST}:")
+        assert set(doc["pids"]) == {"master", "worker-0"}
+        assert all(psutil.pid_exists(p) for p in doc["pids"].values())
+        again = _dstl("cluster", "up", "--workdir", workdir)
+        assert again.returncode != 0 and "dstl cluster down first" in again.stderr
+    finally:
+        down = _dstl("cluster", "down", "--workdir", workdir)
+    assert down.returncode == 0, down.stderr[-4000:]
+    assert not any(psutil.pid_exists(p) for p in doc["pids"].values())
+    assert _dstl("cluster", "down", "--workdir", workdir).returncode != 0
