@@ -124,10 +124,12 @@ def test_two_workers_on_two_hosts_take_one_barrier_task_each(
     assert all(r["local_ip"] == r["host"] for r in result["rows"])
     # the driver knows the executors by the hosts their workers registered with
     assert sorted(result["executors"]) == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-    # the barrier's task infos give each executor's connection to the driver as seen
-    # from the driver: one address per executor, but its source address (127.0.0.1 on
-    # loopback), not the worker's host
+    # the barrier's task infos give each executor's connection to the driver as the
+    # driver sees it (executors run no RPC server): one address per executor, but with
+    # the connection's source address and port: 127.0.0.1 on loopback, not the host the
+    # executor was started for
     assert len({r["address"] for r in result["rows"]}) == 2
+    assert {r["address"].rsplit(":", 1)[0] for r in result["rows"]} == {DRIVER_HOST}
     assert not any(r["retried"] for r in result["rows"]) and result["jobs"] == 1
     assert len({r["executor_pid"] for r in result["rows"]}) == 2
 
