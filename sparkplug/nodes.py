@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from dstltree.aggregator.launcher import LocalTree, start_tree
+from dstltree.sparkplug.spark_session import executor_host
 from dstltree.topology.config import TopologyConfig, load_topology
 
 
@@ -149,7 +150,7 @@ def _start_on_executor(doc: dict[str, Any], branching: int, run: str) -> Any:
     ctx = BarrierTaskContext.get()
     me = ctx.partitionId()
     executor = ctx.getTaskInfos()[me].address
-    host = executor.rsplit(":", 1)[0]
+    host = executor_host(executor)
     port = _free_port(host)
     gathered = ctx.allGather(f"{executor}|tcp://{host}:{port}")
     executors = sorted({g.split("|")[0] for g in gathered})

@@ -70,3 +70,37 @@ def executor_count(master: str) -> int:
     if master.startswith("local-cluster["):
         return int(master[len("local-cluster[") :].split(",")[0])
     return 1
+
+
+def executor_host(task_address: str | None = None) -> str:
+    """The host of the executor this Python worker serves, as its worker names it:
+    ``SPARK_LOCAL_IP`` (passed from worker to executor to Python worker where set),
+    else the executor JVM's ``--hostname`` argument, else the host part of the task's
+    address ``host:port`` (which is the executor's address as the driver sees its
+    connection: the loopback address on one machine), else 127.0.0.1."""
+    env = os.environ.get("SPARK_LOCAL_IP", "").strip()
+    if env:
+        return env
+    jvm = _executor_hostname_arg()
+    if jvm:
+        return jvm
+    if task_address:
+        return task_address.rsplit(":", 1)[0] if ":" in task_address else task_address
+    return "127.0.0.1"
+
+
+def _executor_hostname_arg() -> str | None:
+    """``--hostname`` of the CoarseGrainedExecutorBackend above this process, if any."""
+    try:
+        import psutil
+
+        p = psutil.Process().parent()
+        while p is not None:
+            args = p.cmdline()
+            if any("CoarseGrainedExecutorBackend" in a for a in args) and "--hostname" in args:
+                i = args.index("--hostname")
+                return args[i + 1] if i + 1 < len(args) else None
+            p = p.parent()
+    except Exception:  # noqa: BLE001 - best effort: the caller falls back
+        return None
+    return None

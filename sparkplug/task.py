@@ -33,6 +33,7 @@ from dstltree.coordinator.task_link import TaskLink
 from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.pipeline import Pipeline
 from dstltree.sparkplug.restore import restore_key_groups
+from dstltree.sparkplug.spark_session import executor_host
 from dstltree.sparkplug.state_backend import KeyedStateBackend
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def run_task(
             backend.writer = client.create_writer(f"{cfg.job_id}-t{task}-a{cfg.attempt}", kgs)
             if restored.rescaled_from is not None:
                 restored.materialized = snapshot_now(store, backend)
-        loop = TaskLoop(cfg, task, store, backend, restored, host_of(executor))
+        loop = TaskLoop(cfg, task, store, backend, restored, executor_host(executor))
         with TaskLink(cfg.coordinator, task, cfg.attempt, node=node or "") as link:
             records = loop.run(link, gather)
     finally:
@@ -125,7 +126,7 @@ def find_node(cfg: TaskConfig, task: int, executor: str | None) -> str | None:
     env = os.environ.get("DSTL_NODE", "").strip()
     if env:
         return env
-    host = host_of(executor)
+    host = executor_host(executor)
     node = (
         cfg.node_for_host.get(host)
         or cfg.node_for_task.get(task)
@@ -136,13 +137,6 @@ def find_node(cfg: TaskConfig, task: int, executor: str | None) -> str | None:
             "task %d on %s: no aggregator node for this host; writing to the DFS", task, host
         )
     return node or None
-
-
-def host_of(executor: str | None) -> str:
-    """The host part of an executor address ``host:port`` (127.0.0.1 when unknown)."""
-    if not executor:
-        return "127.0.0.1"
-    return executor.rsplit(":", 1)[0] if ":" in executor else executor
 
 
 def restore(

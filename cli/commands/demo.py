@@ -35,7 +35,7 @@ def demo(
     ),
     master: str = typer.Option(
         "local[4]",
-        help="Spark master: local[N], local-cluster[E,1,1024] or spark://HOST:PORT (docs/deploy.md).",
+        help="Spark master: local[N], local-cluster[E,1,1024] or spark://HOST:PORT.",
     ),
     producer_seconds: float = typer.Option(
         75.0, min=0, help="The flights land over about this many seconds (0: at once)."

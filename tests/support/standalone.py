@@ -28,6 +28,7 @@ __all__ = [
     "DRIVER_HOST",
     "StandaloneCluster",
     "run_demo_on",
+    "start_submit",
     "standalone_cluster",
     "submit",
     "submit_conf",
@@ -79,6 +80,15 @@ def _env() -> dict[str, str]:
     return spark_env(DRIVER_HOST, [str(ROOT)])
 
 
+def submit_command(
+    cluster: StandaloneCluster, args: Sequence[str], conf: Mapping[str, str] | None = None
+) -> list[str]:
+    """``spark-submit --master <cluster> --deploy-mode client <conf> <args>``."""
+    props = [x for k, v in submit_conf(cluster, conf).items() for x in ("--conf", f"{k}={v}")]
+    cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url]
+    return [*cmd, "--deploy-mode", "client", *props, *args]
+
+
 def submit(
     cluster: StandaloneCluster,
     args: Sequence[str],
@@ -89,10 +99,8 @@ def submit(
     repository root (``args[0]`` a Python file, the rest its arguments) with
     :func:`submit_conf` properties; returns the finished process (text stdout and
     stderr, any exit code). Raises subprocess.TimeoutExpired after ``timeout`` seconds."""
-    props = [x for k, v in submit_conf(cluster, conf).items() for x in ("--conf", f"{k}={v}")]
-    cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url]
     return subprocess.run(
-        [*cmd, "--deploy-mode", "client", *props, *args],
+        submit_command(cluster, args, conf),
         cwd=ROOT,
         env=_env(),
         stdin=subprocess.DEVNULL,
@@ -100,6 +108,27 @@ def submit(
         text=True,
         timeout=timeout,
     )
+
+
+def start_submit(
+    cluster: StandaloneCluster,
+    args: Sequence[str],
+    log: Path,
+    conf: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """:func:`submit` without waiting: the running ``spark-submit`` (its own process
+    group, output to ``log``). The caller waits for it with a timeout and stops it by
+    PID."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            submit_command(cluster, args, conf),
+            cwd=ROOT,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 # --- for the demo-on-standalone test: the main job run against this cluster --------------
