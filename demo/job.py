@@ -51,7 +51,8 @@ class DemoOptions:
     ``tasks``: parallelism; ``kill_task_after`` > 0 kills the last task hard after that
     many checkpoints in the first attempt (a crash drill); ``producer_seconds``: the
     whole input lands over about this long unless ``records_per_second`` > 0 sets the
-    rate (both 0: as fast as possible); ``limit_records``: the first N flights only;
+    rate (both 0: as fast as possible); ``source_rate``: records per second each task
+    reads at most (0: unlimited); ``limit_records``: the first N flights only;
     ``rescale_to`` > 0: stop after ``rescale_after_s`` and resume with that many tasks;
     ``dfs_faults``: a fault spec for the checkpoint directory only
     (dstltree.storage.targets.with_faults); ``fresh``: delete the three folders first."""
@@ -69,6 +70,7 @@ class DemoOptions:
     limit_records: int | None = None
     producer_seconds: float = 75.0
     records_per_second: float = 0.0
+    source_rate: float = 0.0
     rescale_to: int = 0
     rescale_after_s: float = 20.0
     dfs_faults: str = ""
@@ -123,7 +125,11 @@ def run_job(
 
     tasks = parallelism or opts.tasks
     checkpoint_dir, checkpoint_options = opts.checkpoint_target()
-    options: dict[str, Any] = {"master": opts.master, "metrics_port": opts.metrics_port}
+    options: dict[str, Any] = {
+        "master": opts.master,
+        "metrics_port": opts.metrics_port,
+        "source_rate": opts.source_rate,
+    }
     if drill and opts.kill_task_after > 0:
         options["crash_drill"] = CrashDrill(task=tasks - 1, after_checkpoints=opts.kill_task_after)
     if progress is not None:

@@ -44,6 +44,9 @@ def demo(
         0.0, min=0, help="Landing rate in records/s; overrides --producer-seconds (0: unset)."
     ),
     limit_records: int = typer.Option(0, min=0, help="Use only the first N flights (0: all)."),
+    source_rate: float = typer.Option(
+        0.0, min=0, help="Records/s each task reads at most (0: as fast as files land)."
+    ),
     rescale_to: int = typer.Option(
         0, min=0, max=128, help="Stop after --rescale-after s, resume with P2 tasks (0: never)."
     ),
@@ -107,6 +110,7 @@ def demo(
         limit_records=limit_records or None,
         producer_seconds=producer_seconds,
         records_per_second=records_per_second,
+        source_rate=source_rate,
         rescale_to=rescale_to,
         rescale_after_s=rescale_after,
         dfs_faults=dfs_faults,

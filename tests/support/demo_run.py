@@ -1,6 +1,7 @@
 """Running the real ``dstl demo`` command in a subprocess (its own JVM), in the quick
-mode of the end-to-end tests: 30,000 flights landing over 15 s, one task killed hard
-after 4 checkpoints, a materialization every second."""
+mode of the end-to-end tests: 30,000 flights landing over 15 s and read at most 1,000
+records/s per task (so that the job spans many checkpoints however long Spark takes to
+start), one task killed hard after 4 checkpoints, a materialization every second."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ QUICK = [
     "30000",
     "--producer-seconds",
     "15",
+    "--source-rate",
+    "1000",
     "--kill-task-after",
     "4",
     "--materialization-interval",
