@@ -91,10 +91,13 @@ def executor_nodes(
     """Start one node per executor from a barrier stage filling every task slot; raises
     NodeLaunchError (after stopping what it started) unless each of the ``executors``
     registered executors got one."""
-    doc = topo.model_dump(mode="json", exclude_none=True)
-    doc["base_path"] = base_path
-    doc["storage_options"] = storage_options
     branching = topo.branching or 8
+    # the nodes' own topology: the launcher's k-ary tree over the executors, not the
+    # file's node list (its ids are e0, e1, ... in executor address order)
+    doc = topo.model_dump(
+        mode="json", exclude_none=True, exclude={"nodes", "hosts", "node_port", "bind_all"}
+    )
+    doc.update(base_path=base_path, storage_options=storage_options, branching=branching)
     slots = max(executors, int(sc.defaultParallelism))
     run = sc.applicationId
     rows = (
