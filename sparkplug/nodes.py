@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from dstltree.aggregator.launcher import LocalTree, start_tree
-from dstltree.sparkplug.spark_session import executor_host
+from dstltree.sparkplug.spark_session import executor_host, executor_jvm
 from dstltree.topology.config import TopologyConfig, load_topology
 
 
@@ -191,14 +191,5 @@ def _free_port(host: str) -> int:
 
 def _executor_pid() -> int | None:
     """The executor JVM above this Python worker (nodes exit when it does)."""
-    try:
-        import psutil
-
-        p = psutil.Process().parent()
-        while p is not None:
-            if "java" in p.name():
-                return int(p.pid)
-            p = p.parent()
-    except Exception:  # noqa: BLE001 - best effort; the stop stage also ends nodes
-        return None
-    return None
+    jvm = executor_jvm()
+    return None if jvm is None else int(jvm.pid)

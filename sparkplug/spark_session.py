@@ -89,18 +89,30 @@ def executor_host(task_address: str | None = None) -> str:
     return "127.0.0.1"
 
 
-def _executor_hostname_arg() -> str | None:
-    """``--hostname`` of the CoarseGrainedExecutorBackend above this process, if any."""
+def executor_jvm() -> Any:
+    """The JVM above this Python worker (a ``psutil.Process``: the executor's, or the
+    driver's in local mode), or None when there is none or it cannot be seen."""
     try:
         import psutil
 
         p = psutil.Process().parent()
         while p is not None:
-            args = p.cmdline()
-            if any("CoarseGrainedExecutorBackend" in a for a in args) and "--hostname" in args:
-                i = args.index("--hostname")
-                return args[i + 1] if i + 1 < len(args) else None
+            if "java" in p.name():
+                return p
             p = p.parent()
-    except Exception:  # noqa: BLE001 - best effort: the caller falls back
+    except Exception:  # noqa: BLE001 - best effort: callers fall back
         return None
+    return None
+
+
+def _executor_hostname_arg() -> str | None:
+    """``--hostname`` of the CoarseGrainedExecutorBackend above this process, if any."""
+    jvm = executor_jvm()
+    try:
+        args = [] if jvm is None else jvm.cmdline()
+    except Exception:  # noqa: BLE001 - the process went away: the caller falls back
+        return None
+    if any("CoarseGrainedExecutorBackend" in a for a in args) and "--hostname" in args:
+        i = args.index("--hostname")
+        return args[i + 1] if i + 1 < len(args) else None
     return None

@@ -26,7 +26,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstltree.client import ChangelogClient, ObjectStore
+from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.coordinator.task_link import TaskLink
@@ -70,7 +70,7 @@ class Restored:
     when it differs (None otherwise)."""
 
     materialized: MaterializedRef | None = None
-    handles: tuple[Any, ...] = ()
+    handles: tuple[ChangelogHandle, ...] = ()
     records: int = 0
     rescaled_from: int | None = None
 

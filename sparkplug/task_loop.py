@@ -110,7 +110,6 @@ class TaskLoop:
         self._steps, self._key, self._fn = p.steps, p.key_by, p.function
         self._link: TaskLink | None = None
         self._rate_start: float | None = None
-        self.read_records = 0
 
     # -- driving -----------------------------------------------------------------------
     def run(self, link: TaskLink, gather: Any) -> int:
@@ -154,9 +153,7 @@ class TaskLoop:
         limit = self._allowed()
         if limit <= 0:
             return False
-        before = self.splits.consumed
         done = self.splits.read(limit, self._route)
-        self.read_records += self.splits.consumed - before
         if done and self._link is not None:
             self._link.splits_finished(tuple(done))
         return True
@@ -171,7 +168,7 @@ class TaskLoop:
         now = time.monotonic()
         if self._rate_start is None:
             self._rate_start = now
-        budget = int((now - self._rate_start) * rate) + 1 - self.read_records
+        budget = int((now - self._rate_start) * rate) + 1 - self.splits.consumed
         return min(self.cfg.batch_records, budget)
 
     def _route(self, record: Record, location: str, row: int) -> None:
