@@ -52,6 +52,10 @@ def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:
 
 
 def test_demo_rescaled_from_4_to_2_tasks(tmp_path: Path) -> None:
-    r = _demo(tmp_path, "--tasks", "4", "--rescale-to", "2", "--rescale-after", "8")
+    # the first run stops 15 s after it started (Spark start-up included); read at 400
+    # records/s per task it is still reading then, and its crash drill (after 4
+    # checkpoints) has long fired, however slowly Spark starts on a loaded machine
+    args = ("--rescale-to", "2", "--rescale-after", "15", "--source-rate", "400")
+    r = _demo(tmp_path, "--tasks", "4", *args)
     assert r["rescaled_from"] == 4 and r["tasks"] == 2
     _check(r, nodes=7)
