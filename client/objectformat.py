@@ -9,6 +9,13 @@ length, crc32], ...]}``. The footer is ``magic (8 bytes) | version u16 | reserve
 index_offset u64 | index_length u32 | index_crc32 u32`` (big-endian), so a reader finds
 the index with one range read of the tail. Segment bytes are written as received:
 nodes never re-encode them.
+
+Nothing in an object is trusted: the footer's ``index_crc32`` is the index's own
+checksum; :func:`parse_index` checks every row's types and that the rows tile the
+segment area ``[0, index_offset)`` back to back; :func:`verify_segments` decodes every
+segment and cross-checks it against its row (log id, SQN range, key groups, length,
+CRC32), so an index rewritten with a fresh checksum is caught too. Every failure is a
+:class:`CorruptObjectError` naming the object path and the byte offset.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import msgpack
 
 from dstltree.client.errors import CorruptObjectError
 from dstltree.client.handle import SegmentRef
-from dstltree.client.segment import SegmentMeta
+from dstltree.client.segment import SegmentMeta, check_segment, decode_segment, segment_crc
 from dstltree.storage.store import Buffer
 
 MAGIC = b"DSTLTREE"
@@ -47,16 +54,10 @@ def build_object(segments: Sequence[tuple[SegmentMeta, Buffer]]) -> tuple[list[B
             raise ValueError(
                 f"{meta.log_id}: segment of {len(data)} bytes, meta says {meta.length}"
             )
+        # a sender that gave no CRC (0): the index takes the segment's trailer (4 bytes read)
+        crc = meta.crc32 or (segment_crc(data) if len(data) >= 8 else 0)
         rows.append(
-            [
-                meta.log_id,
-                meta.sqn_from,
-                meta.sqn_to,
-                list(meta.key_groups),
-                pos,
-                meta.length,
-                meta.crc32,
-            ]
+            [meta.log_id, meta.sqn_from, meta.sqn_to, list(meta.key_groups), pos, meta.length, crc]
         )
         offsets.append(pos)
         parts.append(data)
@@ -73,11 +74,13 @@ def parse_footer(tail: Buffer, path: str, object_size: int) -> tuple[int, int, i
     footer_at = object_size - FOOTER_SIZE
     if object_size < FOOTER_SIZE or len(tail) != FOOTER_SIZE:
         raise CorruptObjectError(path, max(footer_at, 0), "object too short for a footer")
-    magic, version, _, index_offset, index_length, index_crc = FOOTER.unpack(tail)
+    magic, version, reserved, index_offset, index_length, index_crc = FOOTER.unpack(tail)
     if magic != MAGIC:
         raise CorruptObjectError(path, footer_at, f"bad magic {magic!r}")
     if version != FORMAT_VERSION:
         raise CorruptObjectError(path, footer_at, f"unsupported format version {version}")
+    if reserved != 0:
+        raise CorruptObjectError(path, footer_at + 10, f"reserved footer field is {reserved}")
     if index_offset + index_length != footer_at:
         raise CorruptObjectError(path, footer_at, "index bounds do not match object size")
     return index_offset, index_length, index_crc
@@ -85,18 +88,69 @@ def parse_footer(tail: Buffer, path: str, object_size: int) -> tuple[int, int, i
 
 def parse_index(data: Buffer, path: str, index_offset: int, crc: int) -> list[SegmentRef]:
     """Verify and decode the index of object ``path`` read from ``index_offset``: one
-    reference per segment, in object order. Raises CorruptObjectError."""
+    reference per segment, in object order. Checks the checksum, the version, every
+    row's types (non-negative integers, a string log id, ascending distinct key groups,
+    a CRC32 below 2**32, sqn_from <= sqn_to) and that the rows tile [0, index_offset)
+    back to back. Raises CorruptObjectError (path, ``index_offset`` or the offset of
+    the segment a bad row points to)."""
     if zlib.crc32(data) != crc:
         raise CorruptObjectError(path, index_offset, "index checksum mismatch")
     try:
         raw = msgpack.unpackb(data)
-        return [
-            SegmentRef(
-                SegmentMeta(str(a), int(b), int(c), tuple(int(k) for k in d), int(f), int(g)),
-                path,
-                int(e),
-            )
-            for a, b, c, d, e, f, g in raw["segments"]
-        ]
-    except Exception as e:  # noqa: BLE001 - any decode failure is corruption here
+        if not isinstance(raw, dict) or raw.get("v") != FORMAT_VERSION:
+            raise ValueError("not a version 1 index map")
+        rows = raw["segments"]
+        if not isinstance(rows, list):
+            raise TypeError("segments is not a list")
+        refs = [_row(r, path) for r in rows]
+    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
         raise CorruptObjectError(path, index_offset, f"bad index: {e}") from e
+    pos = 0
+    for i, ref in enumerate(refs):
+        if ref.offset != pos:
+            raise CorruptObjectError(
+                path, index_offset, f"index entry {i} starts at {ref.offset}, expected {pos}"
+            )
+        pos += ref.length
+    if pos != index_offset:
+        raise CorruptObjectError(
+            path, index_offset, f"index entries end at {pos}, the index starts at {index_offset}"
+        )
+    return refs
+
+
+def _row(row: Any, path: str) -> SegmentRef:
+    """One index row ``[log_id, sqn_from, sqn_to, [key_groups], offset, length, crc32]``.
+    Raises ValueError or TypeError."""
+    if not isinstance(row, list) or len(row) != 7:
+        raise ValueError(f"row {row!r} is not a 7-element list")
+    log_id, sqn_from, sqn_to, kgs, offset, length, crc = row
+    if not isinstance(log_id, str) or not isinstance(kgs, list):
+        raise TypeError(f"row {row!r}: log id must be a string, key groups a list")
+    ints = [_uint(x) for x in (sqn_from, sqn_to, offset, length, crc)]
+    key_groups = tuple(_uint(k) for k in kgs)
+    if ints[1] < ints[0] or ints[4] >= 1 << 32:
+        raise ValueError(f"row {row!r}: reversed SQN range or CRC32 out of range")
+    if list(key_groups) != sorted(set(key_groups)):
+        raise ValueError(f"row {row!r}: key groups not ascending and distinct")
+    meta = SegmentMeta(log_id, ints[0], ints[1], key_groups, ints[3], ints[4])
+    return SegmentRef(meta, path, ints[2])
+
+
+def _uint(x: Any) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        raise ValueError(f"expected a non-negative integer, got {x!r}")
+    return x
+
+
+def verify_segments(refs: Sequence[SegmentRef], segments: Buffer) -> None:
+    """Decode every segment of an object (``segments``: its bytes [0, index_offset)) and
+    cross-check it against its index entry. Raises CorruptObjectError naming the path and
+    the segment's offset (or the position inside it)."""
+    view = memoryview(segments)
+    for ref in refs:
+        data = view[ref.offset : ref.offset + ref.length]
+        if len(data) != ref.length:
+            raise CorruptObjectError(ref.path, ref.offset, "index entry points past the segments")
+        seg = decode_segment(data, ref.path, ref.offset)
+        check_segment(seg, ref.meta, ref.path, ref.offset)

@@ -1,7 +1,9 @@
 """Reading objects back through an :class:`ObjectStore`: an object's index (footer, then
 index: two range reads), and handles, with range reads of only the referenced segments,
 filtered by the handle's SQN range and by key group (FLIP-158, Example, CP3: "b"
-filtered on recovery). The store moves bytes; every check of what they mean is here."""
+filtered on recovery). The store moves bytes; every check of what they mean is here:
+a segment read by reference must be exactly the segment the reference describes (log
+id, SQN range, key groups, length, CRC32), and an index must describe its object."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from collections.abc import Iterable, Iterator
 
 from dstltree.client.errors import CorruptObjectError
 from dstltree.client.handle import ChangelogHandle, SegmentRef
-from dstltree.client.objectformat import FOOTER_SIZE, parse_footer, parse_index
-from dstltree.client.segment import DecodedSegment, decode_segment
+from dstltree.client.objectformat import FOOTER_SIZE, parse_footer, parse_index, verify_segments
+from dstltree.client.segment import DecodedSegment, check_segment, decode_segment
 from dstltree.storage.store import ObjectStore
 
 
@@ -27,27 +29,38 @@ def read_exact(store: ObjectStore, url: str, offset: int, length: int) -> bytes:
     return data
 
 
-def read_index(store: ObjectStore, url: str) -> list[SegmentRef]:
-    """The segment index of object ``url`` (two range reads: footer, then index; layout
-    in client/objectformat.py). Raises CorruptObjectError (path, offset), StorageError."""
+def read_index(store: ObjectStore, url: str, verify: bool = True) -> list[SegmentRef]:
+    """The segment index of object ``url`` (layout in client/objectformat.py). With
+    ``verify`` (default) the whole object is read once and every index entry is
+    cross-checked against the segment it points to (:func:`verify_segments`); without,
+    two range reads (footer, then index) and only the index's own checks. Raises
+    CorruptObjectError (path, offset), StorageError."""
     size = store.size(url)
     if size < FOOTER_SIZE:
         raise CorruptObjectError(url, 0, f"object of {size} bytes is too short for a footer")
-    tail = read_exact(store, url, size - FOOTER_SIZE, FOOTER_SIZE)
-    index_offset, index_length, crc = parse_footer(tail, url, size)
-    data = read_exact(store, url, index_offset, index_length)
-    return parse_index(data, url, index_offset, crc)
+    if not verify:
+        tail = read_exact(store, url, size - FOOTER_SIZE, FOOTER_SIZE)
+        index_offset, index_length, crc = parse_footer(tail, url, size)
+        data = read_exact(store, url, index_offset, index_length)
+        return parse_index(data, url, index_offset, crc)
+    whole = memoryview(read_exact(store, url, 0, size))
+    index_offset, index_length, crc = parse_footer(whole[size - FOOTER_SIZE :], url, size)
+    refs = parse_index(whole[index_offset : index_offset + index_length], url, index_offset, crc)
+    verify_segments(refs, whole[:index_offset])
+    return refs
 
 
 def read_segment(store: ObjectStore, ref: SegmentRef, log_id: str | None = None) -> DecodedSegment:
-    """Range-read and verify one segment. Raises CorruptObjectError (path, offset) or
-    StorageError."""
+    """Range-read and verify one segment, and check it is the segment ``ref`` describes
+    (log id, SQN range, key groups, length, CRC32) and belongs to ``log_id`` when given.
+    Raises CorruptObjectError (path, offset) or StorageError."""
     data = read_exact(store, ref.path, ref.offset, ref.length)
     seg = decode_segment(data, ref.path, ref.offset)
     if log_id is not None and seg.log_id != log_id:
         raise CorruptObjectError(
             ref.path, ref.offset, f"segment belongs to log {seg.log_id!r}, not {log_id!r}"
         )
+    check_segment(seg, ref.meta, ref.path, ref.offset)
     return seg
 
 
@@ -55,7 +68,7 @@ def read_changes(store: ObjectStore, handle: ChangelogHandle, key_group: int) ->
     """Changes of ``key_group`` in SQN order, only those in the handle's SQN range."""
     lo, hi = handle.sqn_range
     for ref in handle.segments:
-        if ref.sqn_to <= lo or ref.sqn_from >= hi:
+        if ref.sqn_to <= lo or ref.sqn_from >= hi or ref.meta.is_marker:
             continue
         if ref.key_groups and key_group not in ref.key_groups:
             continue
@@ -70,7 +83,7 @@ def iter_changes(
     lo, hi = handle.sqn_range
     wanted = None if key_groups is None else set(key_groups)
     for ref in handle.segments:
-        if ref.sqn_to <= lo or ref.sqn_from >= hi:
+        if ref.sqn_to <= lo or ref.sqn_from >= hi or ref.meta.is_marker:
             continue
         if wanted is not None and ref.key_groups and wanted.isdisjoint(ref.key_groups):
             continue

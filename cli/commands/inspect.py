@@ -55,8 +55,10 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
 
 def inspect_object(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """The segments of one object from its index: ``path``, ``size_bytes`` and
-    ``segments`` (log_id, sqn [from, to), key_groups, offset, length, crc32).
-    Raises CorruptObjectError (path, offset) or StorageError."""
+    ``segments`` (log_id, sqn [from, to), key_groups, offset, length, crc32). The whole
+    object is read and every index entry cross-checked against its segment, so an
+    index that lies is reported. Raises CorruptObjectError (path, offset) or
+    StorageError."""
     from dstltree.client.reader import read_index
     from dstltree.storage.store import ObjectStore
 
@@ -111,8 +113,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Show checkpoints, referenced objects and orphans of a base path, or the
-        segments of one object. Exit code 1 for a corrupt object or checkpoint, 2 for
-        a storage error."""
+        segments of one object. Exit code 1 for a corrupt object (a failed checksum,
+        or an index entry that does not match its segment) or checkpoint, 2 for a
+        storage error; the error line names the path and offset."""
         from dstltree.client.errors import CorruptObjectError, StorageError
         from dstltree.coordinator.errors import CheckpointStoreError
 
