@@ -32,7 +32,16 @@ or generated, one node ``n<i>`` per host, host i's parent host (i - 1) // branch
     bind_all: false                 # true: bind tcp://0.0.0.0:7700 (advertised the same)
 
 Errors are raised as :class:`TopologyError` whose message names the offending field
-(``nodes[2].parent``, ``nodes[3].advertise``, ``hosts[2]``) or node.
+(``nodes[2].parent``, ``nodes[3].advertise``, ``hosts[2]``) or node, or the line and
+column of a file that is not valid YAML (the byte offset of one that is not UTF-8).
+
+Limits, so that a hostile or mangled file fails fast with a TopologyError instead of a
+RecursionError, a traceback or exhausted memory: a file of at most ``MAX_FILE_BYTES``
+(4 MiB), YAML nested at most ``MAX_DEPTH`` (32) levels, at most ``MAX_ALIASES`` (100)
+aliases, at most ``MAX_VALUES`` (200,000) values once aliases are expanded, strings of at
+most ``MAX_STRING`` (4096) characters, at most ``MAX_NODES`` (10,000) nodes, hosts or
+executors, ``branching`` within 1..``MAX_BRANCHING`` (1024), ``plan_window`` within
+1..1,000,000 checkpoints and sizes up to 1 TiB.
 """
 
 from __future__ import annotations
@@ -64,7 +73,26 @@ from dstltree.topology.endpoints import (
 )
 from dstltree.topology.tree import TopologyError, Tree, kary_tree
 
-__all__ = ["NodeSpec", "TopologyConfig", "TopologyError", "load_topology", "parse_topology"]
+__all__ = [
+    "MAX_BRANCHING",
+    "MAX_NODES",
+    "NodeSpec",
+    "TopologyConfig",
+    "TopologyError",
+    "load_topology",
+    "parse_topology",
+]
+
+MAX_FILE_BYTES = 4 * 1024 * 1024  # bytes of a topology file
+MAX_DEPTH = 32  # nesting levels of mappings and lists
+MAX_ALIASES = 100  # YAML aliases (*name) in one file
+MAX_VALUES = 200_000  # values (keys, items, scalars) with aliases expanded
+MAX_STRING = 4096  # characters of one key or string value
+MAX_NODES = 10_000  # nodes, hosts or executors of one tree
+MAX_BRANCHING = 1024  # children per node of a generated tree
+MAX_BYTES = 1 << 40  # byte sizes (1 TiB)
+MAX_PLAN_WINDOW = 1_000_000  # checkpoints per plan window
+MAX_ERRORS = 10  # validation errors listed in one TopologyError
 
 
 class NodeSpec(BaseModel):
@@ -159,19 +187,19 @@ class TopologyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    nodes: list[NodeSpec] | None = None
-    hosts: list[str] | None = None
-    branching: int | None = Field(default=None, ge=1, le=4096)
+    nodes: list[NodeSpec] | None = Field(default=None, max_length=MAX_NODES)
+    hosts: list[str] | None = Field(default=None, max_length=MAX_NODES)
+    branching: int | None = Field(default=None, ge=1, le=MAX_BRANCHING)
     node_port: int | None = Field(default=None, ge=1, le=65535)
     bind_all: bool = False
-    target_object_bytes: ByteSize = Field(default=ByteSize(4 * 1024 * 1024), gt=0)
+    target_object_bytes: ByteSize = Field(default=ByteSize(4 * 1024 * 1024), gt=0, le=MAX_BYTES)
     persist_delay: float = Field(default=0.05, ge=0.0, le=60.0)
-    plan_window: int = Field(default=16, ge=1)
+    plan_window: int = Field(default=16, ge=1, le=MAX_PLAN_WINDOW)
     plans: bool = True
     upload_timeout: float = Field(default=1.0, gt=0.0, le=600.0)
     upload_attempts: int = Field(default=3, ge=1, le=16)
     parent_timeout: float = Field(default=2.0, gt=0.0, le=600.0)
-    max_message_bytes: ByteSize = Field(default=ByteSize(64 * 1024 * 1024), gt=0)
+    max_message_bytes: ByteSize = Field(default=ByteSize(64 * 1024 * 1024), gt=0, le=MAX_BYTES)
     base_path: str = "data/dstl"
     storage_options: dict[str, Any] = Field(default_factory=dict)
     # Prometheus metrics (aggregator.metrics): a base port, node k in breadth-first order
@@ -209,11 +237,13 @@ class TopologyConfig(BaseModel):
         """The tree of this topology (node ids). With ``nodes`` or ``hosts`` the topology
         is the tree and ``executors`` is ignored; with ``branching`` alone it is
         :func:`kary_tree` of ``executors`` nodes ``e0..``. Raises TopologyError when a
-        branching topology gets no executor count."""
+        branching topology gets no executor count or more than MAX_NODES."""
         if self.nodes is not None:
             return Tree.from_specs(self.nodes)
         if executors is None:
             raise TopologyError("branching: a tree by branching factor needs the executor count")
+        if executors > MAX_NODES:
+            raise TopologyError(f"executors: at most {MAX_NODES} nodes, got {executors}")
         assert self.branching is not None
         return kary_tree(executors, self.branching)
 
@@ -332,43 +362,127 @@ def _check_nodes(nodes: list[NodeSpec]) -> None:
 _NAMES_FIELD = re.compile(r"^[a-z_]+(\[\d+\])?(\.[a-z_]+)?: ")
 
 
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _format_error(source: str, err: ValidationError) -> str:
     parts = []
-    for e in err.errors():
-        loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in e["loc"])
+    errors = err.errors()
+    for e in errors[:MAX_ERRORS]:
+        loc = ".".join(f"[{p}]" if isinstance(p, int) else _clip(str(p)) for p in e["loc"])
         loc = loc.replace(".[", "[")
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = _clip(e["msg"].removeprefix("Value error, "), 500)
         if not loc and _NAMES_FIELD.match(msg):
             parts.append(f"{source}: {msg}")  # a check across fields names the field itself
         else:
             parts.append(f"{source}: {loc or '(top level)'}: {msg}")
+    if len(errors) > MAX_ERRORS:
+        parts.append(f"{source}: ... and {len(errors) - MAX_ERRORS} more errors")
     return "\n".join(parts)
 
 
+def _check_bounds(data: dict[Any, Any], source: str) -> None:
+    """Raise TopologyError naming the top-level field whose value nests deeper than
+    MAX_DEPTH, holds a key or string longer than MAX_STRING, or (with YAML aliases
+    expanded) brings the document past MAX_VALUES values. Iterative: no recursion."""
+    count = 0
+    for field, value in data.items():
+        name = _clip(str(field))
+        stack: list[tuple[Any, int]] = [(field, 1), (value, 1)]
+        while stack:
+            obj, depth = stack.pop()
+            count += 1
+            if count > MAX_VALUES:
+                raise TopologyError(f"{source}: {name}: more than {MAX_VALUES} values")
+            if depth > MAX_DEPTH:
+                raise TopologyError(f"{source}: {name}: nested deeper than {MAX_DEPTH} levels")
+            if isinstance(obj, (str, bytes)) and len(obj) > MAX_STRING:
+                raise TopologyError(f"{source}: {name}: a string longer than {MAX_STRING}")
+            if isinstance(obj, dict):
+                stack.extend((x, depth + 1) for kv in obj.items() for x in kv)
+            elif isinstance(obj, (list, tuple, set, frozenset)):
+                stack.extend((x, depth + 1) for x in obj)
+
+
 def parse_topology(data: Any, source: str = "topology") -> TopologyConfig:
-    """Validate a mapping as a topology. Raises :class:`TopologyError` naming the field."""
+    """Validate a mapping as a topology. Raises :class:`TopologyError` naming the field
+    (also for values beyond the limits in the module docstring)."""
     if not isinstance(data, dict):
         raise TopologyError(f"{source}: expected a mapping at the top level")
+    _check_bounds(data, source)
     try:
         return TopologyConfig.model_validate(data)
     except ValidationError as e:
         raise TopologyError(_format_error(source, e)) from e
+    except (TypeError, ValueError, KeyError, OverflowError, RecursionError) as e:
+        raise TopologyError(f"{source}: invalid topology: {_clip(str(e), 500)}") from e
+
+
+# libyaml's parser when PyYAML was built with it (about 5x faster), else pure Python
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load_yaml(text: str) -> Any:
+    """The YAML document in ``text``, loaded safely once its event stream (parsed
+    iteratively) shows at most MAX_DEPTH nesting levels and MAX_ALIASES aliases, so the
+    recursive composer cannot overflow. Raises yaml.YAMLError (with a mark) and, for
+    malformed tagged scalars, whatever PyYAML's constructors raise."""
+    depth = aliases = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise yaml.MarkedYAMLError(
+                    problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=event.start_mark
+                )
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        elif isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise yaml.MarkedYAMLError(
+                    problem=f"more than {MAX_ALIASES} aliases", problem_mark=event.start_mark
+                )
+    return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+
+
+def _yaml_error(p: Path, e: Exception) -> TopologyError:
+    """One line: the file, the line and column when known, what is wrong."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = e.problem or e.context or "malformed"
+        return TopologyError(f"{p}: not valid YAML{where}: {_clip(what)}")
+    return TopologyError(f"{p}: not valid YAML: {_clip(f'{type(e).__name__}: {e}')}")
+
+
+def _read_text(p: Path) -> str:
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise TopologyError(f"{p}: cannot read topology: {e.strerror or e}") from e
+    if len(raw) > MAX_FILE_BYTES:
+        raise TopologyError(f"{p}: a topology file has at most {MAX_FILE_BYTES} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TopologyError(f"{p}: not UTF-8 at byte {e.start}: {e.reason}") from None
 
 
 def load_topology(path: str | Path, **overrides: Any) -> TopologyConfig:
     """Read and validate a topology YAML file; ``overrides`` replace top-level fields.
 
-    Raises :class:`TopologyError` for unreadable files, bad YAML (with line) or fields.
+    Raises :class:`TopologyError` for unreadable, oversized or non-UTF-8 files (with
+    the byte offset), bad YAML (with line and column) or fields (naming the field).
     """
     p = Path(path)
+    text = _read_text(p)
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise TopologyError(f"{p}: cannot read topology: {e.strerror}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise TopologyError(f"{p}: not valid YAML: {e}") from e
+        data = _load_yaml(text)
+    except Exception as e:  # noqa: BLE001 - any failure of the YAML library is a bad file
+        raise _yaml_error(p, e) from None
     if isinstance(data, dict):
         data.update({k: v for k, v in overrides.items() if v is not None})
     return parse_topology(data, source=str(p))

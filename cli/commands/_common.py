@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "echo_json",
+    "exit_topology_error",
     "load_tree",
     "parse_size",
     "parse_sizes",
@@ -40,18 +41,29 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(t) for t in text.split(",") if t.strip()]
 
 
+def exit_topology_error(err: Exception, param_hint: str | None = None) -> NoReturn:
+    """Print ``error: [param_hint: ]message`` on stderr as ONE line (a multi-line
+    TopologyError joined with ``; ``) and exit with code 2 (a usage error), no
+    traceback. Raises typer.Exit(2)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    prefix = f"{param_hint}: " if param_hint else ""
+    typer.echo(f"error: {prefix}{'; '.join(lines) or type(err).__name__}", err=True)
+    raise typer.Exit(2)
+
+
 def load_tree(
     path: Path, executors: int | None, param_hint: str | None = None
 ) -> tuple[TopologyConfig, Tree]:
     """The topology at ``path`` and its tree for ``executors`` (needed for a branching
-    topology); a TopologyError becomes typer.BadParameter naming ``param_hint``."""
+    topology). A TopologyError (the message names the file and the field) is printed as
+    one line naming ``param_hint`` and exits with code 2 (:func:`exit_topology_error`)."""
     from dstltree.topology.config import TopologyError, load_topology
 
     try:
         topo = load_topology(path)
         return topo, topo.tree(executors)
     except TopologyError as e:
-        raise typer.BadParameter(str(e), param_hint=param_hint) from None
+        exit_topology_error(e, param_hint)
 
 
 def target_bytes(text: str | None, topo: TopologyConfig) -> int:

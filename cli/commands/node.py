@@ -47,6 +47,7 @@ def node(
     bind and advertised endpoint, its parent's advertised endpoint and its depth from
     the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override."""
     from dstltree.aggregator.process import run_node
+    from dstltree.cli.commands._common import exit_topology_error
     from dstltree.topology.config import TopologyError, load_topology
 
     try:
@@ -54,7 +55,7 @@ def node(
             topology, base_path=base_path or None, plans=False if no_plans else None
         )
     except TopologyError as e:
-        raise typer.BadParameter(str(e), param_hint="--topology") from e
+        exit_topology_error(e, "--topology")
     place = _place(topo, topology, node_id, _Given(bind, advertise, parent, depth))
     assert place.depth is not None  # _place gives the depth or refuses
     endpoint = "tcp://127.0.0.1:0" if place.bind in ("", "auto") else place.bind
@@ -134,13 +135,14 @@ def up(
     from rich.table import Table
 
     from dstltree.aggregator.launcher import start_tree
+    from dstltree.cli.commands._common import exit_topology_error
     from dstltree.topology.config import TopologyError, load_topology
 
     try:
         topo = load_topology(topology, base_path=base_path or None)
         running = start_tree(topo, topology, base_path=base_path or None)
     except TopologyError as e:
-        raise typer.BadParameter(str(e), param_hint="--topology") from e
+        exit_topology_error(e, "--topology")
     table = Table(title=f"dstltree nodes ({topology})")
     for col in ("node", "parent", "address", "pid"):
         table.add_column(col)

@@ -238,13 +238,14 @@ def status(
     from rich.console import Console
     from rich.live import Live
 
+    from dstltree.cli.commands._common import exit_topology_error
     from dstltree.topology.config import TopologyError, load_topology
 
     try:
         topo = load_topology(topology)
         tree = topo.tree(executors)
     except TopologyError as e:
-        raise typer.BadParameter(str(e), param_hint="--topology") from e
+        exit_topology_error(e, "--topology")
     nodes = tree.nodes
     urls = endpoints_for(nodes, topo.metrics_port, endpoints, workdir, host)
     pool = ThreadPoolExecutor(max(1, min(32, len(nodes))), thread_name_prefix="dstl-status")
