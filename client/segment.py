@@ -142,7 +142,7 @@ def decode_segment(
     entries: dict[tuple[int, int], list[bytes]] = {}
     expected_start, last = 0, (-1, -1)
     for i, (sqn, kg, count, start, length) in enumerate(raw_entries):
-        where = offset + body_start + start
+        where = offset + body_start + expected_start
         if (sqn, kg) <= last or not sqn_from <= sqn < sqn_to:
             raise CorruptObjectError(
                 path,

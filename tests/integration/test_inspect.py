@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import msgpack
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from dstltree.cli.commands.inspect import register
 from dstltree.client import ChangelogClient, ChangelogHandle
+from dstltree.client.objectformat import FOOTER, MAGIC
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.storage.store import ObjectStore
@@ -92,3 +98,49 @@ def test_corrupt_object_and_metadata_fail_clearly(tmp_path: Path) -> None:
     store.put(CheckpointStore(store).metadata_path(1), b"[1, 2")
     result = runner.invoke(_app(), ["inspect", str(tmp_path), "--json"])
     assert result.exit_code == 1 and "chk-0000000001.json" in result.output
+
+
+def _rewrite_index(obj: str, change: Callable[[list[list[Any]]], None]) -> None:
+    """Rewrite the index rows of object ``obj`` with ``change`` and give the index a
+    fresh checksum and footer: every checksum agrees, only the index lies."""
+    raw = Path(obj).read_bytes()
+    _, version, _, index_offset, index_length, _ = FOOTER.unpack(raw[-FOOTER.size :])
+    doc = msgpack.unpackb(raw[index_offset : index_offset + index_length])
+    change(doc["segments"])
+    index = msgpack.packb(doc)
+    footer = FOOTER.pack(MAGIC, version, 0, index_offset, len(index), zlib.crc32(index))
+    Path(obj).write_bytes(raw[:index_offset] + index + footer)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [(2, 7, "sqn_to"), (3, [1], "key groups"), (0, "log-b", "log id"), (1, 1, "sqn_from")],
+)
+def test_lying_index_exits_non_zero_naming_path_and_offset(
+    tmp_path: Path, field: int, value: Any, reason: str
+) -> None:
+    _, _, h = _populate(str(tmp_path))
+    (ref,) = h.segments
+
+    def lie(rows: list[list[Any]]) -> None:
+        rows[0][field] = value
+
+    _rewrite_index(ref.path, lie)
+    for args in (["inspect", ref.path], ["inspect", ref.path, "--json"]):
+        result = runner.invoke(_app(), args)
+        assert result.exit_code == 1, result.output
+        assert f"corrupt object {ref.path} at offset {ref.offset}" in result.output
+        assert reason in result.output and "{" not in result.stdout
+
+
+def test_malformed_index_row_exits_non_zero(tmp_path: Path) -> None:
+    _, _, h = _populate(str(tmp_path))
+    (ref,) = h.segments
+
+    def garble(rows: list[list[Any]]) -> None:
+        rows[0][4] = "zero"  # an offset that is not an integer
+
+    _rewrite_index(ref.path, garble)
+    result = runner.invoke(_app(), ["inspect", ref.path])
+    assert result.exit_code == 1
+    assert f"corrupt object {ref.path} at offset" in result.output and "bad index" in result.output
