@@ -382,6 +382,9 @@ def _format_error(source: str, err: ValidationError) -> str:
     return "\n".join(parts)
 
 
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
 def _check_bounds(data: dict[Any, Any], source: str) -> None:
     """Raise TopologyError naming the top-level field whose value nests deeper than
     MAX_DEPTH, holds a key or string longer than MAX_STRING, or (with YAML aliases
@@ -389,20 +392,20 @@ def _check_bounds(data: dict[Any, Any], source: str) -> None:
     count = 0
     for field, value in data.items():
         name = _clip(str(field))
-        stack: list[tuple[Any, int]] = [(field, 1), (value, 1)]
+        stack: list[tuple[Any, int]] = [([field, value], 0)]
         while stack:
             obj, depth = stack.pop()
-            count += 1
-            if count > MAX_VALUES:
-                raise TopologyError(f"{source}: {name}: more than {MAX_VALUES} values")
             if depth > MAX_DEPTH:
                 raise TopologyError(f"{source}: {name}: nested deeper than {MAX_DEPTH} levels")
-            if isinstance(obj, (str, bytes)) and len(obj) > MAX_STRING:
-                raise TopologyError(f"{source}: {name}: a string longer than {MAX_STRING}")
-            if isinstance(obj, dict):
-                stack.extend((x, depth + 1) for kv in obj.items() for x in kv)
-            elif isinstance(obj, (list, tuple, set, frozenset)):
-                stack.extend((x, depth + 1) for x in obj)
+            items = [x for kv in obj.items() for x in kv] if isinstance(obj, dict) else obj
+            count += len(items)
+            if count > MAX_VALUES:
+                raise TopologyError(f"{source}: {name}: more than {MAX_VALUES} values")
+            for x in items:
+                if isinstance(x, _CONTAINERS):
+                    stack.append((x, depth + 1))
+                elif isinstance(x, (str, bytes)) and len(x) > MAX_STRING:
+                    raise TopologyError(f"{source}: {name}: a string longer than {MAX_STRING}")
 
 
 def parse_topology(data: Any, source: str = "topology") -> TopologyConfig:
