@@ -102,7 +102,7 @@ def encode_segment(log_id: str, sqn_from: int, sqn_to: int, changesets: Changese
     return bytes(out)
 
 
-def segment_crc(data: bytes | memoryview) -> int:
+def segment_crc(data: bytes | bytearray | memoryview) -> int:
     """The CRC32 stored in a segment's trailer (no verification)."""
     if len(data) < 8:
         raise ValueError("segment shorter than its framing")

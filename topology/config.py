@@ -426,6 +426,11 @@ def parse_topology(data: Any, source: str = "topology") -> TopologyConfig:
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def _marked(problem: str, event: Any) -> yaml.MarkedYAMLError:
+    """A YAML error at ``event``'s position (its mark: pure-Python or libyaml's)."""
+    return yaml.MarkedYAMLError(problem=problem, problem_mark=event.start_mark)
+
+
 def _load_yaml(text: str) -> Any:
     """The YAML document in ``text``, loaded safely once its event stream (parsed
     iteratively) shows at most MAX_DEPTH nesting levels and MAX_ALIASES aliases, so the
@@ -436,17 +441,13 @@ def _load_yaml(text: str) -> Any:
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
-                raise yaml.MarkedYAMLError(
-                    problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=event.start_mark
-                )
+                raise _marked(f"nested deeper than {MAX_DEPTH} levels", event)
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
         elif isinstance(event, yaml.AliasEvent):
             aliases += 1
             if aliases > MAX_ALIASES:
-                raise yaml.MarkedYAMLError(
-                    problem=f"more than {MAX_ALIASES} aliases", problem_mark=event.start_mark
-                )
+                raise _marked(f"more than {MAX_ALIASES} aliases", event)
     return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
 
 
