@@ -35,7 +35,7 @@ def split_tcp(endpoint: str) -> tuple[str, int | None]:
         raise ValueError(f"a tcp endpoint needs host and port (tcp://host:port): {endpoint!r}")
     if port == "*":
         return _unbracket(host), None
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"port must be 0..65535 in {endpoint!r}")
     return _unbracket(host), int(port)
 

@@ -31,6 +31,9 @@ class Tree:
     graph: nx.DiGraph
     root: str
     _parent: dict[str, str | None] = field(repr=False)
+    # hops from the root per node, filled breadth-first by from_edges (linear even for
+    # a chain of thousands of nodes); empty: computed from the parents on demand
+    _depth: dict[str, int] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_edges(cls, nodes: Iterable[str], edges: Iterable[tuple[str, str]]) -> Tree:
@@ -47,9 +50,11 @@ class Tree:
             raise TopologyError(f"nodes: {detail}")
         root = next(n for n, d in g.in_degree() if d == 0)
         parent: dict[str, str | None] = {root: None}
-        for p, c in g.edges():
+        depth = {root: 0}
+        for p, c in nx.bfs_edges(g, root):
             parent[c] = p
-        return cls(graph=g, root=root, _parent=parent)
+            depth[c] = depth[p] + 1
+        return cls(graph=g, root=root, _parent=parent, _depth=depth)
 
     @classmethod
     def from_specs(cls, specs: Sequence[NodeLink]) -> Tree:
@@ -87,9 +92,14 @@ class Tree:
         return {node, *nx.descendants(self.graph, node)}
 
     def depth(self, node: str) -> int:
+        """Hops from the root to ``node`` (0 for the root). Raises KeyError for an
+        unknown node."""
+        if self._depth:
+            return self._depth[node]
         return len(self.ancestors(node))
 
     def height(self) -> int:
+        """The largest depth of any node."""
         return max(self.depth(n) for n in self._parent)
 
     def post_order(self) -> list[str]:

@@ -260,3 +260,10 @@ def test_rewritten_footer_fields(store: ObjectStore) -> None:
     path = _put(store, bytes(raw))
     err = _assert_corrupt(lambda: read_index(store, path), path, len(raw))
     assert err.offset == footer_at + 10 and "reserved" in err.reason
+
+
+def test_index_takes_the_trailer_crc_when_a_sender_gave_none(store: ObjectStore) -> None:
+    segs = [(replace(m, crc32=0), d) for m, d in _segments(2)]
+    parts, _ = build_object(segs)
+    path = _put(store, b"".join(parts))
+    assert [r.crc32 for r in read_index(store, path)] == [segment_crc(d) for _, d in segs]

@@ -210,3 +210,15 @@ def test_a_tree_at_the_node_limit_loads() -> None:
     ]
     topo = parse_topology({"nodes": nodes})
     assert len(topo.tree()) == MAX_NODES
+
+
+def test_a_chain_at_the_node_limit_has_linear_depths() -> None:
+    nodes = [{"id": "n0"}] + [{"id": f"n{i}", "parent": f"n{i - 1}"} for i in range(1, MAX_NODES)]
+    tree = parse_topology({"nodes": nodes}).tree()
+    assert tree.height() == MAX_NODES - 1 and tree.depth("n7") == 7  # O(n), not O(n**2)
+
+
+@pytest.mark.parametrize("port", ["\u0661\u0662", "7700\u0663", "65536", "-1", "+80"])
+def test_ports_are_ascii_digits_in_range(port: str) -> None:
+    with pytest.raises(TopologyError, match=r"nodes\[0\]\.bind"):
+        parse_topology({"nodes": [{"id": "r", "bind": f"tcp://127.0.0.1:{port}"}]})
