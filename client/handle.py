@@ -60,16 +60,44 @@ class SegmentRef:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], log_id: str) -> SegmentRef:
-        """Inverse of :meth:`to_dict`; ``log_id`` comes from the enclosing handle."""
-        meta = SegmentMeta(
-            log_id,
-            int(d["sqn"][0]),
-            int(d["sqn"][1]),
-            tuple(int(k) for k in d.get("key_groups", ())),
-            int(d["length"]),
-            int(d["crc32"]),
-        )
-        return cls(meta, str(d["path"]), int(d["offset"]))
+        """Inverse of :meth:`to_dict`; ``log_id`` comes from the enclosing handle.
+        Raises KeyError (a missing field), TypeError or ValueError (a field of the wrong
+        type, a negative integer, a reversed SQN range, a CRC32 of 2**32 or more)."""
+        lo, hi = _range(d["sqn"], "sqn")
+        crc = _uint(d["crc32"], "crc32")
+        if crc >= 1 << 32:
+            raise ValueError(f"crc32 {crc} does not fit 32 bits")
+        kgs = tuple(_uint(k, "key_groups") for k in _list(d.get("key_groups", []), "key_groups"))
+        meta = SegmentMeta(log_id, lo, hi, kgs, _uint(d["length"], "length"), crc)
+        return cls(meta, _str(d["path"], "path"), _uint(d["offset"], "offset"))
+
+
+def _uint(x: Any, what: str) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        raise ValueError(f"{what}: expected a non-negative integer, got {x!r}")
+    return x
+
+
+def _str(x: Any, what: str) -> str:
+    if not isinstance(x, str):
+        raise TypeError(f"{what}: expected a string, got {type(x).__name__}")
+    return x
+
+
+def _list(x: Any, what: str) -> list[Any]:
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(f"{what}: expected a list, got {type(x).__name__}")
+    return list(x)
+
+
+def _range(x: Any, what: str) -> tuple[int, int]:
+    pair = _list(x, what)
+    if len(pair) != 2:
+        raise ValueError(f"{what}: expected [from, to], got {x!r}")
+    lo, hi = _uint(pair[0], what), _uint(pair[1], what)
+    if hi < lo:
+        raise ValueError(f"{what}: range [{lo}, {hi}) is reversed")
+    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -101,9 +129,15 @@ class ChangelogHandle:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ChangelogHandle:
-        lo, hi = d["sqn_range"]
+        """Inverse of :meth:`to_dict`. Raises KeyError, TypeError or ValueError for a
+        malformed record (see :meth:`SegmentRef.from_dict`)."""
+        log_id = _str(d["log_id"], "log_id")
+        segments = _list(d["segments"], "segments")
+        for s in segments:
+            if not isinstance(s, dict):
+                raise TypeError(f"segments: expected a map, got {type(s).__name__}")
         return cls(
-            log_id=str(d["log_id"]),
-            sqn_range=(int(lo), int(hi)),
-            segments=tuple(SegmentRef.from_dict(s, str(d["log_id"])) for s in d["segments"]),
+            log_id=log_id,
+            sqn_range=_range(d["sqn_range"], "sqn_range"),
+            segments=tuple(SegmentRef.from_dict(s, log_id) for s in segments),
         )

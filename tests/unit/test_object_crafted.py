@@ -5,6 +5,7 @@ data, never raise a bare ValueError/TypeError."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import zlib
 from collections.abc import Callable
@@ -267,3 +268,21 @@ def test_index_takes_the_trailer_crc_when_a_sender_gave_none(store: ObjectStore)
     parts, _ = build_object(segs)
     path = _put(store, b"".join(parts))
     assert [r.crc32 for r in read_index(store, path)] == [segment_crc(d) for _, d in segs]
+
+
+@given(
+    field=st.sampled_from(["log_id", "sqn_range", "segments", "seg"]), value=values, data=st.data()
+)
+@FAST
+def test_malformed_handle_record_raises_only_the_documented_errors(
+    field: str, value: Any, data: st.DataObject
+) -> None:
+    (meta, _), *_ = _segments(1)
+    d = ChangelogHandle("w0", (0, 2), (SegmentRef(meta, "p.dstl", 0),)).to_dict()
+    if field == "seg":
+        seg = d["segments"][0]
+        seg[data.draw(st.sampled_from(sorted(seg)))] = value
+    else:
+        d[field] = value
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        ChangelogHandle.from_dict(d)
