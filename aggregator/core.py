@@ -445,8 +445,8 @@ class NodeCore:
     def _from_below(self, identity: bytes, msg: object, now: float) -> list[Instruction]:
         match msg:
             case Register(log_id):
-                if not self._register(identity, log_id, now):
-                    return self._refuse_peer(identity, f"too many writers; {log_id!r} refused")
+                if not self._register(identity, log_id, now):  # counted there
+                    return [ReplyBelow(identity, Error(f"too many writers; {log_id!r} refused"))]
                 return []
             case Unregister(log_id):
                 self._forget_writer(log_id)
