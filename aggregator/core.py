@@ -54,9 +54,10 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import singledispatchmethod
+from typing import TypeVar
 
 from dstltree.aggregator.events import (
     Event,
@@ -88,6 +89,7 @@ from dstltree.client.wire import (
 )
 from dstltree.topology.plan import ByteEstimator, decide_local, window_of
 
+_T = TypeVar("_T")
 SELF = ""  # route: write here
 _PLANS_KEPT = 3  # plan windows remembered below the newest (bookkeeping bound)
 
@@ -157,6 +159,7 @@ class NodeStatistics:
     undeliverable_replies: int = 0
     backlog_bytes: int = 0
     undeliverable_upstream: int = 0
+    malformed_upstream: int = 0
     backpressure_pauses: int = 0
     backpressure_seconds: float = 0.0
 
@@ -186,11 +189,14 @@ class NodeCore:
         self.batch = Batch(config.target_bytes, config.persist_delay)
         self.parent: str | None = config.parent_address
         self._validate = validate
-        self._writers: dict[str, float] = {}  # own log_id -> last seen
+        self._writers: dict[str, float] = {}  # own log_id -> last seen, oldest first
         self._writer_cp: dict[str, int] = {}  # own log_id -> last checkpoint
         self._writer_peer: dict[str, bytes] = {}  # own log_id -> ROUTER identity
         self._peer_writers: dict[bytes, int] = defaultdict(int)  # identity -> own writers
-        self._children: dict[str, _Child] = {}
+        self._children: dict[str, _Child] = {}  # in order of last report (expiry)
+        self._peer_children: dict[bytes, int] = {}  # identity -> child node ids
+        self._live: int | None = None  # cached _live_writers() (None: recompute)
+        self._child_writers: int | None = None  # cached sum of the children's writers
         self._sent: dict[int, _Sent] = {}
         self._writing: dict[int, tuple[PersistItem, ...]] = {}
         self._ids: Iterator[int] = itertools.count(1)
@@ -293,15 +299,19 @@ class NodeCore:
     @property
     def writers_below(self) -> int:
         """Residual writers of this subtree: own plus the children's residual writers."""
-        return self._live_writers() + sum(c.writers for c in self._children.values())
+        if self._child_writers is None:
+            self._child_writers = sum(c.writers for c in self._children.values())
+        return self._live_writers() + self._child_writers
 
     def _live_writers(self) -> int:
         """Own writers expected to persist for the next checkpoint: registered ones that
         persisted for the current or previous checkpoint, or have not persisted for any
         yet. A writer of a crashed task stops counting within two checkpoints, long
         before its lease ends, so the all-persisted rule works right after a recovery."""
-        recent = self._max_cp - 1
-        return sum(1 for w in self._writers if self._writer_cp.get(w, recent) >= recent)
+        if self._live is None:
+            recent = self._max_cp - 1
+            self._live = sum(1 for w in self._writers if self._writer_cp.get(w, recent) >= recent)
+        return self._live
 
     def expected_writers(self) -> int:
         """Writers whose persist requests reach this node's batch: with a plan naming
@@ -472,7 +482,9 @@ class NodeCore:
             return [ReplyBelow(identity, Error(self._out_of_window(cp)))]
         if child is not None and child.identity != identity:
             self._counters["plans_resent"] += sum(1 for k in self._pushed if k[0] == node)
+        self._drop_child(node)
         self._children[node] = _Child(identity, msg.writers, msg.bytes_per_checkpoint, now, cp)
+        self._peer_children[identity] = self._peer_children.get(identity, 0) + 1
         self._see_checkpoint(cp)
         return self._push_plans_to(node, msg.plan_window)
 
@@ -484,8 +496,15 @@ class NodeCore:
         """Room for a new child node reporting on ROUTER ``identity``."""
         if len(self._children) >= self.config.max_children:
             return False
-        same = sum(1 for c in self._children.values() if c.identity == identity)
-        return same < self.config.max_children_per_peer
+        return self._peer_children.get(identity, 0) < self.config.max_children_per_peer
+
+    def _drop_child(self, node: str) -> None:
+        child = self._children.pop(node, None)
+        self._child_writers = None
+        if child is not None:
+            self._peer_children[child.identity] -= 1
+            if self._peer_children[child.identity] <= 0:
+                del self._peer_children[child.identity]
 
     def _register(self, identity: bytes, log_id: str, now: float) -> bool:
         """Register (or renew) own writer ``log_id`` of ROUTER ``identity``; False when
@@ -498,12 +517,16 @@ class NodeCore:
                 return False
             if old is not None:
                 self._drop_peer_writer(old)
+            else:
+                self._live = None
             self._writer_peer[log_id] = identity
             self._peer_writers[identity] += 1
+        self._writers.pop(log_id, None)  # re-inserted: the dict stays ordered by last seen
         self._writers[log_id] = now
         return True
 
     def _forget_writer(self, log_id: str) -> None:
+        self._live = None
         self._writers.pop(log_id, None)
         self._writer_cp.pop(log_id, None)
         if (identity := self._writer_peer.pop(log_id, None)) is not None:
@@ -525,8 +548,9 @@ class NodeCore:
         if not relayed:  # from this executor's own writers (a persist renews the lease)
             if not self._register(identity, log_id, now):
                 return f"too many writers; {log_id!r} refused"
-            if cp is not None:
+            if cp is not None and self._writer_cp.get(log_id) != cp:
                 self._writer_cp[log_id] = cp
+                self._live = None
             self._counters["bytes_own"] += item.size
             self._own_bytes(cp, item.size)
         self._counters["bytes_received"] += item.size
@@ -574,6 +598,7 @@ class NodeCore:
 
     def _reset_horizon(self) -> None:
         self._counters["horizon_resets"] += 1
+        self._live = None
         self._max_cp = -1
         self._own_cp_bytes.clear()
         self._plans.clear()
@@ -592,6 +617,7 @@ class NodeCore:
             for _ in range(min(skipped, self._estimator.history)):
                 self._estimator.update({SELF: 0.0})  # a checkpoint with no own bytes
         self._max_cp = cp
+        self._live = None
 
     # -- messages from upstream ----------------------------------------------------------
     def _on_plan(self, plan: Plan, now: float) -> list[Instruction]:
@@ -764,12 +790,12 @@ class NodeCore:
 
     def _expire_leases(self, now: float) -> None:
         lease = self.config.registration_lease
-        gone = [w for w, seen in self._writers.items() if now - seen > lease]
+        gone = _expired(self._writers.items(), lambda seen: now - seen > lease)
         for log_id in gone:
             self._forget_writer(log_id)
-        left = [n for n, c in self._children.items() if now - c.seen > lease]
+        left = _expired(self._children.items(), lambda c: now - c.seen > lease)
         for node in left:
-            del self._children[node]
+            self._drop_child(node)
         if left:
             self._pushed = {k: v for k, v in self._pushed.items() if k[0] in self._children}
         if gone or left:
@@ -862,6 +888,16 @@ def _acks_to_origins(acks: list[tuple[PersistItem, AckEntry]]) -> list[Instructi
                 AckEntry(origin.request_id, entry.path, entry.offset, entry.error)
             )
     return [ReplyBelow(i, PersistAck(tuple(a))) for i, a in replies.items()]
+
+
+def _expired(entries: Iterable[tuple[str, _T]], old: Callable[[_T], bool]) -> list[str]:
+    """The keys of the leading ``entries`` (oldest first) that are ``old``: O(expired)."""
+    out = []
+    for key, value in entries:
+        if not old(value):
+            break
+        out.append(key)
+    return out
 
 
 def _refusal(event: Event, identity: bytes, entry: AckEntry) -> bool:

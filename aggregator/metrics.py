@@ -30,6 +30,7 @@ Node counters, from :class:`dstltree.aggregator.core.NodeStatistics` (bytes are 
 ``dstl_horizon_resets_total``, ``dstl_plans_resent_total``,
 ``dstl_undeliverable_replies_total`` (replies the ROUTER could not deliver),
 ``dstl_undeliverable_upstream_total`` (sends upstream refused by a full queue),
+``dstl_malformed_upstream_total`` (undecodable messages from upstream, dropped),
 ``dstl_backpressure_pauses_total`` and ``dstl_backpressure_seconds_total`` (times and
 seconds the node stopped reading from below because its backlog was full). Gauges:
 ``dstl_backlog_bytes`` (batched or being written), ``dstl_queued_bytes`` (in the batch, not yet
@@ -86,6 +87,7 @@ _COUNTERS = {
     "plans_resent": "dstl_plans_resent",
     "undeliverable_replies": "dstl_undeliverable_replies",
     "undeliverable_upstream": "dstl_undeliverable_upstream",
+    "malformed_upstream": "dstl_malformed_upstream",
     "backpressure_pauses": "dstl_backpressure_pauses",
     "backpressure_seconds": "dstl_backpressure_seconds",
 }
@@ -105,6 +107,7 @@ _COUNTER_HELP = {
     "plans_resent": "Plans sent again (lost, undeliverable, or the child reconnected).",
     "undeliverable_replies": "Replies the ROUTER could not deliver (peer gone, queue full).",
     "undeliverable_upstream": "Messages upstream refused by a full queue (items time out).",
+    "malformed_upstream": "Undecodable messages from upstream nodes, dropped.",
     "backpressure_pauses": "Times the node stopped reading from below (backlog full).",
     "backpressure_seconds": "Seconds the node did not read from below (backlog full).",
 }

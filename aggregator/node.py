@@ -130,7 +130,11 @@ class Node:
         self._stats: NodeStatistics = self.core.statistics()
         self.metrics = metrics
         self._metrics_due = 0.0
-        self._shell_counts = {"undeliverable_upstream": 0, "backpressure_pauses": 0}
+        self._shell_counts = {
+            "undeliverable_upstream": 0,
+            "malformed_upstream": 0,
+            "backpressure_pauses": 0,
+        }
         self._paused_since: float | None = None
         self._paused_s = 0.0
         self._front_polled = True
@@ -195,6 +199,7 @@ class Node:
         return replace(
             self.core.statistics(now),
             undeliverable_upstream=c["undeliverable_upstream"],
+            malformed_upstream=c["malformed_upstream"],
             backpressure_pauses=c["backpressure_pauses"],
             backpressure_seconds=paused,
         )
@@ -252,7 +257,7 @@ class Node:
             try:
                 msg = load(frames[1:], self.max_message_bytes)
             except WireError as e:
-                log.warning("rejected message: %s", e)
+                log.debug("rejected message: %s", e)
                 self._run(self.core.handle(MalformedFromBelow(now, identity, str(e))))
                 continue
             self._run(self.core.handle(MessageFromBelow(now, identity, msg)))
@@ -266,7 +271,8 @@ class Node:
             try:
                 msg = load(frames)
             except WireError as e:
-                log.warning("bad message from %s: %s", address, e)
+                log.debug("bad message from %s: %s", address, e)
+                self._shell_counts["malformed_upstream"] += 1
                 continue
             self._run(self.core.handle(MessageFromUpstream(now, address, msg)))
 
