@@ -24,7 +24,8 @@ Node counters, from :class:`dstltree.aggregator.core.NodeStatistics` (bytes are 
 ``dstl_bytes_relayed_total`` (received from a child node and sent on),
 ``dstl_bytes_forwarded_total`` (sent upstream, own and relayed),
 ``dstl_parent_timeouts_total``, ``dstl_plan_changes_total``,
-``dstl_rejected_messages_total``; drops and refusals of hostile or excess input:
+``dstl_rejected_messages_total``, ``dstl_messages_below_total`` (every message from
+below, malformed ones included); drops and refusals of hostile or excess input:
 ``dstl_refused_checkpoints_total`` (checkpoint ids outside the window),
 ``dstl_refused_peers_total`` (writers or children beyond the node's bounds),
 ``dstl_horizon_resets_total``, ``dstl_plans_resent_total``,
@@ -81,6 +82,7 @@ _COUNTERS = {
     "parent_timeouts": "dstl_parent_timeouts",
     "plan_changes": "dstl_plan_changes",
     "rejected_messages": "dstl_rejected_messages",
+    "messages_below": "dstl_messages_below",
     "refused_checkpoints": "dstl_refused_checkpoints",
     "refused_peers": "dstl_refused_peers",
     "horizon_resets": "dstl_horizon_resets",
@@ -101,6 +103,7 @@ _COUNTER_HELP = {
     "parent_timeouts": "Times items sent upstream were not acked in time.",
     "plan_changes": "Times the planned collector of a plan window changed.",
     "rejected_messages": "Malformed or unexpected messages answered with an error.",
+    "messages_below": "Messages received from writers and child nodes (any, malformed too).",
     "refused_checkpoints": "Checkpoint ids refused: outside the window around the horizon.",
     "refused_peers": "Writers or child nodes refused beyond the node's bounds.",
     "horizon_resets": "Times the checkpoint horizon reset (no live peer held it).",

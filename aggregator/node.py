@@ -58,6 +58,7 @@ log = logging.getLogger("dstltree.node")
 _MAX_POLL_MS = 100
 _METRICS_INTERVAL = 0.5  # seconds between metrics updates from the node's counters
 _CLOSE_LINGER_MS = 1000  # the ROUTER's linger at close: final acks get this long to go out
+_BURST = 100  # messages from below handled at once (NodeCore.handle_many)
 _HEADER_SLACK = 1 << 20  # bytes a header frame may take beyond max_message_bytes
 
 
@@ -246,21 +247,29 @@ class Node:
         return max(0, min(_MAX_POLL_MS, int((deadline - time.monotonic()) * 1000) + 1))
 
     def _drain_front(self, now: float) -> None:
-        for _ in range(1000):
+        """Read up to 1000 messages in bursts of ``_BURST``, each burst handled at once
+        (:meth:`NodeCore.handle_many`); stop early while the core accepts no more."""
+        for _ in range(1000 // _BURST):
             if not self.core.accepting():
                 return
-            try:
-                frames = self._front.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            events: list[Event] = []
+            for _ in range(_BURST):
+                try:
+                    frames = self._front.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                events.append(self._event_below(now, frames))
+            self._run(self.core.handle_many(events))
+            if len(events) < _BURST:
                 return
-            identity = frames[0].bytes
-            try:
-                msg = load(frames[1:], self.max_message_bytes)
-            except WireError as e:
-                log.debug("rejected message: %s", e)
-                self._run(self.core.handle(MalformedFromBelow(now, identity, str(e))))
-                continue
-            self._run(self.core.handle(MessageFromBelow(now, identity, msg)))
+
+    def _event_below(self, now: float, frames: list[zmq.Frame]) -> Event:
+        identity = frames[0].bytes
+        try:
+            return MessageFromBelow(now, identity, load(frames[1:], self.max_message_bytes))
+        except WireError as e:
+            log.debug("rejected message: %s", e)
+            return MalformedFromBelow(now, identity, str(e))
 
     def _drain_up(self, address: str, sock: zmq.Socket, now: float) -> None:
         for _ in range(1000):
@@ -302,7 +311,7 @@ class Node:
         while todo:
             match todo.popleft():
                 case ReplyBelow(identity, msg):
-                    if not self._send(self._front, [identity, *dump(msg)]):
+                    if not self._send(self._front, [identity, *dump(msg)], copy=True):
                         todo.extend(self.core.handle(ReplyFailed(time.monotonic(), identity, msg)))
                 case SendUpstream(address, msg):
                     if not self._send(self._socket_to(address), dump(msg)):
@@ -313,12 +322,12 @@ class Node:
                     except RuntimeError:  # shutting down: the origins time out and retry
                         log.warning("node stopping; object %d not written", oid)
 
-    def _send(self, sock: zmq.Socket, frames: list[Any]) -> bool:
+    def _send(self, sock: zmq.Socket, frames: list[Any], copy: bool = False) -> bool:
         """Send without blocking; False (logged at debug) if ZeroMQ refused: a full
         queue or, on the ROUTER, a peer that is gone. Upstream, the items time out
         and are written here; below, the core counts it and resends plans."""
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
         except zmq.ZMQError as e:
             log.debug("send failed: %s", e)
             return False
