@@ -142,3 +142,46 @@ def test_killing_and_restarting_random_nodes_loses_and_duplicates_nothing(
         got = collections.Counter(c for _, _, c in iter_changes(store, w.handle))
         assert set(got) == set(w.acked), f"writer {w.index}: lost or foreign changes"
         assert max(got.values()) == 1, f"writer {w.index}: duplicated changes"
+
+
+class _SlowStore(ObjectStore):
+    """An object store whose uploads start only once ``release`` is set."""
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def put(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.started.set()
+        assert self.release.wait(10), "never released"
+        return super().put(*args, **kwargs)
+
+
+def test_a_stopping_node_lets_its_running_writes_finish_and_sends_their_acks(
+    tmp_path: Path,
+) -> None:
+    from dstltree.aggregator.core import NodeConfig
+    from dstltree.aggregator.node import Node
+    from dstltree.storage.hedging import UploadPolicy
+
+    base = str(tmp_path / "dfs")
+    store = _SlowStore(base)
+    policy = UploadPolicy(attempts=1, upload_timeout=30.0)
+    node = Node(NodeConfig("root", None, 1 << 20), store, upload_policy=policy)
+    thread = node.start()
+    client = ChangelogClient.open(base, node=node.address, ack_timeout=20.0)
+    try:
+        w = client.create_writer("last", range(1))
+        w.append(0, b"final change")
+        pending = w.persist_durably(0, checkpoint_id=1)
+        assert _SlowStore.started.wait(10), "the node never started the write"
+        node.stop()  # while the object is being written
+        _SlowStore.release.set()
+        handle = pending.result(timeout=20)
+        thread.join(timeout=20)
+        assert not thread.is_alive()
+        assert client.uploader.statistics().fallbacks == 0  # type: ignore[attr-defined]
+        assert list(client.read_changes(handle, 0)) == [b"final change"]
+    finally:
+        _SlowStore.release.set()
+        client.close()
+        node.stop()
