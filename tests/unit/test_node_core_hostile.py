@@ -258,3 +258,21 @@ def test_at_shutdown_the_batch_is_written_here_and_acked_after_the_write() -> No
     (ack,) = [i.message for i in out if isinstance(i, ReplyBelow)]
     assert ack.items[0].path == "/o"
     assert core.idle()
+
+
+# -- bursts --------------------------------------------------------------------------------
+def test_a_burst_handled_at_once_flushes_like_one_event_at_a_time() -> None:
+    def run(burst: bool) -> list[Instruction]:
+        core = NodeCore(NodeConfig("n", None, 1000, address=ME, persist_delay=0.05))
+        events = [MessageFromBelow(0.0, CLIENT, Register(w)) for w in ("w1", "w2")]
+        events += [
+            MessageFromBelow(0.001, CLIENT, _persist(w, 1, rid=k))
+            for k, w in enumerate(("w1", "w2"))
+        ]
+        if burst:
+            return core.handle_many(events)
+        return [i for e in events for i in core.handle(e)]
+
+    (one,) = [i for i in run(False) if isinstance(i, WriteObject)]
+    (many,) = [i for i in run(True) if isinstance(i, WriteObject)]
+    assert [i.meta.log_id for i in many.items] == [i.meta.log_id for i in one.items]
