@@ -33,6 +33,10 @@ Hostile and malformed input (every refusal answers with an error and is counted)
   however small, starts it again (a long-lived node reused by a new job whose ids
   restart at 1), and the plans of the old horizon are forgotten. Advancing the
   horizon costs O(1) whatever the jump (at most ``ByteEstimator.history`` samples).
+  Limits: the first checkpoint seen starts the horizon, so a peer that reports
+  before the job's writers holds it while it stays alive, and a peer inside the
+  window can move it by up to the window per message (authentication keeps such
+  peers out; the writers refused fall back to DFS).
 - Peers. At most ``max_writers`` own writers (``max_writers_per_peer`` per ROUTER
   identity) and ``max_children`` children (``max_children_per_peer`` node ids per
   identity); a new one beyond is refused.

@@ -41,6 +41,7 @@ from dstltree.client.wire import (
     dump,
 )
 from tests.support.tree_fixtures import metric, start
+from tests.support.waiting import wait_until
 
 MESSAGES = 100_000
 SOCKETS = 8
@@ -229,6 +230,8 @@ def test_a_node_survives_100k_hostile_messages_while_a_writer_persists(tmp_path:
         client = ChangelogClient.open(str(base), node=node.address, ack_timeout=15.0)
         legit = _LegitWriter(client)
         legit.start()
+        # the job's writer is there first (the first checkpoint seen starts the horizon)
+        wait_until(lambda: len(legit.handles) >= 1, timeout=30)
         ctx = zmq.Context.instance()
         socks = [ctx.socket(zmq.DEALER) for _ in range(SOCKETS)]
         for s in socks:
