@@ -21,6 +21,32 @@ Rules (docs/design.md, Data flow 3-4, The plan, Invariants):
 - Statistics flow up (residual writers and bytes per checkpoint, highest checkpoint
   seen); plans for window w+1 flow down during window w (FLIP-158, Future directions).
 
+Hostile and malformed input (every refusal answers with an error and is counted):
+
+- Checkpoint horizon. ``_max_cp`` (the highest checkpoint seen) is held by the live
+  peers that reported a checkpoint within ``checkpoint_window`` of it: own writers (by
+  their last persisted checkpoint) and children (by the ``max_checkpoint`` of their
+  last Stats). A checkpoint id farther than the window from the horizon is refused
+  (a Stats with an ``Error`` reply, a persist item with an error ack: the writer
+  falls back to DFS) while a holder is alive. When no holder is alive any more (all
+  unregistered or their leases ended), the horizon resets: the next checkpoint id,
+  however small, starts it again (a long-lived node reused by a new job whose ids
+  restart at 1), and the plans of the old horizon are forgotten. Advancing the
+  horizon costs O(1) whatever the jump (at most ``ByteEstimator.history`` samples).
+  Limits: the first checkpoint seen starts the horizon, so a peer that reports
+  before the job's writers holds it while it stays alive, and a peer inside the
+  window can move it by up to the window per message (authentication keeps such
+  peers out; the writers refused fall back to DFS).
+- Peers. At most ``max_writers`` own writers (``max_writers_per_peer`` per ROUTER
+  identity) and ``max_children`` children (``max_children_per_peer`` node ids per
+  identity); a new one beyond is refused.
+- Back-pressure. :meth:`NodeCore.accepting` is False while the batch plus the objects
+  being written hold ``max_queued_bytes`` or more: the shell stops reading from below.
+- Plans. A plan is (re)sent to a child whenever its Stats arrive and it has not had
+  it on its current identity (a reconnect gets a new ROUTER identity), when the Stats
+  say it holds an older newest window than this node's, and after a failed delivery
+  (ReplyFailed).
+
 Convention (dask/distributed worker_state_machine.py, shared with the coordinator's
 core): events and instructions are frozen dataclasses (``aggregator.events``);
 :meth:`NodeCore.handle` dispatches on the event type (``_handle_event``, one method per
@@ -32,9 +58,10 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import singledispatchmethod
+from typing import TypeVar
 
 from dstltree.aggregator.events import (
     Event,
@@ -45,7 +72,9 @@ from dstltree.aggregator.events import (
     ObjectFailed,
     ObjectWritten,
     ReplyBelow,
+    ReplyFailed,
     SendUpstream,
+    ShuttingDown,
     TimePassed,
     WriteObject,
 )
@@ -64,6 +93,7 @@ from dstltree.client.wire import (
 )
 from dstltree.topology.plan import ByteEstimator, decide_local, window_of
 
+_T = TypeVar("_T")
 SELF = ""  # route: write here
 _PLANS_KEPT = 3  # plan windows remembered below the newest (bookkeeping bound)
 
@@ -76,7 +106,11 @@ class NodeInvariantError(RuntimeError):
 class NodeConfig:
     """Thresholds of one node. Sizes in bytes, times in seconds. ``address`` is this
     node's own endpoint (passed down in plans); ``parent_address`` None at the root.
-    ``registration_lease``: a writer or child not heard from for this long is forgotten."""
+    ``registration_lease``: a writer or child not heard from for this long is forgotten.
+    ``checkpoint_window``: checkpoint ids farther than this from the horizon are refused
+    while the horizon is held; ``max_*``: peer bounds (module docstring);
+    ``max_queued_bytes``: batch plus objects being written (bytes) before the node stops
+    reading from below."""
 
     node_id: str
     parent_address: str | None
@@ -89,6 +123,12 @@ class NodeConfig:
     stats_interval: float = 0.2
     plans: bool = True
     plan_window: int = 16
+    checkpoint_window: int = 100_000
+    max_writers: int = 4096
+    max_writers_per_peer: int = 1024
+    max_children: int = 256
+    max_children_per_peer: int = 1
+    max_queued_bytes: int = 256 * 1024 * 1024
 
     @property
     def has_parent(self) -> bool:
@@ -116,6 +156,17 @@ class NodeStatistics:
     plan_changes: int
     plan_window: int | None
     writes_for_window: bool
+    messages_below: int = 0
+    refused_checkpoints: int = 0
+    refused_peers: int = 0
+    horizon_resets: int = 0
+    plans_resent: int = 0
+    undeliverable_replies: int = 0
+    backlog_bytes: int = 0
+    undeliverable_upstream: int = 0
+    malformed_upstream: int = 0
+    backpressure_pauses: int = 0
+    backpressure_seconds: float = 0.0
 
 
 @dataclass
@@ -131,6 +182,7 @@ class _Child:
     writers: int
     reported_bytes: float
     seen: float
+    max_cp: int = -1
 
 
 class NodeCore:
@@ -142,15 +194,21 @@ class NodeCore:
         self.batch = Batch(config.target_bytes, config.persist_delay)
         self.parent: str | None = config.parent_address
         self._validate = validate
-        self._writers: dict[str, float] = {}  # own log_id -> last seen
+        self._writers: dict[str, float] = {}  # own log_id -> last seen, oldest first
         self._writer_cp: dict[str, int] = {}  # own log_id -> last checkpoint
-        self._children: dict[str, _Child] = {}
+        self._writer_peer: dict[str, bytes] = {}  # own log_id -> ROUTER identity
+        self._peer_writers: dict[bytes, int] = defaultdict(int)  # identity -> own writers
+        self._children: dict[str, _Child] = {}  # in order of last report (expiry)
+        self._peer_children: dict[bytes, int] = {}  # identity -> child node ids
+        self._live: int | None = None  # cached _live_writers() (None: recompute)
+        self._child_writers: int | None = None  # cached sum of the children's writers
         self._sent: dict[int, _Sent] = {}
         self._writing: dict[int, tuple[PersistItem, ...]] = {}
         self._ids: Iterator[int] = itertools.count(1)
         self._down: dict[str, float] = {}  # address -> down until
         self._plans: dict[int, tuple[str, str]] = {}  # window -> collector (id, address)
-        self._pushed: dict[tuple[bytes, int], bool] = {}
+        self._pushed: dict[tuple[str, int], bytes] = {}  # (child, window) -> identity
+        self._writing_bytes = 0
         self._ancestors: tuple[tuple[str, str], ...] = ()
         self._estimator = ByteEstimator(16)
         self._own_cp_bytes: dict[int, int] = defaultdict(int)
@@ -159,17 +217,34 @@ class NodeCore:
         self._reported_writers = -1
         self._counters: dict[str, int] = defaultdict(int)
         self._last: tuple[Event, dict[RemoteOrigin, str], list[Instruction]] | None = None
+        self._dispatch = self._handle_event  # bound once: singledispatchmethod binds per call
 
     # -- public --------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Instruction]:
         """Apply one event; return what the shell must do, in order. Built with
         ``validate=True``, the invariants are checked afterwards (NodeInvariantError)."""
         before = self._item_states() if self._validate else {}
-        out = self._handle_event(event)
+        out = self._dispatch(event)
         out += self._housekeeping(event.now)
         if self._validate:
             self._last = (event, before, out)
             self.validate()
+        return out
+
+    def handle_many(self, events: list[Event]) -> list[Instruction]:
+        """Apply ``events`` (in time order) as :meth:`handle` would, but with the
+        time-driven rules run once after the last one (and after any event that fills
+        the batch to its target): the shell's cheap path for a burst of messages.
+        Built with ``validate=True``, it is :meth:`handle` per event."""
+        if self._validate:
+            return [i for e in events for i in self.handle(e)]
+        out: list[Instruction] = []
+        for event in events:
+            out += self._dispatch(event)
+            if self.batch.nbytes >= self.config.target_bytes:
+                out += self._housekeeping(event.now)
+        if events:
+            out += self._housekeeping(events[-1].now)
         return out
 
     @singledispatchmethod
@@ -178,10 +253,12 @@ class NodeCore:
 
     @_handle_event.register
     def _(self, event: MessageFromBelow) -> list[Instruction]:
+        self._counters["messages_below"] += 1
         return self._from_below(event.identity, event.message, event.now)
 
     @_handle_event.register
     def _(self, event: MalformedFromBelow) -> list[Instruction]:
+        self._counters["messages_below"] += 1
         return self._reject(event.identity, event.reason)
 
     @_handle_event.register
@@ -205,6 +282,35 @@ class NodeCore:
     def _(self, event: TimePassed) -> list[Instruction]:
         return []
 
+    @_handle_event.register
+    def _(self, event: ReplyFailed) -> list[Instruction]:
+        self._counters["undeliverable_replies"] += 1
+        if isinstance(event.message, Plan):  # forget it as pushed: the next Stats resend it
+            window = event.message.window
+            for key in [k for k, i in self._pushed.items() if i == event.identity]:
+                if key[1] == window:
+                    del self._pushed[key]
+                    self._counters["plans_resent"] += 1
+        return []
+
+    @_handle_event.register
+    def _(self, event: ShuttingDown) -> list[Instruction]:
+        return self._write(self.batch.take())
+
+    def accepting(self) -> bool:
+        """False while the batch plus the objects being written hold
+        ``config.max_queued_bytes`` or more (the shell stops reading from below)."""
+        return self.backlog_bytes < self.config.max_queued_bytes
+
+    def idle(self) -> bool:
+        """Nothing batched, being written or awaiting an upstream ack (shutdown)."""
+        return not self.batch.items and not self._writing and not self._sent
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Segment bytes batched or being written by this node (bytes)."""
+        return self.batch.nbytes + self._writing_bytes
+
     def next_deadline(self) -> float | None:
         """The earliest time a TimePassed would change something (None: nothing pending)."""
         times = [s.deadline for s in self._sent.values()]
@@ -217,15 +323,19 @@ class NodeCore:
     @property
     def writers_below(self) -> int:
         """Residual writers of this subtree: own plus the children's residual writers."""
-        return self._live_writers() + sum(c.writers for c in self._children.values())
+        if self._child_writers is None:
+            self._child_writers = sum(c.writers for c in self._children.values())
+        return self._live_writers() + self._child_writers
 
     def _live_writers(self) -> int:
         """Own writers expected to persist for the next checkpoint: registered ones that
         persisted for the current or previous checkpoint, or have not persisted for any
         yet. A writer of a crashed task stops counting within two checkpoints, long
         before its lease ends, so the all-persisted rule works right after a recovery."""
-        recent = self._max_cp - 1
-        return sum(1 for w in self._writers if self._writer_cp.get(w, recent) >= recent)
+        if self._live is None:
+            recent = self._max_cp - 1
+            self._live = sum(1 for w in self._writers if self._writer_cp.get(w, recent) >= recent)
+        return self._live
 
     def expected_writers(self) -> int:
         """Writers whose persist requests reach this node's batch: with a plan naming
@@ -267,6 +377,13 @@ class NodeCore:
             c["plan_changes"],
             window,
             self._collects(),
+            c["messages_below"],
+            c["refused_checkpoints"],
+            c["refused_peers"],
+            c["horizon_resets"],
+            c["plans_resent"],
+            c["undeliverable_replies"],
+            self.backlog_bytes,
         )
 
     def _collects(self) -> bool:
@@ -326,6 +443,8 @@ class NodeCore:
                 continue
             for entry in ins.message.items:
                 key = (ins.identity, entry.id)
+                if _refusal(event, ins.identity, entry):
+                    continue
                 if key not in by_key:
                     raise NodeInvariantError(f"ack-to-sender: {key} was not pending there")
                 if key in seen or key in done:
@@ -361,50 +480,169 @@ class NodeCore:
     def _from_below(self, identity: bytes, msg: object, now: float) -> list[Instruction]:
         match msg:
             case Register(log_id):
-                self._writers[log_id] = now
+                if not self._register(identity, log_id, now):  # counted there
+                    return [ReplyBelow(identity, Error(f"too many writers; {log_id!r} refused"))]
                 return []
             case Unregister(log_id):
-                self._writers.pop(log_id, None)
-                self._writer_cp.pop(log_id, None)
+                self._forget_writer(log_id)
+                self._check_horizon()
                 return []
-            case Stats(node, writers, nbytes, cp):
-                known = node in self._children
-                self._children[node] = _Child(identity, writers, nbytes, now)
-                self._see_checkpoint(cp)
-                return [] if known else self._push_plans(now)
+            case Stats():
+                return self._on_stats(identity, msg, now)
             case Persist(requests, via):
-                for r in requests:
-                    self._accept(identity, r, via is not None, now)
-                return []
+                refused = [
+                    AckEntry(r.id, error=why)
+                    for r in requests
+                    if (why := self._accept(identity, r, via is not None, now)) is not None
+                ]
+                return [ReplyBelow(identity, PersistAck(tuple(refused)))] if refused else []
         return self._reject(identity, f"unexpected {type(msg).__name__} from below")
 
-    def _accept(self, identity: bytes, request: PersistRequest, relayed: bool, now: float) -> None:
+    def _on_stats(self, identity: bytes, msg: Stats, now: float) -> list[Instruction]:
+        node, cp = msg.node, msg.max_checkpoint
+        child = self._children.get(node)
+        if child is None and not self._child_room(identity):
+            return self._refuse_peer(identity, f"too many children; {node!r} refused")
+        if not self._admit_checkpoint(cp):
+            return [ReplyBelow(identity, Error(self._out_of_window(cp)))]
+        if child is not None and child.identity != identity:
+            self._counters["plans_resent"] += sum(1 for k in self._pushed if k[0] == node)
+        self._drop_child(node)
+        self._children[node] = _Child(identity, msg.writers, msg.bytes_per_checkpoint, now, cp)
+        self._peer_children[identity] = self._peer_children.get(identity, 0) + 1
+        self._see_checkpoint(cp)
+        return self._push_plans_to(node, msg.plan_window)
+
+    def _refuse_peer(self, identity: bytes, reason: str) -> list[Instruction]:
+        self._counters["refused_peers"] += 1
+        return [ReplyBelow(identity, Error(reason))]
+
+    def _child_room(self, identity: bytes) -> bool:
+        """Room for a new child node reporting on ROUTER ``identity``."""
+        if len(self._children) >= self.config.max_children:
+            return False
+        return self._peer_children.get(identity, 0) < self.config.max_children_per_peer
+
+    def _drop_child(self, node: str) -> None:
+        child = self._children.pop(node, None)
+        self._child_writers = None
+        if child is not None:
+            self._peer_children[child.identity] -= 1
+            if self._peer_children[child.identity] <= 0:
+                del self._peer_children[child.identity]
+
+    def _register(self, identity: bytes, log_id: str, now: float) -> bool:
+        """Register (or renew) own writer ``log_id`` of ROUTER ``identity``; False when
+        the peer bounds refuse it (counted)."""
+        old = self._writer_peer.get(log_id)
+        if old != identity:
+            full = old is None and len(self._writers) >= self.config.max_writers
+            if full or self._peer_writers.get(identity, 0) >= self.config.max_writers_per_peer:
+                self._counters["refused_peers"] += 1
+                return False
+            if old is not None:
+                self._drop_peer_writer(old)
+            else:
+                self._live = None
+            self._writer_peer[log_id] = identity
+            self._peer_writers[identity] += 1
+        self._writers.pop(log_id, None)  # re-inserted: the dict stays ordered by last seen
+        self._writers[log_id] = now
+        return True
+
+    def _forget_writer(self, log_id: str) -> None:
+        self._live = None
+        self._writers.pop(log_id, None)
+        self._writer_cp.pop(log_id, None)
+        if (identity := self._writer_peer.pop(log_id, None)) is not None:
+            self._drop_peer_writer(identity)
+
+    def _drop_peer_writer(self, identity: bytes) -> None:
+        self._peer_writers[identity] -= 1
+        if self._peer_writers[identity] <= 0:
+            del self._peer_writers[identity]
+
+    def _accept(
+        self, identity: bytes, request: PersistRequest, relayed: bool, now: float
+    ) -> str | None:
+        """Batch one request; the reason it is refused (an error ack), or None."""
         item = request.item.from_origin(RemoteOrigin(identity, request.id, relayed))
         log_id, cp = item.meta.log_id, item.checkpoint_id
-        self._counters["bytes_received"] += item.size
-        if not relayed:  # from this executor's own writers
-            self._writers[log_id] = now  # a persist also renews the writer's lease
-            if cp is not None:
+        if not self._admit_checkpoint(cp):
+            return self._out_of_window(cp)
+        if not relayed:  # from this executor's own writers (a persist renews the lease)
+            if not self._register(identity, log_id, now):
+                return f"too many writers; {log_id!r} refused"
+            if cp is not None and self._writer_cp.get(log_id) != cp:
                 self._writer_cp[log_id] = cp
+                self._live = None
             self._counters["bytes_own"] += item.size
             self._own_bytes(cp, item.size)
+        self._counters["bytes_received"] += item.size
         self.batch.add(item, now)
+        return None
 
     def _own_bytes(self, checkpoint: int | None, size: int) -> None:
         cp = self._max_cp + 1 if checkpoint is None else checkpoint
-        self._own_cp_bytes[cp] += size
+        if cp >= self._max_cp - self._estimator.history:  # older ones no longer matter
+            self._own_cp_bytes[cp] += size
         self._see_checkpoint(cp if checkpoint is not None else -1)
 
+    # -- the checkpoint horizon ----------------------------------------------------------
+    def _admit_checkpoint(self, cp: int | None) -> bool:
+        """True if ``cp`` lies in the window around the horizon, or resets a horizon no
+        live peer holds any more; False (counted) otherwise."""
+        if cp is None or cp < 0 or self._max_cp < 0:
+            return True
+        if abs(cp - self._max_cp) <= self.config.checkpoint_window:
+            return True
+        if self._horizon_held():
+            self._counters["refused_checkpoints"] += 1
+            return False
+        self._reset_horizon()
+        return True
+
+    def _out_of_window(self, cp: int | None) -> str:
+        return (
+            f"checkpoint {cp} is outside the window of {self.config.checkpoint_window} "
+            f"around checkpoint {self._max_cp}"
+        )
+
+    def _horizon_held(self) -> bool:
+        """A live own writer or child reported a checkpoint within the window."""
+        lo = self._max_cp - self.config.checkpoint_window
+        hi = self._max_cp + self.config.checkpoint_window
+        return any(lo <= c <= hi for c in self._writer_cp.values()) or any(
+            lo <= c.max_cp <= hi for c in self._children.values()
+        )
+
+    def _check_horizon(self) -> None:
+        """After peers left: reset the horizon if none of them holds it any more."""
+        if self._max_cp >= 0 and not self._horizon_held():
+            self._reset_horizon()
+
+    def _reset_horizon(self) -> None:
+        self._counters["horizon_resets"] += 1
+        self._live = None
+        self._max_cp = -1
+        self._own_cp_bytes.clear()
+        self._plans.clear()
+        self._pushed.clear()
+
     def _see_checkpoint(self, cp: int) -> None:
+        """Advance the horizon to ``cp``: O(1) in the jump (the estimator keeps only
+        ``history`` samples, so at most that many zero samples for skipped ones)."""
         if cp <= self._max_cp:
             return
-        done = {c: b for c, b in self._own_cp_bytes.items() if c < cp}
-        for c in sorted(done):
+        done = sorted(c for c in self._own_cp_bytes if c < cp)
+        for c in done:
             self._estimator.update({SELF: float(self._own_cp_bytes.pop(c))})
-        for c in range(self._max_cp + 1, cp):
-            if self._max_cp >= 0 and c not in done:
+        if self._max_cp >= 0:
+            skipped = cp - self._max_cp - 1 - sum(1 for c in done if c > self._max_cp)
+            for _ in range(min(skipped, self._estimator.history)):
                 self._estimator.update({SELF: 0.0})  # a checkpoint with no own bytes
         self._max_cp = cp
+        self._live = None
 
     # -- messages from upstream ----------------------------------------------------------
     def _on_plan(self, plan: Plan, now: float) -> list[Instruction]:
@@ -449,6 +687,7 @@ class NodeCore:
         items = self._writing.pop(oid, ())
         if not items:
             return []
+        self._writing_bytes -= sum(i.size for i in items)
         self._counters["objects"] += 1
         self._counters["segments_written"] += len(items)
         self._counters["bytes_written"] += sum(i.size for i in items)
@@ -460,6 +699,7 @@ class NodeCore:
         """The senders write the items again (a client falls back to DFS, a child node
         writes itself): an error ack, never a success."""
         items = self._writing.pop(oid, ())
+        self._writing_bytes -= sum(i.size for i in items)
         entry = AckEntry(0, error=f"object write failed: {error}")
         return _acks_to_origins([(i, entry) for i in items])
 
@@ -469,6 +709,7 @@ class NodeCore:
             return []
         oid = next(self._ids)
         self._writing[oid] = data
+        self._writing_bytes += sum(i.size for i in data)
         return [WriteObject(oid, data)]
 
     # -- routing and flushing ------------------------------------------------------------
@@ -574,11 +815,16 @@ class NodeCore:
 
     def _expire_leases(self, now: float) -> None:
         lease = self.config.registration_lease
-        for log_id in [w for w, seen in self._writers.items() if now - seen > lease]:
-            del self._writers[log_id]
-            self._writer_cp.pop(log_id, None)
-        for node in [n for n, c in self._children.items() if now - c.seen > lease]:
-            del self._children[node]
+        gone = _expired(self._writers.items(), lambda seen: now - seen > lease)
+        for log_id in gone:
+            self._forget_writer(log_id)
+        left = _expired(self._children.items(), lambda c: now - c.seen > lease)
+        for node in left:
+            self._drop_child(node)
+        if left:
+            self._pushed = {k: v for k, v in self._pushed.items() if k[0] in self._children}
+        if gone or left:
+            self._check_horizon()
 
     def _own_estimate(self) -> float:
         return self._estimator.estimate().get(SELF, 0.0)
@@ -615,17 +861,27 @@ class NodeCore:
 
     def _push_plans(self, now: float) -> list[Instruction]:
         """Send every plan a child has not had yet (with the ancestors chain)."""
+        return [i for node in list(self._children) for i in self._push_plans_to(node)]
+
+    def _push_plans_to(self, node: str, held: int | None = None) -> list[Instruction]:
+        """The plans child ``node`` has not had on its current identity; ``held``: the
+        newest window the child says it holds (None: not said), older than this node's
+        newest means the plans after it were lost: they are sent again."""
         if not self._plans:
             return []
+        child = self._children[node]
+        if held is not None and held < max(self._plans):
+            for key in [(node, w) for w in self._plans if w > held]:
+                if self._pushed.pop(key, None) is not None:
+                    self._counters["plans_resent"] += 1
         chain = ((self.config.node_id, self.config.address), *self._ancestors)
         out: list[Instruction] = []
-        for child in self._children.values():
-            for window, (collector, address) in sorted(self._plans.items()):
-                key = (child.identity, window)
-                if self._pushed.get(key):
-                    continue
-                self._pushed[key] = True
-                out.append(ReplyBelow(child.identity, Plan(window, collector, address, chain)))
+        for window, (collector, address) in sorted(self._plans.items()):
+            key = (node, window)
+            if self._pushed.get(key) == child.identity:
+                continue
+            self._pushed[key] = child.identity
+            out.append(ReplyBelow(child.identity, Plan(window, collector, address, chain)))
         return out
 
     def _report_stats(self, now: float) -> list[Instruction]:
@@ -641,7 +897,9 @@ class NodeCore:
         self._last_stats = now
         self._reported_writers = writers
         residual = self._own_estimate() + sum(self._child_reports())
-        stats = Stats(self.config.node_id, writers, 0.0 if collects else residual, self._max_cp)
+        held = max(self._plans) if self._plans else -1
+        nbytes = 0.0 if collects else residual
+        stats = Stats(self.config.node_id, writers, nbytes, self._max_cp, held)
         return [SendUpstream(self.parent, stats)]
 
 
@@ -655,6 +913,27 @@ def _acks_to_origins(acks: list[tuple[PersistItem, AckEntry]]) -> list[Instructi
                 AckEntry(origin.request_id, entry.path, entry.offset, entry.error)
             )
     return [ReplyBelow(i, PersistAck(tuple(a))) for i, a in replies.items()]
+
+
+def _expired(entries: Iterable[tuple[str, _T]], old: Callable[[_T], bool]) -> list[str]:
+    """The keys of the leading ``entries`` (oldest first) that are ``old``: O(expired)."""
+    out = []
+    for key, value in entries:
+        if not old(value):
+            break
+        out.append(key)
+    return out
+
+
+def _refusal(event: Event, identity: bytes, entry: AckEntry) -> bool:
+    """An error ack refusing a request of the message being handled (never batched)."""
+    return (
+        entry.error is not None
+        and isinstance(event, MessageFromBelow)
+        and event.identity == identity
+        and isinstance(event.message, Persist)
+        and any(r.id == entry.id for r in event.message.requests)
+    )
 
 
 def _ack_source(event: Event, entry: AckEntry) -> str | None:

@@ -71,6 +71,24 @@ class ObjectFailed:
     error: str
 
 
+@dataclass(frozen=True)
+class ReplyFailed:
+    """The shell could not deliver ``message`` to ROUTER ``identity`` (the peer is
+    gone or its queue is full): a plan is forgotten as pushed so it is sent again."""
+
+    now: float
+    identity: bytes
+    message: Message
+
+
+@dataclass(frozen=True)
+class ShuttingDown:
+    """The node stops: the batch is written here (no new sends upstream) so that its
+    items can still be acked before the sockets close."""
+
+    now: float
+
+
 Event = (
     MessageFromBelow
     | MalformedFromBelow
@@ -78,6 +96,8 @@ Event = (
     | TimePassed
     | ObjectWritten
     | ObjectFailed
+    | ReplyFailed
+    | ShuttingDown
 )
 
 

@@ -24,7 +24,17 @@ Node counters, from :class:`dstltree.aggregator.core.NodeStatistics` (bytes are 
 ``dstl_bytes_relayed_total`` (received from a child node and sent on),
 ``dstl_bytes_forwarded_total`` (sent upstream, own and relayed),
 ``dstl_parent_timeouts_total``, ``dstl_plan_changes_total``,
-``dstl_rejected_messages_total``. Gauges: ``dstl_queued_bytes`` (in the batch, not yet
+``dstl_rejected_messages_total``, ``dstl_messages_below_total`` (every message from
+below, malformed ones included); drops and refusals of hostile or excess input:
+``dstl_refused_checkpoints_total`` (checkpoint ids outside the window),
+``dstl_refused_peers_total`` (writers or children beyond the node's bounds),
+``dstl_horizon_resets_total``, ``dstl_plans_resent_total``,
+``dstl_undeliverable_replies_total`` (replies the ROUTER could not deliver),
+``dstl_undeliverable_upstream_total`` (sends upstream refused by a full queue),
+``dstl_malformed_upstream_total`` (undecodable messages from upstream, dropped),
+``dstl_backpressure_pauses_total`` and ``dstl_backpressure_seconds_total`` (times and
+seconds the node stopped reading from below because its backlog was full). Gauges:
+``dstl_backlog_bytes`` (batched or being written), ``dstl_queued_bytes`` (in the batch, not yet
 flushed), ``dstl_in_flight_items`` (sent upstream, not yet acked),
 ``dstl_writers_below`` (residual writers of the subtree), ``dstl_writes_for_window``
 (1 if this node writes the objects of the current plan window), ``dstl_plan_window``
@@ -72,6 +82,16 @@ _COUNTERS = {
     "parent_timeouts": "dstl_parent_timeouts",
     "plan_changes": "dstl_plan_changes",
     "rejected_messages": "dstl_rejected_messages",
+    "messages_below": "dstl_messages_below",
+    "refused_checkpoints": "dstl_refused_checkpoints",
+    "refused_peers": "dstl_refused_peers",
+    "horizon_resets": "dstl_horizon_resets",
+    "plans_resent": "dstl_plans_resent",
+    "undeliverable_replies": "dstl_undeliverable_replies",
+    "undeliverable_upstream": "dstl_undeliverable_upstream",
+    "malformed_upstream": "dstl_malformed_upstream",
+    "backpressure_pauses": "dstl_backpressure_pauses",
+    "backpressure_seconds": "dstl_backpressure_seconds",
 }
 _COUNTER_HELP = {
     "objects_written": "Objects this node wrote to DFS.",
@@ -83,6 +103,16 @@ _COUNTER_HELP = {
     "parent_timeouts": "Times items sent upstream were not acked in time.",
     "plan_changes": "Times the planned collector of a plan window changed.",
     "rejected_messages": "Malformed or unexpected messages answered with an error.",
+    "messages_below": "Messages received from writers and child nodes (any, malformed too).",
+    "refused_checkpoints": "Checkpoint ids refused: outside the window around the horizon.",
+    "refused_peers": "Writers or child nodes refused beyond the node's bounds.",
+    "horizon_resets": "Times the checkpoint horizon reset (no live peer held it).",
+    "plans_resent": "Plans sent again (lost, undeliverable, or the child reconnected).",
+    "undeliverable_replies": "Replies the ROUTER could not deliver (peer gone, queue full).",
+    "undeliverable_upstream": "Messages upstream refused by a full queue (items time out).",
+    "malformed_upstream": "Undecodable messages from upstream nodes, dropped.",
+    "backpressure_pauses": "Times the node stopped reading from below (backlog full).",
+    "backpressure_seconds": "Seconds the node did not read from below (backlog full).",
 }
 # HedgingStats field -> counter name.
 _UPLOAD_COUNTERS = {
@@ -168,13 +198,19 @@ class NodeMetrics:
             field: Counter(name, text, lbl, registry=r).labels(node_id)
             for field, (name, text) in _UPLOAD_COUNTERS.items()
         }
-        self._last: dict[str, int] = {}
+        self._last: dict[str, float] = {}
 
     def _state_gauges(self, node_id: str) -> None:
         """Gauges of the node's current state (batch, in flight, plan, parent)."""
         r, lbl = self.registry, ["node"]
         self.queued_bytes = Gauge(
             "dstl_queued_bytes", "Segment bytes queued in the batch (bytes).", lbl, registry=r
+        ).labels(node_id)
+        self.backlog_bytes = Gauge(
+            "dstl_backlog_bytes",
+            "Segment bytes batched or being written (bytes).",
+            lbl,
+            registry=r,
         ).labels(node_id)
         self.in_flight = Gauge(
             "dstl_in_flight_items", "Items sent upstream and not yet acked.", lbl, registry=r
@@ -217,18 +253,19 @@ class NodeMetrics:
         counters grow by the difference to the previous call."""
         with self._lock:
             for field, counter in self._counters.items():
-                self._advance(field, counter, int(getattr(stats, field)))
+                self._advance(field, counter, getattr(stats, field))
             for field, counter in self._upload_counters.items():
                 if uploads is not None and field in uploads:
                     self._advance("up." + field, counter, int(uploads[field]))
         self.queued_bytes.set(stats.queued_bytes)
+        self.backlog_bytes.set(stats.backlog_bytes)
         self.in_flight.set(stats.in_flight_up)
         self.writers_below.set(stats.writers_below)
         self.writes_for_window.set(1 if stats.writes_for_window else 0)
         self.plan_window.set(-1 if stats.plan_window is None else stats.plan_window)
         self.parent_down.set(1 if stats.parent_down else 0)
 
-    def _advance(self, key: str, counter: Any, value: int) -> None:
+    def _advance(self, key: str, counter: Any, value: float) -> None:
         last = self._last.get(key, 0)
         if value > last:
             counter.inc(value - last)

@@ -3,6 +3,15 @@
 ROUTER for clients and children, DEALER to the parent. Segment frames are received with
 ``copy=False`` and passed on (to the parent or into the object) without re-encoding.
 Blocking: :meth:`Node.serve` runs the loop until ``stop()``.
+
+Hardening: every receiving socket has ``MAXMSGSIZE`` (ZeroMQ drops a connection that
+sends a larger frame before buffering it) and explicit high-water marks (``hwm``
+messages per peer); the ROUTER has ``ROUTER_MANDATORY``, so a reply to a gone peer or
+a full queue fails loudly: it is counted, and a failed plan is resent (ReplyFailed).
+While the core's backlog is full (``NodeCore.accepting``) the front is not read, so
+ZeroMQ's high-water marks push back on the senders. At stop the batch is written here,
+running writes get ``shutdown_timeout`` seconds to finish and their acks go out before
+the ROUTER closes with a bounded linger.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -29,7 +39,9 @@ from dstltree.aggregator.events import (
     ObjectFailed,
     ObjectWritten,
     ReplyBelow,
+    ReplyFailed,
     SendUpstream,
+    ShuttingDown,
     TimePassed,
     WriteObject,
 )
@@ -45,6 +57,28 @@ if TYPE_CHECKING:
 log = logging.getLogger("dstltree.node")
 _MAX_POLL_MS = 100
 _METRICS_INTERVAL = 0.5  # seconds between metrics updates from the node's counters
+_CLOSE_LINGER_MS = 1000  # the ROUTER's linger at close: final acks get this long to go out
+_BURST = 100  # messages from below handled at once (NodeCore.handle_many)
+_HEADER_SLACK = 1 << 20  # bytes a header frame may take beyond max_message_bytes
+
+
+def _configure_router(sock: zmq.Socket, max_message_bytes: int, hwm: int) -> None:
+    """The front ROUTER's limits: frames above ``max_message_bytes`` (plus header
+    slack) drop the connection, ``hwm`` messages queued per peer each way, failed
+    replies raise (EHOSTUNREACH, EAGAIN) instead of vanishing."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + _HEADER_SLACK)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+
+
+def _configure_dealer(sock: zmq.Socket, max_message_bytes: int, hwm: int) -> None:
+    """A DEALER to an upstream node: the same frame limit and high-water marks."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + _HEADER_SLACK)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.SNDHWM, hwm)
 
 
 class Node:
@@ -55,7 +89,9 @@ class Node:
     node's own :class:`ObjectWriter` (hedged per ``upload_policy``), on
     ``upload_threads`` threads off the event loop. ``advertise``: the endpoint other
     nodes connect to (:attr:`address`), needed when ``bind`` is a wildcard such as
-    ``tcp://0.0.0.0:7700``; default: the bound endpoint."""
+    ``tcp://0.0.0.0:7700``; default: the bound endpoint. ``hwm``: the high-water mark
+    (messages per peer and direction) of every socket; ``shutdown_timeout``: seconds
+    :meth:`serve` waits at stop for running writes and upstream acks."""
 
     def __init__(
         self,
@@ -67,14 +103,18 @@ class Node:
         upload_policy: UploadPolicy | None = None,
         metrics: NodeMetrics | None = None,
         advertise: str | None = None,
+        hwm: int = 1000,
+        shutdown_timeout: float = 5.0,
     ) -> None:
         self.store = store
         self.max_message_bytes = max_message_bytes
+        self.hwm = hwm
+        self.shutdown_timeout = shutdown_timeout
         self.writer = ObjectWriter(store, upload_policy)
         self.upload_policy = self.writer.policy
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._front = self._ctx.socket(zmq.ROUTER)
-        self._front.setsockopt(zmq.LINGER, 0)
+        _configure_router(self._front, max_message_bytes, hwm)
         self._front.bind(bind[:-2] + ":*" if bind.endswith(":0") else bind)
         # what other nodes connect to (sent down in plans): the bound endpoint, unless a
         # bind on every interface (tcp://0.0.0.0:port) is advertised under another name
@@ -91,6 +131,14 @@ class Node:
         self._stats: NodeStatistics = self.core.statistics()
         self.metrics = metrics
         self._metrics_due = 0.0
+        self._shell_counts = {
+            "undeliverable_upstream": 0,
+            "malformed_upstream": 0,
+            "backpressure_pauses": 0,
+        }
+        self._paused_since: float | None = None
+        self._paused_s = 0.0
+        self._front_polled = True
 
     # -- public --------------------------------------------------------------------------
     def serve(self) -> None:
@@ -100,24 +148,72 @@ class Node:
             self._socket_to(self.core.parent)
         try:
             while not self._stop.is_set():
-                ready = dict(self._poller.poll(self._poll_ms()))
-                now = time.monotonic()
-                if self._front in ready:
-                    self._drain_front(now)
-                for address, sock in list(self._upstream.items()):
-                    if sock in ready:
-                        self._drain_up(address, sock, now)
-                if self._wake_r in ready:
-                    os.read(self._wake_r, 4096)
-                self._drain_results()
-                self._run(self.core.handle(TimePassed(time.monotonic())))
-                with self._lock:
-                    self._stats = self.core.statistics(now)
-                if self.metrics is not None and now >= self._metrics_due:
-                    self._metrics_due = now + _METRICS_INTERVAL
-                    self._update_metrics()
+                self._step(front=True)
+            self._finish()
         finally:
             self._close()
+
+    def _step(self, front: bool) -> None:
+        """One loop turn: poll, read (the front only if ``front`` and the core accepts
+        more), feed results and time to the core, refresh statistics."""
+        if front:
+            self._back_pressure(self.core.accepting())
+        elif self._front_polled:  # stopping: the front is not read any more
+            self._poller.unregister(self._front)
+            self._front_polled = False
+        ready = dict(self._poller.poll(self._poll_ms()))
+        now = time.monotonic()
+        if self._front in ready and self._front_polled:
+            self._drain_front(now)
+        for address, sock in list(self._upstream.items()):
+            if sock in ready:
+                self._drain_up(address, sock, now)
+        if self._wake_r in ready:
+            os.read(self._wake_r, 4096)
+        self._drain_results()
+        self._run(self.core.handle(TimePassed(time.monotonic())))
+        with self._lock:
+            self._stats = self._statistics(now)
+        if self.metrics is not None and now >= self._metrics_due:
+            self._metrics_due = now + _METRICS_INTERVAL
+            self._update_metrics()
+
+    def _back_pressure(self, reading: bool) -> None:
+        """Poll the front only while ``reading``; count the pauses and their time."""
+        now = time.monotonic()
+        if reading and self._paused_since is not None:
+            self._paused_s += now - self._paused_since
+            self._paused_since = None
+            self._poller.register(self._front, zmq.POLLIN)
+            self._front_polled = True
+        elif not reading and self._paused_since is None:
+            self._paused_since = now
+            self._shell_counts["backpressure_pauses"] += 1
+            self._poller.unregister(self._front)
+            self._front_polled = False
+
+    def _statistics(self, now: float) -> NodeStatistics:
+        paused = self._paused_s
+        if self._paused_since is not None:
+            paused += now - self._paused_since
+        c = self._shell_counts
+        return replace(
+            self.core.statistics(now),
+            undeliverable_upstream=c["undeliverable_upstream"],
+            malformed_upstream=c["malformed_upstream"],
+            backpressure_pauses=c["backpressure_pauses"],
+            backpressure_seconds=paused,
+        )
+
+    def _finish(self) -> None:
+        """At stop: the batch is written here; writes and upstream acks get
+        ``shutdown_timeout`` seconds, their acks are sent (the front is not read)."""
+        self._run(self.core.handle(ShuttingDown(time.monotonic())))
+        deadline = time.monotonic() + self.shutdown_timeout
+        while not self.core.idle() and time.monotonic() < deadline:
+            self._step(front=False)
+        if not self.core.idle():
+            log.warning("node stopping with writes or upstream acks still pending")
 
     def start(self) -> threading.Thread:
         """Serve in a daemon thread (tests, ``dstl up``)."""
@@ -151,19 +247,29 @@ class Node:
         return max(0, min(_MAX_POLL_MS, int((deadline - time.monotonic()) * 1000) + 1))
 
     def _drain_front(self, now: float) -> None:
-        for _ in range(1000):
-            try:
-                frames = self._front.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+        """Read up to 1000 messages in bursts of ``_BURST``, each burst handled at once
+        (:meth:`NodeCore.handle_many`); stop early while the core accepts no more."""
+        for _ in range(1000 // _BURST):
+            if not self.core.accepting():
                 return
-            identity = frames[0].bytes
-            try:
-                msg = load(frames[1:], self.max_message_bytes)
-            except WireError as e:
-                log.warning("rejected message: %s", e)
-                self._run(self.core.handle(MalformedFromBelow(now, identity, str(e))))
-                continue
-            self._run(self.core.handle(MessageFromBelow(now, identity, msg)))
+            events: list[Event] = []
+            for _ in range(_BURST):
+                try:
+                    frames = self._front.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                events.append(self._event_below(now, frames))
+            self._run(self.core.handle_many(events))
+            if len(events) < _BURST:
+                return
+
+    def _event_below(self, now: float, frames: list[zmq.Frame]) -> Event:
+        identity = frames[0].bytes
+        try:
+            return MessageFromBelow(now, identity, load(frames[1:], self.max_message_bytes))
+        except WireError as e:
+            log.debug("rejected message: %s", e)
+            return MalformedFromBelow(now, identity, str(e))
 
     def _drain_up(self, address: str, sock: zmq.Socket, now: float) -> None:
         for _ in range(1000):
@@ -174,7 +280,8 @@ class Node:
             try:
                 msg = load(frames)
             except WireError as e:
-                log.warning("bad message from %s: %s", address, e)
+                log.debug("bad message from %s: %s", address, e)
+                self._shell_counts["malformed_upstream"] += 1
                 continue
             self._run(self.core.handle(MessageFromUpstream(now, address, msg)))
 
@@ -183,7 +290,7 @@ class Node:
         sock = self._upstream.get(address)
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
+            _configure_dealer(sock, self.max_message_bytes, self.hwm)
             sock.connect(address)
             self._upstream[address] = sock
             self._poller.register(sock, zmq.POLLIN)
@@ -198,25 +305,33 @@ class Node:
             self._run(self.core.handle(event))
 
     def _run(self, instructions: list[Instruction]) -> None:
-        for ins in instructions:
-            match ins:
+        """Execute ``instructions`` in order; a reply that cannot be delivered goes back
+        to the core (ReplyFailed) and what it answers is executed after them."""
+        todo = deque(instructions)
+        while todo:
+            match todo.popleft():
                 case ReplyBelow(identity, msg):
-                    self._send(self._front, [identity, *dump(msg)])
+                    if not self._send(self._front, [identity, *dump(msg)], copy=True):
+                        todo.extend(self.core.handle(ReplyFailed(time.monotonic(), identity, msg)))
                 case SendUpstream(address, msg):
-                    self._send(self._socket_to(address), dump(msg))
+                    if not self._send(self._socket_to(address), dump(msg)):
+                        self._shell_counts["undeliverable_upstream"] += 1
                 case WriteObject(oid, items):
                     try:
                         self._pool.submit(self._write, oid, items)
                     except RuntimeError:  # shutting down: the origins time out and retry
                         log.warning("node stopping; object %d not written", oid)
 
-    def _send(self, sock: zmq.Socket, frames: list[Any]) -> None:
+    def _send(self, sock: zmq.Socket, frames: list[Any], copy: bool = False) -> bool:
+        """Send without blocking; False (logged at debug) if ZeroMQ refused: a full
+        queue or, on the ROUTER, a peer that is gone. Upstream, the items time out
+        and are written here; below, the core counts it and resends plans."""
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            log.warning("send queue full; message dropped (the peer times out and retries)")
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
         except zmq.ZMQError as e:
-            log.warning("send failed: %s", e)
+            log.debug("send failed: %s", e)
+            return False
+        return True
 
     def _write(self, oid: int, items: tuple) -> None:
         t0 = time.monotonic()
@@ -236,14 +351,14 @@ class Node:
             os.write(self._wake_w, b"x")
 
     def _close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._drain_results()
+        with self._lock:
+            self._stats = self._statistics(time.monotonic())
         if self.metrics is not None:
-            with self._lock:
-                self._stats = self.core.statistics(time.monotonic())
             self._update_metrics()
             self.metrics.close()
-        self._front.close(0)
+        self._front.close(_CLOSE_LINGER_MS)
         for sock in self._upstream.values():
             sock.close(0)
         os.close(self._wake_r)

@@ -12,8 +12,11 @@ Header shapes (``t`` is the type)::
                 + one payload frame per item with size > 0, in item order; ``via`` is
                 the sending node's id when a node passes items on (None from clients)
     ack         {t, items: [{id, path, off} | {id, err}, ...]}
-    stats       {t, node, writers, bytes, cp}  a child's residual writers and bytes per
-                                              checkpoint, and the highest checkpoint it saw
+    stats       {t, node, writers, bytes, cp, pw}
+                                              a child's residual writers and bytes per
+                                              checkpoint, the highest checkpoint it saw
+                                              and the newest plan window it holds (``pw``
+                                              optional: -1 none, absent unknown)
     plan        {t, window, collector, address, ancestors: [[id, address], ...]}
                                               the collector (the node that writes the
                                               object) for a plan window
@@ -34,6 +37,8 @@ from dstltree.client.segment import SegmentMeta
 
 MAX_ITEMS = 4096
 MAX_LOG_ID = 256
+MAX_WRITERS = 1 << 20  # residual writers a Stats may claim
+MAX_STATS_BYTES = float(1 << 62)  # bytes per checkpoint a Stats may claim
 
 
 @dataclass(frozen=True)
@@ -103,12 +108,14 @@ class PersistAck:
 @dataclass(frozen=True)
 class Stats:
     """A node's report to its parent: residual writers and bytes per checkpoint (those
-    not written inside its subtree) and the highest checkpoint id it has seen."""
+    not written inside its subtree), the highest checkpoint id it has seen and the
+    newest plan window it holds (-1: none; None: not reported, older senders)."""
 
     node: str
     writers: int
     bytes_per_checkpoint: float = 0.0
     max_checkpoint: int = -1
+    plan_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,8 +151,10 @@ def dump(msg: Message) -> list[Any]:
             payloads = msg.payloads()
         case PersistAck(items):
             h = {"t": "ack", "items": [a.to_wire() for a in items]}
-        case Stats(node, writers, nbytes, cp):
+        case Stats(node, writers, nbytes, cp, pw):
             h = {"t": "stats", "node": node, "writers": writers, "bytes": nbytes, "cp": cp}
+            if pw is not None:
+                h["pw"] = pw
         case Plan(window, collector, address, ancestors):
             h = {
                 "t": "plan",
@@ -200,17 +209,33 @@ def _decode(h: dict[str, Any], payloads: Sequence[Any]) -> Message:
     if t == "ack":
         return PersistAck(tuple(_ack_entry(a) for a in _list(h["items"])))
     if t == "stats":
-        nbytes = float(h.get("bytes", 0.0))
-        if not nbytes >= 0.0:
-            raise WireError(f"stats bytes must be >= 0, got {nbytes}")
-        cp = h.get("cp", -1)
-        return Stats(_str(h["node"]), _int(h["writers"]), nbytes, -1 if cp == -1 else _int(cp))
+        return _decode_stats(h)
     if t == "plan":
         ancestors = tuple((_str(a[0]), _str(a[1])) for a in _list(h.get("ancestors", [])))
         return Plan(_int(h["window"]), _str(h["collector"]), _str(h["address"]), ancestors)
     if t == "error":
         return Error(_str(h["msg"]))
     raise WireError(f"unknown message type {t!r}")
+
+
+def _decode_stats(h: dict[str, Any]) -> Stats:
+    raw = h.get("bytes", 0.0)
+    if not isinstance(raw, int | float) or isinstance(raw, bool):
+        raise WireError(f"stats bytes must be a number, got {type(raw).__name__}")
+    nbytes = float(raw)
+    if not 0.0 <= nbytes <= MAX_STATS_BYTES:  # also refuses NaN and infinities
+        raise WireError(f"stats bytes must be in [0, {MAX_STATS_BYTES:.0f}], got {nbytes}")
+    writers = _int(h["writers"])
+    if writers > MAX_WRITERS:
+        raise WireError(f"stats writers must be <= {MAX_WRITERS}, got {writers}")
+    cp, pw = h.get("cp", -1), h.get("pw")
+    return Stats(
+        _str(h["node"]),
+        writers,
+        nbytes,
+        -1 if cp == -1 else _int(cp),
+        None if pw is None else (-1 if pw == -1 else _int(pw)),
+    )
 
 
 def _decode_persist(h: dict[str, Any], payloads: Sequence[Any]) -> Persist:
