@@ -36,6 +36,7 @@ from dstltree.aggregator.events import (
 from dstltree.aggregator.object_writer import ObjectWriter
 from dstltree.client.errors import WireError
 from dstltree.client.wire import dump, load
+from dstltree.security.curve import Curve, configure_client, configure_server
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
 
@@ -55,7 +56,9 @@ class Node:
     node's own :class:`ObjectWriter` (hedged per ``upload_policy``), on
     ``upload_threads`` threads off the event loop. ``advertise``: the endpoint other
     nodes connect to (:attr:`address`), needed when ``bind`` is a wildcard such as
-    ``tcp://0.0.0.0:7700``; default: the bound endpoint."""
+    ``tcp://0.0.0.0:7700``; default: the bound endpoint. ``security``: CURVE for the
+    ROUTER (accepting node and writer keys) and the DEALERs to other nodes
+    (:meth:`Curve.for_node`); None = plaintext (tests; the launchers default to CURVE)."""
 
     def __init__(
         self,
@@ -67,14 +70,17 @@ class Node:
         upload_policy: UploadPolicy | None = None,
         metrics: NodeMetrics | None = None,
         advertise: str | None = None,
+        security: Curve | None = None,
     ) -> None:
         self.store = store
+        self._security = security
         self.max_message_bytes = max_message_bytes
         self.writer = ObjectWriter(store, upload_policy)
         self.upload_policy = self.writer.policy
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._front = self._ctx.socket(zmq.ROUTER)
         self._front.setsockopt(zmq.LINGER, 0)
+        configure_server(self._front, security, "node")
         self._front.bind(bind[:-2] + ":*" if bind.endswith(":0") else bind)
         # what other nodes connect to (sent down in plans): the bound endpoint, unless a
         # bind on every interface (tcp://0.0.0.0:port) is advertised under another name
@@ -184,6 +190,7 @@ class Node:
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            configure_client(sock, self._security)
             sock.connect(address)
             self._upstream[address] = sock
             self._poller.register(sock, zmq.POLLIN)

@@ -45,8 +45,11 @@ def node(
     of a node process: supervisors run it, and so do ``dstl up`` and the launchers.
     On a host of a cluster: ``dstl node --topology F --node-id ID`` takes the node's
     bind and advertised endpoint, its parent's advertised endpoint and its depth from
-    the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override."""
-    from dstltree.aggregator.process import run_node
+    the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override.
+    CURVE is on unless the topology says ``security: {curve: false}``: the cluster key
+    directory comes from ``security.keys`` or ``$DSTL_KEYS`` (exit 2 naming
+    ``security.keys`` when neither names one)."""
+    from dstltree.aggregator.process import node_security, run_node
     from dstltree.topology.config import TopologyError, load_topology
 
     try:
@@ -56,6 +59,10 @@ def node(
     except TopologyError as e:
         raise typer.BadParameter(str(e), param_hint="--topology") from e
     place = _place(topo, topology, node_id, _Given(bind, advertise, parent, depth))
+    try:  # CURVE (the default): the key directory of security.keys or $DSTL_KEYS
+        security = node_security(topo, str(topology))
+    except TopologyError as e:
+        raise typer.BadParameter(str(e), param_hint="--topology") from e
     assert place.depth is not None  # _place gives the depth or refuses
     endpoint = "tcp://127.0.0.1:0" if place.bind in ("", "auto") else place.bind
     run_node(
@@ -69,6 +76,7 @@ def node(
         stats_file,
         snapshot_file,
         advertise=place.advertise or None,
+        security=security,
     )
 
 
