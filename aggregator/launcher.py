@@ -176,7 +176,9 @@ def start_tree(
     wd = workdir or Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
     wd.mkdir(parents=True, exist_ok=True)
     specs = {n.id: n for n in topology.nodes or []}
-    running = LocalTree(topology, tree, workdir=wd, keys=_tree_keys(topology, topology_file, wd, keys))
+    running = LocalTree(
+        topology, tree, workdir=wd, keys=_tree_keys(topology, topology_file, wd, keys)
+    )
     keys_dir = None if running.keys is None else running.keys.directory
     try:
         for node_id in tree.nodes:

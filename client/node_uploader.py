@@ -23,7 +23,6 @@ from dstltree.client.batching import PersistItem
 from dstltree.client.direct import DirectUploader
 from dstltree.client.errors import DstlError
 from dstltree.client.handle import SegmentRef
-from dstltree.security.curve import Curve, configure_client
 from dstltree.client.wire import (
     Error,
     Message,
@@ -35,6 +34,7 @@ from dstltree.client.wire import (
     dump,
     load,
 )
+from dstltree.security.curve import Curve, configure_client
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
 

@@ -157,7 +157,7 @@ class Coordinator:
         self._ctx = zmq.Context()
         # the socket lives in the process's shared context, where the ZAP authenticator
         # runs (dstltree.security); the own context is only terminated at stop
-        self._sock = zmq.Context.instance().socket(zmq.ROUTER)
+        self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         configure_server(self._sock, security, "coordinator")

@@ -24,8 +24,8 @@ from dstltree.security.curve import (
 )
 from dstltree.security.keys import (
     ClusterKeys,
-    Keypair,
     KeyDirError,
+    Keypair,
     generate_key_dir,
     job_keys,
     key_files,

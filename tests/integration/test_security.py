@@ -123,7 +123,9 @@ def test_node_refuses_a_child_of_another_cluster(tmp_path: Path, keys: ClusterKe
     """Node to node: a child holding another cluster's node key cannot forward to the
     parent (the parent receives nothing); the child then writes the object itself."""
     store = ObjectStore(str(tmp_path / "dfs"))
-    parent = Node(NodeConfig("root", None, 1, persist_delay=0.01), store, security=Curve.for_node(keys))
+    parent = Node(
+        NodeConfig("root", None, 1, persist_delay=0.01), store, security=Curve.for_node(keys)
+    )
     parent.start()
     other = ClusterKeys.generate()
     child_curve = Curve(other.node, keys.node.public, frozenset({other.writer.public}))
@@ -147,7 +149,9 @@ def test_node_refuses_a_child_of_another_cluster(tmp_path: Path, keys: ClusterKe
 
 def test_node_to_node_with_the_cluster_key_forwards(tmp_path: Path, keys: ClusterKeys) -> None:
     store = ObjectStore(str(tmp_path / "dfs"))
-    parent = Node(NodeConfig("root", None, 1, persist_delay=0.01), store, security=Curve.for_node(keys))
+    parent = Node(
+        NodeConfig("root", None, 1, persist_delay=0.01), store, security=Curve.for_node(keys)
+    )
     parent.start()
     child = Node(
         NodeConfig("a", parent.address, 1 << 20, persist_delay=0.01),
@@ -273,7 +277,14 @@ def test_node_by_host_without_a_key_directory_is_refused_naming_the_field(
     topology = write_topology(
         tmp_path / "t.yaml",
         str(tmp_path / "dfs"),
-        [{"id": "n0", "host": "127.0.0.1", "bind": "tcp://127.0.0.1:0", "advertise": "tcp://127.0.0.1:7700"}],
+        [
+            {
+                "id": "n0",
+                "host": "127.0.0.1",
+                "bind": "tcp://127.0.0.1:0",
+                "advertise": "tcp://127.0.0.1:7700",
+            }
+        ],
     )
     result = CliRunner().invoke(
         app, ["node", "--topology", str(topology), "--node-id", "n0"], env={"DSTL_KEYS": ""}
@@ -288,7 +299,9 @@ def test_plaintext_takes_an_explicit_setting(tmp_path: Path) -> None:
     off = write_topology(tmp_path / "b.yaml", "dfs", [{"id": "r"}], security={"curve": False})
     assert load_topology(off).security == SecuritySettings(curve=False)
     with pytest.raises(TopologyError, match="security.cuve"):
-        load_topology(write_topology(tmp_path / "c.yaml", "dfs", [{"id": "r"}], security={"cuve": 0}))
+        load_topology(
+            write_topology(tmp_path / "c.yaml", "dfs", [{"id": "r"}], security={"cuve": 0})
+        )
     sec = JobSecurity.make(True, ClusterKeys.generate())
     assert sec.job is not None and sec.nodes is not None
     assert sec.nodes.keypair.secret is not None  # the writer's secret, for the tasks
