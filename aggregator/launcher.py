@@ -107,8 +107,8 @@ def start_node_process(
     file (advertised endpoint, then metrics URL when the topology sets ``metrics_port``).
     The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM
     and a snapshot to ``workdir/<node_id>.snapshot.json`` on SIGUSR1. ``keys_dir``: the
-    cluster key directory, passed in ``$DSTL_KEYS`` (never on the command line); the
-    topology's ``security.keys`` wins when it names one."""
+    cluster key directory, passed in ``$DSTL_KEYS`` (never on the command line; it wins
+    over the topology's ``security.keys``)."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
     cmd = [
@@ -169,7 +169,7 @@ def start_tree(
     anything, when a node is tied to another host (see :func:`check_local_hosts`).
 
     CURVE is on unless the topology says ``security.curve: false``: the cluster keys are
-    ``keys``, else the topology's ``security.keys`` (or ``$DSTL_KEYS``), else generated
+    ``keys``, else ``$DSTL_KEYS`` or the topology's ``security.keys``, else generated
     into ``<workdir>/keys`` (0600 secrets); see :attr:`LocalTree.keys`."""
     tree = topology.tree(executors)
     check_local_hosts(topology, topology_file)

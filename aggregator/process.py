@@ -75,7 +75,7 @@ def build_node(
 
 def node_security(topo: TopologyConfig, source: str) -> Curve | None:
     """The node's CURVE settings: None when the topology says ``security.curve:
-    false``, else from the key directory of ``security.keys`` or ``$DSTL_KEYS``.
+    false``, else from the key directory of ``$DSTL_KEYS`` or ``security.keys``.
     Raises TopologyError (naming ``security.keys``) when none is named or it cannot
     be loaded, or the node secret key is missing."""
     keys = cluster_keys_for_nodes(topo.security or SecuritySettings(), source, required=True)

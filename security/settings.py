@@ -37,7 +37,8 @@ class SecuritySettings(BaseModel):
 def cluster_keys_for_nodes(
     settings: SecuritySettings, source: str, required: bool
 ) -> ClusterKeys | None:
-    """The cluster keys named by ``settings.keys``, else by ``$DSTL_KEYS``; None when
+    """The cluster keys named by ``$DSTL_KEYS`` (set by launchers and supervisors),
+    else by ``settings.keys``; None when
     CURVE is off, or when no directory is named and ``required`` is False (the caller
     generates keys). Raises TopologyError naming ``security.keys`` when a directory is
     required but not named, or cannot be loaded."""
@@ -46,7 +47,7 @@ def cluster_keys_for_nodes(
 
     if not settings.curve:
         return None
-    directory = settings.keys or os.environ.get(KEYS_ENV, "").strip()
+    directory = os.environ.get(KEYS_ENV, "").strip() or settings.keys
     if not directory:
         if not required:
             return None

@@ -47,7 +47,7 @@ def node(
     bind and advertised endpoint, its parent's advertised endpoint and its depth from
     the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override.
     CURVE is on unless the topology says ``security: {curve: false}``: the cluster key
-    directory comes from ``security.keys`` or ``$DSTL_KEYS`` (exit 2 naming
+    directory comes from ``$DSTL_KEYS`` or ``security.keys`` (exit 2 naming
     ``security.keys`` when neither names one)."""
     from dstltree.aggregator.process import node_security, run_node
     from dstltree.topology.config import TopologyError, load_topology
@@ -59,7 +59,7 @@ def node(
     except TopologyError as e:
         raise typer.BadParameter(str(e), param_hint="--topology") from e
     place = _place(topo, topology, node_id, _Given(bind, advertise, parent, depth))
-    try:  # CURVE (the default): the key directory of security.keys or $DSTL_KEYS
+    try:  # CURVE (the default): the key directory of $DSTL_KEYS or security.keys
         security = node_security(topo, str(topology))
     except TopologyError as e:
         raise typer.BadParameter(str(e), param_hint="--topology") from e
