@@ -19,7 +19,7 @@ from pathlib import Path
 from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.metrics import NodeMetrics, metrics_port_for
 from dstltree.aggregator.node import Node
-from dstltree.security.curve import Curve
+from dstltree.security.curve import Curve, auth_refusals, register_refusal_metrics
 from dstltree.security.settings import SecuritySettings, cluster_keys_for_nodes
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
@@ -103,7 +103,9 @@ def node_metrics(topo: TopologyConfig, node_id: str, bind: str) -> NodeMetrics |
         h = bind[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
         host = h if h and h != "*" and is_loopback(h) else host
     try:
-        return NodeMetrics(node_id, port, host)
+        metrics = NodeMetrics(node_id, port, host)
+        register_refusal_metrics(metrics.registry)  # dstl_auth_refusals_total{role}
+        return metrics
     except OSError as e:
         logging.getLogger("dstltree.node").warning(
             "metrics port %s:%d unavailable (%s); metrics not served", host, port, e
@@ -162,6 +164,7 @@ def write_stats(node: Node, path: Path) -> None:
     own object writer), as JSON."""
     doc = asdict(node.statistics())
     doc["uploads"] = node.writer.upload_stats()
+    doc["auth_refusals"] = auth_refusals().get("node", 0)  # CURVE clients refused
     doc["process_cpu_s"] = sum(os.times()[:2])
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))

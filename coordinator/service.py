@@ -40,7 +40,7 @@ from dstltree.coordinator.errors import CoordinatorError
 from dstltree.coordinator.metrics import CoordinatorMetrics
 from dstltree.coordinator.storage_worker import StorageWorker
 from dstltree.coordinator.store import CheckpointStore
-from dstltree.security.curve import Curve, configure_server
+from dstltree.security.curve import Curve, configure_server, register_refusal_metrics
 from dstltree.sparkplug.sinks.sink import FileSink
 from dstltree.sparkplug.sources.base import Source
 from dstltree.storage.store import ObjectStore
@@ -161,6 +161,8 @@ class Coordinator:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         configure_server(self._sock, security, "coordinator")
+        if self.metrics is not None:  # dstl_auth_refusals_total{role}
+            register_refusal_metrics(self.metrics.registry)
         self._sock.bind(bind)
         self.address = _connectable(self._sock.getsockopt_string(zmq.LAST_ENDPOINT), advertise_host)
 

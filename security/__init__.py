@@ -20,6 +20,7 @@ from dstltree.security.curve import (
     auth_refusals,
     configure_client,
     configure_server,
+    register_refusal_metrics,
     stop_authenticator,
 )
 from dstltree.security.keys import (
@@ -55,6 +56,7 @@ __all__ = [
     "job_keys",
     "key_files",
     "load_key_dir",
+    "register_refusal_metrics",
     "stop_authenticator",
     "write_key_files",
 ]

@@ -16,9 +16,12 @@ import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import zmq
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
 from zmq.auth.thread import ThreadAuthenticator
 
 from dstltree.security.keys import ClusterKeys, Keypair
@@ -143,6 +146,27 @@ def auth_refusals() -> dict[str, int]:
     server role ("node", "coordinator", "exchange")."""
     with _lock:
         return dict(_refusals)
+
+
+class RefusalCollector:
+    """A Prometheus collector of :func:`auth_refusals`: the counter
+    ``dstl_auth_refusals_total{role}``. Register it with a component's registry
+    (:func:`register_refusal_metrics`)."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "dstl_auth_refusals",
+            "CURVE clients refused by this process (unknown public key), by server role.",
+            labels=["role"],
+        )
+        for role, n in sorted(auth_refusals().items()):
+            family.add_metric([role], n)
+        yield family
+
+
+def register_refusal_metrics(registry: CollectorRegistry) -> None:
+    """Add ``dstl_auth_refusals_total{role}`` to ``registry`` (once per registry)."""
+    registry.register(RefusalCollector())
 
 
 def stop_authenticator() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import zmq
+from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
 from dstltree.aggregator.core import NodeConfig
@@ -30,7 +31,10 @@ from dstltree.security import (
     auth_refusals,
     configure_client,
     generate_key_dir,
+    key_files,
     load_key_dir,
+    register_refusal_metrics,
+    write_key_files,
 )
 from dstltree.sparkplug.exchange import Exchange, Records
 from dstltree.topology.config import TopologyError, load_topology
@@ -107,6 +111,10 @@ def test_node_refuses_register_persist_and_stats_without_the_key(
         path = _persist(base, node.address, curve, "rogue-writer", timeout=QUIET_S)
         if who == "unknown key":
             wait_until(lambda: _refusals("node") > before, timeout=5)
+            registry = CollectorRegistry()
+            register_refusal_metrics(registry)
+            got = registry.get_sample_value("dstl_auth_refusals_total", {"role": "node"})
+            assert got is not None and got > before
         s = node.statistics()
         assert (s.writers_below, s.bytes_received, s.rejected_messages) == (0, 0, 0)
         assert s.objects_written == 0  # the rogue's change went straight to the DFS
@@ -307,3 +315,14 @@ def test_plaintext_takes_an_explicit_setting(tmp_path: Path) -> None:
     assert sec.nodes.keypair.secret is not None  # the writer's secret, for the tasks
     assert JobSecurity.make(False, None) == JobSecurity()
     assert "secret" not in repr(sec.nodes.keypair) or "***" in repr(sec.nodes.keypair)
+
+
+def test_keys_shipped_to_executor_nodes_hold_only_what_a_node_needs(tmp_path: Path) -> None:
+    cluster = ClusterKeys.generate()
+    d = write_key_files(key_files(cluster), tmp_path / "shipped")
+    for f in d.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    got = load_key_dir(d)
+    assert got.node == cluster.node  # the node secret, to serve
+    assert got.writer == cluster.writer.public_only()  # no writer secret on node hosts
+    assert Curve.for_node(got).clients == Curve.for_node(cluster).clients
