@@ -157,6 +157,8 @@ def up(
         table.add_row(nid, running.tree.parent(nid) or "-", h.address, str(h.pid))
     console = Console()
     console.print(table)
+    if running.keys is not None:  # CURVE: clients need writer.key_secret and node.key
+        console.print(f"CURVE keys in {running.keys.directory} (clients: writer.key_secret)")
     console.print(
         f"address files in {running.workdir}: "
         f"dstl status --topology {topology} --workdir {running.workdir}"
