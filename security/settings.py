@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from dstltree.security.curve import Curve
-from dstltree.security.keys import ClusterKeys, job_keys, load_key_dir
+from dstltree.security.keys import ClusterKeys, KeyDirError, job_keys, load_key_dir
 
 KEYS_ENV = "DSTL_KEYS"
 """Environment variable naming the key directory of a node process (set by the
@@ -42,7 +42,6 @@ def cluster_keys_for_nodes(
     CURVE is off, or when no directory is named and ``required`` is False (the caller
     generates keys). Raises TopologyError naming ``security.keys`` when a directory is
     required but not named, or cannot be loaded."""
-    from dstltree.security.keys import KeyDirError
     from dstltree.topology.tree import TopologyError
 
     if not settings.curve:
@@ -74,9 +73,13 @@ class JobSecurity:
     @classmethod
     def make(cls, auth: bool, cluster: ClusterKeys | None) -> JobSecurity:
         """A fresh job keypair when ``auth``; the nodes' client settings from
-        ``cluster`` (only the writer's keypair and the node public key are kept)."""
+        ``cluster`` (only the writer's keypair and the node public key are kept).
+        Raises KeyDirError when ``cluster`` lacks the writer's secret key."""
         nodes = None
         if cluster is not None:
+            if cluster.writer.secret is None:
+                where = cluster.directory or "the cluster keys"
+                raise KeyDirError(f"{where}: no writer.key_secret (the tasks need it)")
             trimmed = ClusterKeys(cluster.node.public_only(), cluster.writer)
             nodes = Curve.for_writer(trimmed)
         return cls(Curve.shared(job_keys()) if auth else None, nodes)

@@ -326,3 +326,10 @@ def test_keys_shipped_to_executor_nodes_hold_only_what_a_node_needs(tmp_path: Pa
     assert got.node == cluster.node  # the node secret, to serve
     assert got.writer == cluster.writer.public_only()  # no writer secret on node hosts
     assert Curve.for_node(got).clients == Curve.for_node(cluster).clients
+
+
+def test_a_driver_without_the_writer_secret_is_refused(tmp_path: Path) -> None:
+    cluster = ClusterKeys.generate()
+    node_host = load_key_dir(write_key_files(key_files(cluster), tmp_path / "node-host"))
+    with pytest.raises(KeyDirError, match="writer.key_secret"):
+        JobSecurity.make(True, node_host)
