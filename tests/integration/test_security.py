@@ -19,7 +19,7 @@ from dstltree.aggregator.node import Node
 from dstltree.cli.app import app
 from dstltree.client import ChangelogClient, ObjectStore
 from dstltree.client.wire import Register, Stats, dump
-from dstltree.coordinator import Coordinator, TaskLink, TriggerCheckpoint
+from dstltree.coordinator import Coordinator, MaterializedRef, TaskLink, TriggerCheckpoint
 from dstltree.coordinator.testing import task_checkpoint
 from dstltree.security import (
     ClusterKeys,
@@ -195,6 +195,8 @@ def test_coordinator_refuses_hello_ack_report_and_sends_no_command(
         coord.begin_attempt(0)
         rogue = TaskLink(coord.address, 0, 0, security=rogue_curve)  # says hello
         rogue.ack_checkpoint(1, task_checkpoint(0, 0))
+        rogue.report_materialization(1, MaterializedRef("forged", 0, 1))
+        rogue.splits_finished(("forged",))
         assert rogue.poll(timeout=QUIET_S) == []  # no TriggerCheckpoint, nothing at all
         s = coord.statistics()
         assert (s.tasks_without_node, s.messages_rejected, s.messages_fenced) == (0, 0, 0)
