@@ -12,6 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dstltree.security.curve import Curve
+from dstltree.security.keys import ClusterKeys, generate_key_dir, load_key_dir
+from dstltree.security.settings import KEYS_ENV, SecuritySettings, cluster_keys_for_nodes
 from dstltree.topology.config import NodeSpec, TopologyConfig
 from dstltree.topology.endpoints import is_loopback, is_wildcard, split_tcp, tcp_endpoint
 from dstltree.topology.tree import TopologyError, Tree
@@ -40,12 +43,19 @@ class NodeHandle:
 
 @dataclass
 class LocalTree:
-    """The running nodes of a topology, by node id."""
+    """The running nodes of a topology, by node id; ``keys``: the cluster keys they
+    use (None: plaintext, the topology says ``security.curve: false``)."""
 
     topology: TopologyConfig
     tree: Tree
     nodes: dict[str, NodeHandle] = field(default_factory=dict)
     workdir: Path | None = None
+    keys: ClusterKeys | None = None
+
+    @property
+    def client_security(self) -> Curve | None:
+        """What a client of these nodes passes as ``security`` (writer keys)."""
+        return None if self.keys is None else Curve.for_writer(self.keys)
 
     def address(self, node_id: str) -> str:
         return self.nodes[node_id].address
@@ -91,11 +101,14 @@ def start_node_process(
     exit_with_pid: int | None = None,
     timeout: float = 30.0,
     plans: bool = True,
+    keys_dir: Path | None = None,
 ) -> NodeHandle:
     """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address
     file (advertised endpoint, then metrics URL when the topology sets ``metrics_port``).
     The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM
-    and a snapshot to ``workdir/<node_id>.snapshot.json`` on SIGUSR1."""
+    and a snapshot to ``workdir/<node_id>.snapshot.json`` on SIGUSR1. ``keys_dir``: the
+    cluster key directory, passed in ``$DSTL_KEYS`` (never on the command line; it wins
+    over the topology's ``security.keys``)."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
     cmd = [
@@ -125,7 +138,8 @@ def start_node_process(
     stats_file = workdir / f"{node_id}.stats.json"
     snapshot_file = workdir / f"{node_id}.snapshot.json"
     cmd += ["--stats-file", str(stats_file), "--snapshot-file", str(snapshot_file)]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
+    env = None if keys_dir is None else {**os.environ, KEYS_ENV: str(keys_dir)}
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     deadline = time.monotonic() + timeout
     while not addr_file.exists():
         if proc.poll() is not None:
@@ -146,18 +160,26 @@ def start_tree(
     workdir: Path | None = None,
     executors: int | None = None,
     plans: bool = True,
+    keys: ClusterKeys | None = None,
 ) -> LocalTree:
     """Start every node of ``topology`` as a local process, parents before children;
     each child gets its parent's endpoint from the parent's address file. Nodes tied
     to loopback hosts (127.0.0.x standing for machines) bind their own endpoints, a
     wildcard bind narrowed to the node's host. Raises TopologyError, before starting
-    anything, when a node is tied to another host (see :func:`check_local_hosts`)."""
+    anything, when a node is tied to another host (see :func:`check_local_hosts`).
+
+    CURVE is on unless the topology says ``security.curve: false``: the cluster keys are
+    ``keys``, else ``$DSTL_KEYS`` or the topology's ``security.keys``, else generated
+    into ``<workdir>/keys`` (0600 secrets); see :attr:`LocalTree.keys`."""
     tree = topology.tree(executors)
     check_local_hosts(topology, topology_file)
     wd = workdir or Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
     wd.mkdir(parents=True, exist_ok=True)
     specs = {n.id: n for n in topology.nodes or []}
-    running = LocalTree(topology, tree, workdir=wd)
+    running = LocalTree(
+        topology, tree, workdir=wd, keys=_tree_keys(topology, topology_file, wd, keys)
+    )
+    keys_dir = None if running.keys is None else running.keys.directory
     try:
         for node_id in tree.nodes:
             parent = tree.parent(node_id)
@@ -172,12 +194,30 @@ def start_tree(
                 base_path=base_path,
                 exit_with_pid=os.getpid(),
                 plans=plans,
+                keys_dir=keys_dir,
             )
             running.nodes[node_id] = h
     except BaseException:
         running.stop()
         raise
     return running
+
+
+def _tree_keys(
+    topology: TopologyConfig, topology_file: Path, workdir: Path, keys: ClusterKeys | None
+) -> ClusterKeys | None:
+    settings = topology.security or SecuritySettings()
+    if not settings.curve:
+        return None
+    if keys is not None:
+        if keys.directory is None:
+            raise ValueError("start_tree: keys must come from a key directory")
+        return keys
+    found = cluster_keys_for_nodes(settings, str(topology_file), required=False)
+    if found is not None:
+        return found
+    d = workdir / "keys"
+    return load_key_dir(d) if (d / "node.key_secret").exists() else generate_key_dir(d)
 
 
 def check_local_hosts(topology: TopologyConfig, topology_file: Path) -> None:

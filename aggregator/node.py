@@ -48,6 +48,7 @@ from dstltree.aggregator.events import (
 from dstltree.aggregator.object_writer import ObjectWriter
 from dstltree.client.errors import WireError
 from dstltree.client.wire import dump, load
+from dstltree.security.curve import Curve, configure_client, configure_server
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
 
@@ -91,7 +92,9 @@ class Node:
     nodes connect to (:attr:`address`), needed when ``bind`` is a wildcard such as
     ``tcp://0.0.0.0:7700``; default: the bound endpoint. ``hwm``: the high-water mark
     (messages per peer and direction) of every socket; ``shutdown_timeout``: seconds
-    :meth:`serve` waits at stop for running writes and upstream acks."""
+    :meth:`serve` waits at stop for running writes and upstream acks. ``security``:
+    CURVE for the ROUTER (accepting node and writer keys) and the DEALERs to other nodes
+    (:meth:`Curve.for_node`); None = plaintext (tests; the launchers default to CURVE)."""
 
     def __init__(
         self,
@@ -105,8 +108,10 @@ class Node:
         advertise: str | None = None,
         hwm: int = 1000,
         shutdown_timeout: float = 5.0,
+        security: Curve | None = None,
     ) -> None:
         self.store = store
+        self._security = security
         self.max_message_bytes = max_message_bytes
         self.hwm = hwm
         self.shutdown_timeout = shutdown_timeout
@@ -115,6 +120,7 @@ class Node:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._front = self._ctx.socket(zmq.ROUTER)
         _configure_router(self._front, max_message_bytes, hwm)
+        configure_server(self._front, security, "node")
         self._front.bind(bind[:-2] + ":*" if bind.endswith(":0") else bind)
         # what other nodes connect to (sent down in plans): the bound endpoint, unless a
         # bind on every interface (tcp://0.0.0.0:port) is advertised under another name
@@ -291,6 +297,7 @@ class Node:
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             _configure_dealer(sock, self.max_message_bytes, self.hwm)
+            configure_client(sock, self._security)
             sock.connect(address)
             self._upstream[address] = sock
             self._poller.register(sock, zmq.POLLIN)

@@ -19,9 +19,12 @@ from pathlib import Path
 from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.metrics import NodeMetrics, metrics_port_for
 from dstltree.aggregator.node import Node
+from dstltree.security.curve import Curve, auth_refusals, register_refusal_metrics
+from dstltree.security.settings import SecuritySettings, cluster_keys_for_nodes
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
 from dstltree.topology.config import TopologyConfig
+from dstltree.topology.endpoints import is_loopback
 
 
 def node_config(
@@ -48,11 +51,13 @@ def build_node(
     store: ObjectStore | None = None,
     metrics: NodeMetrics | None = None,
     advertise: str | None = None,
+    security: Curve | None = None,
 ) -> Node:
     """The node ``node_id`` at ``depth`` of ``topo``, bound to ``bind`` and known to
     others as ``advertise`` (default: the bound endpoint), with its own object writer
     hedging uploads per the topology (``upload_attempts``, ``upload_timeout``).
-    ``store``: default, the topology's base path."""
+    ``store``: default, the topology's base path. ``security``: see
+    :func:`node_security` (None = plaintext)."""
     store = store or ObjectStore(topo.base_path, topo.storage_options)
     cfg = node_config(topo, node_id, depth, parent)
     policy = UploadPolicy(attempts=topo.upload_attempts, upload_timeout=topo.upload_timeout)
@@ -64,22 +69,43 @@ def build_node(
         upload_policy=policy,
         metrics=metrics,
         advertise=advertise,
+        security=security,
     )
+
+
+def node_security(topo: TopologyConfig, source: str) -> Curve | None:
+    """The node's CURVE settings: None when the topology says ``security.curve:
+    false``, else from the key directory of ``$DSTL_KEYS`` or ``security.keys``.
+    Raises TopologyError (naming ``security.keys``) when none is named or it cannot
+    be loaded, or the node secret key is missing."""
+    keys = cluster_keys_for_nodes(topo.security or SecuritySettings(), source, required=True)
+    if keys is None:
+        return None
+    if keys.node.secret is None:
+        from dstltree.topology.tree import TopologyError
+
+        raise TopologyError(f"{source}: security.keys: {keys.directory} has no node.key_secret")
+    return Curve.for_node(keys)
 
 
 def node_metrics(topo: TopologyConfig, node_id: str, bind: str) -> NodeMetrics | None:
     """The node's metrics, served per the topology's ``metrics_port`` (None: off) on
-    the host of ``bind`` (loopback unless a tcp endpoint names another host). A port
-    that cannot be bound is logged and the node runs without serving metrics."""
+    the topology's ``security.metrics_host`` when set, else loopback (the host of
+    ``bind`` when that is a loopback address). A port that cannot be bound is logged
+    and the node runs without serving metrics."""
     port = metrics_port_for(topo, node_id)
     if port is None:
         return None
     host = "127.0.0.1"
-    if bind.startswith("tcp://"):
+    if topo.security is not None and topo.security.metrics_host is not None:
+        host = topo.security.metrics_host
+    elif bind.startswith("tcp://"):
         h = bind[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
-        host = "0.0.0.0" if h == "*" else h or host
+        host = h if h and h != "*" and is_loopback(h) else host
     try:
-        return NodeMetrics(node_id, port, host)
+        metrics = NodeMetrics(node_id, port, host)
+        register_refusal_metrics(metrics.registry)  # dstl_auth_refusals_total{role}
+        return metrics
     except OSError as e:
         logging.getLogger("dstltree.node").warning(
             "metrics port %s:%d unavailable (%s); metrics not served", host, port, e
@@ -98,15 +124,19 @@ def run_node(
     stats_file: Path | None = None,
     snapshot_file: Path | None = None,
     advertise: str | None = None,
+    security: Curve | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or until process ``exit_with_pid`` is gone), then
     write the node's final statistics as JSON to ``stats_file``. On SIGUSR1 the current
     statistics go to ``snapshot_file`` without stopping (benchmarks split counters at
     plan-window boundaries this way). ``advertise``: the endpoint others connect to,
-    written to ``address_file`` (default: the bound endpoint). Blocking."""
+    written to ``address_file`` (default: the bound endpoint). ``security``: from
+    :func:`node_security` (None = plaintext). Blocking."""
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s node {node_id} %(message)s")
     metrics = node_metrics(topo, node_id, bind)
-    node = build_node(topo, node_id, depth, bind, parent, metrics=metrics, advertise=advertise)
+    node = build_node(
+        topo, node_id, depth, bind, parent, metrics=metrics, advertise=advertise, security=security
+    )
     if address_file is not None:
         tmp = address_file.with_suffix(".tmp")
         url = metrics.url if metrics is not None else None
@@ -134,6 +164,7 @@ def write_stats(node: Node, path: Path) -> None:
     own object writer), as JSON."""
     doc = asdict(node.statistics())
     doc["uploads"] = node.writer.upload_stats()
+    doc["auth_refusals"] = auth_refusals().get("node", 0)  # CURVE clients refused
     doc["process_cpu_s"] = sum(os.times()[:2])
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))

@@ -180,6 +180,7 @@ def _worker_config(
         ack_timeout=settings.client_ack_timeout(node_id),
         seed=wl.seed + e,
         executor_persist_delay=settings.executor_persist_delay,
+        security=nodes.client_security if nodes else None,
     )
 
 

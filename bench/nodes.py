@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 
 from dstltree.aggregator.launcher import NodeHandle, start_node_process, stop_nodes
+from dstltree.security.curve import Curve
+from dstltree.security.keys import ClusterKeys, generate_key_dir
 from dstltree.topology.tree import Tree
 
 __all__ = ["BenchTree", "start_bench_tree"]
@@ -32,11 +34,18 @@ _SNAPSHOT_TIMEOUT_S = 10.0
 
 @dataclass
 class BenchTree:
-    """Running node processes by node id (breadth-first order)."""
+    """Running node processes by node id (breadth-first order); ``keys``: their
+    cluster keys (None: plaintext)."""
 
     tree: Tree
     workdir: Path
     nodes: dict[str, NodeHandle] = field(default_factory=dict)
+    keys: ClusterKeys | None = None
+
+    @property
+    def client_security(self) -> Curve | None:
+        """What the nodes' clients pass as ``security`` (the writer keys)."""
+        return None if self.keys is None else Curve.for_writer(self.keys)
 
     def address(self, node_id: str) -> str:
         return self.nodes[node_id].address
@@ -84,9 +93,13 @@ def start_bench_tree(
 
     ``topology`` is the topology document (YAML mapping); ``node_options`` replaces, per
     node id, its ``storage_options``. Node ``v`` writes under ``<base_path>/<v>``.
+    CURVE as in production unless the document says ``security: {curve: false}``:
+    fresh cluster keys in ``<workdir>/keys`` (:attr:`BenchTree.keys`).
     Raises RuntimeError/TimeoutError if a node does not start within 30 s."""
     workdir.mkdir(parents=True, exist_ok=True)
-    running = BenchTree(tree, workdir)
+    curve = (topology.get("security") or {}).get("curve", True)
+    keys = generate_key_dir(workdir / "keys", force=True) if curve else None
+    running = BenchTree(tree, workdir, keys=keys)
     try:
         for node_id in tree.nodes:
             doc = dict(topology)
@@ -102,6 +115,7 @@ def start_bench_tree(
                 running.nodes[parent].address if parent else None,
                 workdir,
                 f"{base_path.rstrip('/')}/{node_id}",
+                None if keys is None else keys.directory,
             )
     except BaseException:
         running.stop()
@@ -110,7 +124,13 @@ def start_bench_tree(
 
 
 def _start(
-    topo_file: Path, node_id: str, depth: int, parent: str | None, workdir: Path, base: str
+    topo_file: Path,
+    node_id: str,
+    depth: int,
+    parent: str | None,
+    workdir: Path,
+    base: str,
+    keys_dir: Path | None,
 ) -> NodeHandle:
     return start_node_process(
         topo_file,
@@ -121,4 +141,5 @@ def _start(
         base_path=base,
         exit_with_pid=os.getpid(),
         timeout=_START_TIMEOUT_S,
+        keys_dir=keys_dir,
     )

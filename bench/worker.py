@@ -23,6 +23,7 @@ from dstltree.client.direct import DirectUploader
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.node_uploader import NodeUploader
 from dstltree.client.writer import ChangelogWriter
+from dstltree.security.curve import Curve
 from dstltree.storage.hedging import HedgedUploader, UploadPolicy
 from dstltree.storage.store import ObjectStore
 from dstltree.topology.designs import TREE_DESIGNS
@@ -41,7 +42,9 @@ class WorkerConfig:
     ``base_path``/``storage_options``: where its in-process uploads (or, for tree, its
     fallback writes) go. ``node_address``: its node (tree designs). ``writer_ids``:
     global writer indices. ``attempts``/``upload_timeout`` (s): hedging of in-process
-    uploads. ``ack_timeout`` (s): how long a segment may wait for its node."""
+    uploads. ``ack_timeout`` (s): how long a segment may wait for its node.
+    ``security``: CURVE to the node (the writer keys of the bench tree), None =
+    plaintext."""
 
     index: int
     node_id: str
@@ -55,6 +58,7 @@ class WorkerConfig:
     ack_timeout: float = 10.0
     executor_persist_delay: float = 0.010
     seed: int = 0
+    security: Curve | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class _Executor:
                 node=cfg.node_address,
                 storage_options=cfg.storage_options,
                 ack_timeout=cfg.ack_timeout,
+                security=cfg.security,
             )
             self.store = client.store
             self.clients = [client]

@@ -8,7 +8,7 @@ executor, falling back to DFS when the node does not answer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
@@ -20,6 +20,9 @@ from dstltree.client.uploader import SegmentUploader
 from dstltree.client.writer import ChangelogWriter
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
+
+if TYPE_CHECKING:
+    from dstltree.security.curve import Curve
 
 DEFAULT_PREEMPTIVE_BYTES = 5 * 1024 * 1024  # Flink DSTL pre-emptive upload threshold
 
@@ -54,6 +57,7 @@ class ChangelogClient:
         ack_timeout: float = 10.0,
         upload_policy: UploadPolicy | None = None,
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT,
+        security: Curve | None = None,
     ) -> ChangelogClient:
         """Open a client on ``base_path`` (fsspec URL).
 
@@ -64,7 +68,8 @@ class ChangelogClient:
         straight to DFS instead. ``upload_policy`` sets hedging of in-process uploads
         (default: storage.hedging.UploadPolicy()). Starting an upload blocks while
         more than ``max_in_flight_bytes`` of this client's segments are not yet durable
-        (back-pressure on ``append``; Flink's default, 100 MB).
+        (back-pressure on ``append``; Flink's default, 100 MB). ``security``: CURVE to
+        the node (``dstltree.security.Curve.for_writer``); None = plaintext.
         """
         store = ObjectStore(base_path, storage_options, fs=fs)
         uploader: SegmentUploader
@@ -76,7 +81,7 @@ class ChangelogClient:
             from dstltree.client.node_uploader import NodeUploader
 
             uploader = NodeUploader(
-                node, store, ack_timeout=ack_timeout, upload_policy=upload_policy
+                node, store, ack_timeout=ack_timeout, upload_policy=upload_policy, security=security
             )
         return cls(store, uploader, preemptive_bytes, max_in_flight_bytes)
 

@@ -34,6 +34,7 @@ from dstltree.client.wire import (
     dump,
     load,
 )
+from dstltree.security.curve import Curve, configure_client
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
 
@@ -55,7 +56,8 @@ class UploaderStatistics:
 
 
 class NodeUploader:
-    """Sends persist items to the node at ``address`` (a ZeroMQ endpoint)."""
+    """Sends persist items to the node at ``address`` (a ZeroMQ endpoint).
+    ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext."""
 
     def __init__(
         self,
@@ -65,8 +67,10 @@ class NodeUploader:
         lease_renewal: float = 2.0,
         retry_after: float = 5.0,
         upload_policy: UploadPolicy | None = None,
+        security: Curve | None = None,
     ) -> None:
         self.address = address
+        self._security = security
         self.store = store
         self.ack_timeout = ack_timeout
         self._renewal = lease_renewal
@@ -136,6 +140,7 @@ class NodeUploader:
     def _loop(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        configure_client(sock, self._security)
         sock.connect(self.address)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)

@@ -40,6 +40,7 @@ from dstltree.coordinator.errors import CoordinatorError
 from dstltree.coordinator.metrics import CoordinatorMetrics
 from dstltree.coordinator.storage_worker import StorageWorker
 from dstltree.coordinator.store import CheckpointStore
+from dstltree.security.curve import Curve, configure_server, register_refusal_metrics
 from dstltree.sparkplug.sinks.sink import FileSink
 from dstltree.sparkplug.sources.base import Source
 from dstltree.storage.store import ObjectStore
@@ -98,6 +99,8 @@ class Coordinator:
     checkpoint. ``finish_when_source_done``: once the source is fully read the next
     checkpoint is final and the run ends (:attr:`finished`). ``commit_retry_interval``:
     seconds before a failed sink commit is tried again. See coordinator/state.py.
+    ``security``: CURVE with the per-job keys (``Curve.shared``, tasks connect with the
+    same); None = plaintext (tests; the job layer defaults to CURVE).
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class Coordinator:
         discovery_interval: float = 0.5,
         commit_retry_interval: float = 1.0,
         advertise_host: str | None = None,
+        security: Curve | None = None,
     ) -> None:
         if num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
@@ -151,9 +155,14 @@ class Coordinator:
         self._storage = StorageWorker(store, self.checkpoints, sink=sink)
         self.metrics = None if metrics_port is None else CoordinatorMetrics(metrics_port)
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
+        # the socket lives in the process's shared context, where the ZAP authenticator
+        # runs (dstltree.security); the own context is only terminated at stop
+        self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        configure_server(self._sock, security, "coordinator")
+        if self.metrics is not None:  # dstl_auth_refusals_total{role}
+            register_refusal_metrics(self.metrics.registry)
         self._sock.bind(bind)
         self.address = _connectable(self._sock.getsockopt_string(zmq.LAST_ENDPOINT), advertise_host)
 

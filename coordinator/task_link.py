@@ -14,6 +14,7 @@ from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.errors import CoordinatorError
 from dstltree.coordinator.protocol import Command
+from dstltree.security.curve import Curve, configure_client
 
 
 class TaskLink:
@@ -22,6 +23,7 @@ class TaskLink:
     ``send_timeout``: seconds a send may wait (raises CoordinatorError after it);
     ``linger``: seconds :meth:`close` waits to deliver queued messages; ``node``: the
     endpoint of the task's aggregator node ("" = it writes straight to the DFS).
+    ``security``: CURVE with the per-job keys (the coordinator's); None = plaintext.
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class TaskLink:
         send_timeout: float = 5.0,
         linger: float = 1.0,
         node: str = "",
+        security: Curve | None = None,
     ) -> None:
         self.address = address
         self.task = task
@@ -43,6 +46,7 @@ class TaskLink:
         self._sock.setsockopt(zmq.LINGER, int(linger * 1000))
         self._sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
+        configure_client(self._sock, security)
         self._sock.connect(address)
         self._send(protocol.Hello(task, attempt, node))
 

@@ -122,7 +122,9 @@ class StreamingJob:
     (records per second per task's reader, 0 = unlimited), ``batch_records``,
     ``checkpoint_timeout``, ``persist_changelog``
     (False: the minimal changelog, for benchmarks: state changes are not logged and
-    checkpoints hold only offsets and output, so state is NOT recoverable)."""
+    checkpoints hold only offsets and output, so state is NOT recoverable), ``auth``
+    (default True: CURVE on every socket, per-job keys made here and shipped to the
+    tasks; False = plaintext, an explicit choice; see docs/deploy.md)."""
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from typing import Any, TypeAlias
 import msgpack
 import zmq
 
+from dstltree.security.curve import Curve, configure_client, configure_server
 from dstltree.sparkplug.keygroups import canonical_key
 from dstltree.storage.errors import DstlError
 
@@ -179,7 +180,10 @@ class Exchange:
     are still accepted beyond it, never dropped. ``hwm`` is the ZeroMQ high-water mark
     (frames) of each socket, both ways; ``receive_batches`` bounds the frames one
     :meth:`receive` reads. Sockets bind on ``host`` at free ports; not thread-safe (one
-    thread drives it). Raises ValueError for bad sizes.
+    thread drives it). ``security``: CURVE with the per-job keys (``Curve.shared``):
+    the PULL sockets serve, the PUSH sockets connect with them; None = plaintext.
+    ``max_message_bytes``: the largest frame a PULL socket accepts (a larger one
+    drops the connection). Raises ValueError for bad sizes.
     """
 
     def __init__(
@@ -192,6 +196,8 @@ class Exchange:
         max_outbox_batches: int = 64,
         hwm: int = 8,
         receive_batches: int = 64,
+        security: Curve | None = None,
+        max_message_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         if not 0 <= task < parallelism:
             raise ValueError(f"task {task} outside 0..{parallelism - 1}")
@@ -203,6 +209,8 @@ class Exchange:
         self._max_outbox = max_outbox_batches
         self._receive_batches = receive_batches
         self._hwm = hwm
+        self._security = security
+        self._max_message_bytes = max_message_bytes
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._aligner = BarrierAligner(parallelism)
         self._open: list[list[tuple[Key, dict[str, Any]]]] = [[] for _ in range(parallelism)]
@@ -231,6 +239,11 @@ class Exchange:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, self._hwm)
+        if kind == zmq.PULL:
+            sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
+            configure_server(sock, self._security, "exchange")
+        else:
+            configure_client(sock, self._security)
         return sock
 
     def connect(self, addresses: list[list[str]]) -> None:

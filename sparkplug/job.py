@@ -16,6 +16,7 @@ from typing import Any
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
 from dstltree.coordinator.service import Coordinator, CoordinatorStatistics
 from dstltree.coordinator.store import CheckpointStore
+from dstltree.security.settings import JobSecurity, SecuritySettings, cluster_keys_for_nodes
 from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM
 from dstltree.sparkplug.nodes import NodePlacement, executor_nodes, local_nodes
 from dstltree.sparkplug.pipeline import Pipeline
@@ -37,7 +38,9 @@ class RunOptions:
     """How to run a job (see StreamingJob). Times in seconds. ``crash_drill``: a
     ``CrashDrill`` (one task killed hard once in the run's first attempt);
     ``source_rate``: records per second each task's reader reads at most (0: as fast
-    as it can)."""
+    as it can). ``auth``: CURVE on every socket of the job (default); False =
+    plaintext, for the coordinator, the exchange and the nodes the job starts (nodes
+    started by hosts' supervisors follow the topology's ``security``)."""
 
     name: str
     base_path: str
@@ -57,6 +60,7 @@ class RunOptions:
     batch_records: int = 256
     source_rate: float = 0.0
     progress: Callable[[Any], None] | None = None
+    auth: bool = True
 
 
 @dataclass
@@ -118,6 +122,7 @@ def run_pipeline(
     start = _check_start(CheckpointStore(store).load_latest(), pipeline, opts)
     topo = _topology(opts)
     nodes = NodePlacement() if topo is None else _start_nodes(spark, opts, topo)
+    security = JobSecurity.make(opts.auth, nodes.keys)
     bind, advertise = driver_addresses(spark)
     coord = Coordinator(
         store,
@@ -133,11 +138,12 @@ def run_pipeline(
         sink=pipeline.sink,
         max_parallelism=opts.max_parallelism,
         finish_when_source_done=until == "end",
+        security=security.job,
     )
     observed = Observed()
     try:
         coord.start()
-        driver = _Attempts(spark, pipeline, opts, coord, nodes, topo, observed)
+        driver = _Attempts(spark, pipeline, opts, coord, nodes, topo, observed, security)
         recoveries = driver.run(start, _deadline(until), stop)
         latest = coord.latest_checkpoint()
         observed.see(latest)
@@ -210,16 +216,23 @@ def _start_nodes(spark: Any, opts: RunOptions, topo: TopologyConfig) -> NodePlac
     master = _master(spark, opts)
     assert opts.topology is not None
     by_host = topo.host_nodes()
-    if by_host:
-        return NodePlacement(node_for_host=by_host, count=len(by_host))
+    if by_host:  # their keys: the topology's key directory (TopologyError if none)
+        settings = topo.security or SecuritySettings()
+        keys = cluster_keys_for_nodes(settings, str(opts.topology), required=True)
+        return NodePlacement(node_for_host=by_host, count=len(by_host), keys=keys)
     if master.startswith("local["):
         node_port = opts.metrics_port and opts.metrics_port + 1  # None or 0 stay
         return local_nodes(
-            opts.topology, opts.parallelism, opts.base_path, opts.storage_options, node_port
+            opts.topology,
+            opts.parallelism,
+            opts.base_path,
+            opts.storage_options,
+            node_port,
+            curve=opts.auth,
         )
     sc = spark.sparkContext
     n = executor_count(master) if master.startswith("local-cluster[") else _executors(sc, opts)
-    return executor_nodes(sc, topo, n, opts.base_path, opts.storage_options)
+    return executor_nodes(sc, topo, n, opts.base_path, opts.storage_options, curve=opts.auth)
 
 
 def _executors(sc: Any, opts: RunOptions, timeout: float = 120.0) -> int:
@@ -250,8 +263,10 @@ class _Attempts:
         nodes: NodePlacement,
         topo: TopologyConfig | None,
         observed: Observed,
+        security: JobSecurity | None = None,
     ) -> None:
         self.sc = spark.sparkContext
+        self.security = security
         self.pipeline, self.opts, self.coord = pipeline, opts, coord
         self.nodes, self.topo, self.observed = nodes, topo, observed
         self.job_id = uuid.uuid4().hex[:8]
@@ -312,6 +327,7 @@ class _Attempts:
             source_rate=o.source_rate,
             kill_task=drill.task if armed and drill is not None else None,
             kill_after_checkpoints=drill.after_checkpoints if drill is not None else 0,
+            security=self.security,
         )
 
     def _ack_timeout(self) -> float:

@@ -30,6 +30,8 @@ from typing import Any
 import yaml
 
 from dstltree.aggregator.launcher import LocalTree, start_tree
+from dstltree.security.keys import ClusterKeys, key_files, write_key_files
+from dstltree.security.settings import SecuritySettings, cluster_keys_for_nodes
 from dstltree.sparkplug.spark_session import executor_host, executor_jvm
 from dstltree.topology.config import TopologyConfig, load_topology
 
@@ -41,7 +43,8 @@ class NodeLaunchError(RuntimeError):
 @dataclass
 class NodePlacement:
     """Where each task's node is; ``stop()`` ends the node processes started for the
-    job (a local tree here, or executor nodes through a stage on the executors)."""
+    job (a local tree here, or executor nodes through a stage on the executors).
+    ``keys``: the cluster keys of the nodes (None: plaintext nodes)."""
 
     node_for_task: dict[int, str] = field(default_factory=dict)
     node_for_executor: dict[str, str] = field(default_factory=dict)
@@ -49,6 +52,7 @@ class NodePlacement:
     count: int = 0
     local_tree: LocalTree | None = None
     stop_executor_nodes: Callable[[], None] | None = None
+    keys: ClusterKeys | None = None
 
     def stop(self) -> None:
         if self.local_tree is not None:
@@ -63,15 +67,19 @@ def local_nodes(
     base_path: str,
     storage_options: dict[str, Any],
     metrics_port: int | None = None,
+    curve: bool = True,
 ) -> NodePlacement:
     """Start the topology's nodes here; task i -> node i mod n (breadth-first order).
     The nodes get the job's base path and storage options (a copy of the topology file
-    with those fields replaced), and ``metrics_port`` as the topology's if given."""
+    with those fields replaced), and ``metrics_port`` as the topology's if given.
+    ``curve``: False = plaintext nodes whatever the topology says; else CURVE unless the
+    topology turns it off, with its key directory or keys generated for the run."""
     topo = load_topology(
         topology_file,
         base_path=base_path,
         storage_options=storage_options,
         metrics_port=metrics_port,
+        security=None if curve else {"curve": False},
     )
     workdir = Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
     effective = workdir / "topology.yaml"
@@ -82,31 +90,51 @@ def local_nodes(
         node_for_task={i: tree.address(ids[i % len(ids)]) for i in range(tasks)},
         count=len(ids),
         local_tree=tree,
+        keys=tree.keys,
     )
 
 
 def executor_nodes(
-    sc: Any, topo: TopologyConfig, executors: int, base_path: str, storage_options: dict[str, Any]
+    sc: Any,
+    topo: TopologyConfig,
+    executors: int,
+    base_path: str,
+    storage_options: dict[str, Any],
+    curve: bool = True,
 ) -> NodePlacement:
     """Start one node per executor from a barrier stage filling every task slot; raises
     NodeLaunchError (after stopping what it started) unless each of the ``executors``
-    registered executors got one."""
+    registered executors got one. ``curve``: as for :func:`local_nodes`; keys not named
+    by the topology are generated here, and the node secret and writer public key are
+    shipped to the executors in the stage's closure (see docs/deploy.md: Spark's RPC
+    encryption keeps them secret on the wire)."""
+    settings = topo.security or SecuritySettings()
+    keys = None
+    if curve and settings.curve:
+        keys = cluster_keys_for_nodes(settings, "topology", required=False)
+        keys = keys or ClusterKeys.generate()
+    files = None if keys is None else key_files(keys)
     branching = topo.branching or 8
     # the nodes' own topology: the launcher's k-ary tree over the executors, not the
     # file's node list (its ids are e0, e1, ... in executor address order)
     doc = topo.model_dump(
-        mode="json", exclude_none=True, exclude={"nodes", "hosts", "node_port", "bind_all"}
+        mode="json",
+        exclude_none=True,
+        exclude={"nodes", "hosts", "node_port", "bind_all", "security"},
     )
     doc.update(base_path=base_path, storage_options=storage_options, branching=branching)
+    doc["security"] = {"curve": files is not None}
+    if settings.metrics_host is not None:
+        doc["security"]["metrics_host"] = settings.metrics_host
     slots = max(executors, int(sc.defaultParallelism))
     run = sc.applicationId
     rows = (
         sc.parallelize(range(slots), slots)
         .barrier()
-        .mapPartitions(lambda _: _start_on_executor(doc, branching, run))
+        .mapPartitions(lambda _: _start_on_executor(doc, branching, run, files))
         .collect()
     )
-    placement = NodePlacement(count=len(rows))
+    placement = NodePlacement(count=len(rows), keys=keys)
     for executor, address, _depth in rows:
         placement.node_for_executor[executor] = address
     placement.stop_executor_nodes = lambda: _stop_on_executors(sc, slots, run)
@@ -145,7 +173,9 @@ def _stop_on_executors(sc: Any, slots: int, run: str) -> None:
         sc.parallelize(range(slots), slots).barrier().mapPartitions(stop).collect()
 
 
-def _start_on_executor(doc: dict[str, Any], branching: int, run: str) -> Any:
+def _start_on_executor(
+    doc: dict[str, Any], branching: int, run: str, key_texts: dict[str, str] | None
+) -> Any:
     from pyspark import BarrierTaskContext
 
     from dstltree.aggregator.launcher import start_node_process
@@ -170,6 +200,7 @@ def _start_on_executor(doc: dict[str, Any], branching: int, run: str) -> Any:
     workdir = Path(tempfile.mkdtemp(prefix="dstl-node-"))
     topo_file = workdir / "topology.yaml"
     topo_file.write_text(yaml.safe_dump(doc))
+    keys_dir = None if key_texts is None else write_key_files(key_texts, workdir / "keys")
     h = start_node_process(
         topo_file,
         f"e{index}",
@@ -178,6 +209,7 @@ def _start_on_executor(doc: dict[str, Any], branching: int, run: str) -> Any:
         workdir,
         bind=f"tcp://{host}:{port}",
         exit_with_pid=_executor_pid(),
+        keys_dir=keys_dir,
     )
     _pid_file(run, executor).write_text(str(h.pid))
     return [(executor, h.address, depth)]

@@ -30,6 +30,7 @@ from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.coordinator.task_link import TaskLink
+from dstltree.security.settings import JobSecurity
 from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.pipeline import Pipeline
 from dstltree.sparkplug.restore import restore_key_groups
@@ -61,6 +62,9 @@ class TaskConfig:
     source_rate: float = 0.0  # records per second per reader, 0 = unlimited
     kill_task: int | None = None
     kill_after_checkpoints: int = 0
+    # CURVE settings from the driver (per-job keys, the writer's keys for the nodes);
+    # None = plaintext. Shipped in the closure: see docs/deploy.md (spark.authenticate)
+    security: JobSecurity | None = None
 
 
 @dataclass
@@ -98,8 +102,13 @@ def run_task(
 
     store = ObjectStore(cfg.base_path, cfg.storage_options)
     node = find_node(cfg, task, executor)
+    sec = cfg.security or JobSecurity()
     client = ChangelogClient.open(
-        cfg.base_path, node=node, storage_options=cfg.storage_options, ack_timeout=cfg.ack_timeout
+        cfg.base_path,
+        node=node,
+        storage_options=cfg.storage_options,
+        ack_timeout=cfg.ack_timeout,
+        security=sec.nodes,
     )
     kgs = key_group_range(task, cfg.parallelism, cfg.max_parallelism)
     backend = KeyedStateBackend(kgs, None, cfg.max_parallelism)
@@ -111,7 +120,8 @@ def run_task(
             if restored.rescaled_from is not None:
                 restored.materialized = snapshot_now(store, backend)
         loop = TaskLoop(cfg, task, store, backend, restored, executor_host(executor))
-        with TaskLink(cfg.coordinator, task, cfg.attempt, node=node or "") as link:
+        link = TaskLink(cfg.coordinator, task, cfg.attempt, node=node or "", security=sec.job)
+        with link:
             records = loop.run(link, gather)
     finally:
         client.close()

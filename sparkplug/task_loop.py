@@ -105,7 +105,11 @@ class TaskLoop:
         self.sink = None if p.sink is None else p.sink.create_writer(task, cfg.attempt)
         self.out = _Output(self.sink)
         self.exchange = Exchange(
-            task, cfg.parallelism, host=_interface(host), batch_records=cfg.batch_records
+            task,
+            cfg.parallelism,
+            host=_interface(host),
+            batch_records=cfg.batch_records,
+            security=None if cfg.security is None else cfg.security.job,
         )
         self._steps, self._key, self._fn = p.steps, p.key_by, p.function
         self._link: TaskLink | None = None

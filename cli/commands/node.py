@@ -45,8 +45,11 @@ def node(
     of a node process: supervisors run it, and so do ``dstl up`` and the launchers.
     On a host of a cluster: ``dstl node --topology F --node-id ID`` takes the node's
     bind and advertised endpoint, its parent's advertised endpoint and its depth from
-    the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override."""
-    from dstltree.aggregator.process import run_node
+    the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override.
+    CURVE is on unless the topology says ``security: {curve: false}``: the cluster key
+    directory comes from ``$DSTL_KEYS`` or ``security.keys`` (exit 2 naming
+    ``security.keys`` when neither names one)."""
+    from dstltree.aggregator.process import node_security, run_node
     from dstltree.cli.commands._common import exit_topology_error
     from dstltree.topology.config import TopologyError, load_topology
 
@@ -57,6 +60,10 @@ def node(
     except TopologyError as e:
         exit_topology_error(e, "--topology")
     place = _place(topo, topology, node_id, _Given(bind, advertise, parent, depth))
+    try:  # CURVE (the default): the key directory of $DSTL_KEYS or security.keys
+        security = node_security(topo, str(topology))
+    except TopologyError as e:
+        exit_topology_error(e, "--topology")
     assert place.depth is not None  # _place gives the depth or refuses
     endpoint = "tcp://127.0.0.1:0" if place.bind in ("", "auto") else place.bind
     run_node(
@@ -70,6 +77,7 @@ def node(
         stats_file,
         snapshot_file,
         advertise=place.advertise or None,
+        security=security,
     )
 
 
@@ -151,6 +159,8 @@ def up(
         table.add_row(nid, running.tree.parent(nid) or "-", h.address, str(h.pid))
     console = Console()
     console.print(table)
+    if running.keys is not None:  # CURVE: clients need writer.key_secret and node.key
+        console.print(f"CURVE keys in {running.keys.directory} (clients: writer.key_secret)")
     console.print(
         f"address files in {running.workdir}: "
         f"dstl status --topology {topology} --workdir {running.workdir}"

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from dstltree.coordinator.store import CheckpointStore
+from dstltree.security import generate_key_dir
 from dstltree.storage.store import ObjectStore
 from tests.support.demo_run import ROOT
 from tests.support.standalone import StandaloneCluster, standalone_cluster, start_submit
@@ -62,6 +63,8 @@ def _topology(tmp_path: Path, hosts: list[str], base: str) -> Path:
         "target_object_bytes": "4MiB",
         "persist_delay": 0.05,
         "parent_timeout": 2.0,
+        # CURVE (the default): nodes by host read the cluster key directory
+        "security": {"keys": str(generate_key_dir(tmp_path / "keys").directory)},
     }
     f = tmp_path / "topology.yaml"
     f.write_text(yaml.safe_dump(doc))

@@ -19,6 +19,7 @@ from dstltree.aggregator.launcher import start_tree
 from dstltree.cli.app import app
 from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
 from dstltree.client.reader import read_changes
+from dstltree.security import Curve, generate_key_dir, load_key_dir
 from dstltree.topology.config import load_topology
 from tests.support.waiting import wait_until
 
@@ -78,8 +79,12 @@ def _write_hosts_topology(tmp_path: Path, **fields: object) -> Path:
         "node_port": _common_free_port(HOSTS),
         "persist_delay": 0.05,
         "parent_timeout": 2.0,
+        # nodes by host need the cluster key directory (CURVE is on by default)
+        "security": {"keys": str(tmp_path / "keys")},
         **fields,
     }
+    if not (tmp_path / "keys").exists():
+        generate_key_dir(tmp_path / "keys")
     path = tmp_path / "hosts.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -108,7 +113,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _persist_one_checkpoint(base: str, node: str) -> ChangelogHandle:
-    client = ChangelogClient.open(base, node=node, ack_timeout=5.0)
+    """One checkpoint through ``node`` with the writer keys of ``<base>/../keys``."""
+    writer_keys = Curve.for_writer(load_key_dir(Path(base).parent / "keys"))
+    client = ChangelogClient.open(base, node=node, ack_timeout=5.0, security=writer_keys)
     try:
         writer = client.create_writer("task0", range(4))
         for k in range(10):

@@ -12,6 +12,7 @@ from dstltree.client.batching import PersistItem
 from dstltree.client.reader import read_changes
 from dstltree.client.segment import SegmentMeta, encode_segment
 from dstltree.client.wire import Error, Persist, PersistRequest, dump, load
+from dstltree.security import configure_client
 from tests.support.tree_fixtures import metric, start
 from tests.support.waiting import wait_until
 
@@ -22,7 +23,10 @@ def _clients(tree, base: str, ack_timeout: float = 5.0) -> list[ChangelogClient]
     # writers 0-3 on node a, 4-7 on node b (two "executors")
     return [
         ChangelogClient.open(
-            base, node=tree.address("a" if i < 4 else "b"), ack_timeout=ack_timeout
+            base,
+            node=tree.address("a" if i < 4 else "b"),
+            ack_timeout=ack_timeout,
+            security=tree.client_security,  # CURVE: the tree's writer keys
         )
         for i in range(WRITERS)
     ]
@@ -80,6 +84,7 @@ def test_malformed_message_gets_error_and_node_keeps_serving(tmp_path: Path) -> 
         ctx = zmq.Context.instance()
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
+        configure_client(s, tree.client_security)
         s.connect(tree.address("a"))
         bad = [
             [b"\xc1garbage"],
@@ -99,7 +104,7 @@ def test_malformed_message_gets_error_and_node_keeps_serving(tmp_path: Path) -> 
             )
         s.close(0)
         base = str(tmp_path / "dfs")
-        c = ChangelogClient.open(base, node=tree.address("a"))
+        c = ChangelogClient.open(base, node=tree.address("a"), security=tree.client_security)
         w = c.create_writer("after-garbage", range(2))
         w.append(0, b"still serving")
         h = w.persist_durably(0).result(timeout=30)

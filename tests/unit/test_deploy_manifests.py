@@ -193,8 +193,10 @@ def test_k8s_spark_settings_and_driver_pod_agree() -> None:
     spec = driver["spec"]
     container = _container(spec)
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v["configMap"]["name"] for v in spec["volumes"]}
+    volumes = {v["name"]: v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v}
     assert volumes == {"topology": "dstl-topology", "spark-conf": "dstl-spark"}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    assert secrets == {"keys": "dstl-keys"}  # the CURVE cluster keys
     assert _env(container)["SPARK_CONF_DIR"]["value"] == mounts["spark-conf"]
     template_path = conf["spark.kubernetes.executor.podTemplateFile"]
     assert template_path == f"{mounts['spark-conf']}/executor-pod-template.yaml"
