@@ -258,6 +258,10 @@ class CoordinatorState:
         self._restored_logs: dict[str, tuple[int, int]] = {}
         self._acked_to: dict[int, int] = {}  # task -> highest SQN it acknowledged
         self._applied_sqn: dict[int, int] = {}  # task -> SQN of its applied snapshot
+        # The dispatchers, bound once (a singledispatchmethod builds a wrapper on every
+        # attribute access: a flood of messages would pay for it each time).
+        self._on_event = self._handle_event
+        self._on_message = self._handle_message
         self._init_counters()
 
     def _init_counters(self) -> None:
@@ -299,7 +303,7 @@ class CoordinatorState:
         ValueError for an AttemptStarted that does not increase the attempt or has no
         tasks, InvariantError (with ``validate=True``) when an invariant breaks."""
         self.now = max(self.now, event.now)
-        out = self._handle_event(event)
+        out = self._on_event(event)
         if self._validate:
             self.validate()
         return out
@@ -370,7 +374,7 @@ class CoordinatorState:
 
     @_handle_event.register
     def _(self, ev: MessageFromTask) -> list[Instruction]:
-        return self._handle_message(ev.message, ev.identity)
+        return self._on_message(ev.message, ev.identity)
 
     @_handle_event.register
     def _(self, ev: MalformedMessage) -> list[Instruction]:
