@@ -102,11 +102,7 @@ class CoordinatorMetrics:
         self.messages_rejected = Counter(
             "dstl_messages_rejected", "Malformed or unexpected messages rejected.", registry=r
         )
-        self.messages_refused = Counter(
-            "dstl_messages_refused", "Task messages refused, by kind.", ["kind"], registry=r
-        )
-        self._refused: dict[str, int] = {}
-        self._add_gauges(r)
+        self._add_task_metrics(r)
         self.last_checkpoint_id = Gauge(
             "dstl_last_checkpoint_id", "Id of the latest completed checkpoint.", registry=r
         )
@@ -118,7 +114,11 @@ class CoordinatorMetrics:
         self.host = host
         self.port = self.endpoint.port
 
-    def _add_gauges(self, r: CollectorRegistry) -> None:
+    def _add_task_metrics(self, r: CollectorRegistry) -> None:
+        self.messages_refused = Counter(
+            "dstl_messages_refused", "Task messages refused, by kind.", ["kind"], registry=r
+        )
+        self._refused: dict[str, int] = {}
         self.tasks_without_node = Gauge(
             "dstl_tasks_without_node",
             "Tasks of the current attempt writing their changelog straight to the DFS "

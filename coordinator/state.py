@@ -849,6 +849,12 @@ class CoordinatorState:
         )
         if cp.checkpoint_id in self._restored:
             return  # written by an earlier coordinator; its task count is not known here
+        outside = [p for p in cp.referenced_paths() if path_problem(p, self.config.object_prefixes)]
+        _require(
+            not outside,
+            f"checkpoint {cp.checkpoint_id} references only paths under the object prefixes: "
+            f"{sorted(outside)[:3]}",
+        )
         n = self._attempt_tasks.get(cp.attempt)
         _require(
             n is not None and set(cp.tasks) == set(range(n)) and cp.parallelism == n,
