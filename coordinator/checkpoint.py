@@ -5,18 +5,37 @@ materialized-state snapshot and the changelog handles covering the changes made 
 that snapshot. Records are frozen and convert to and from JSON-compatible dicts
 (:meth:`to_dict` / :meth:`from_dict`); ``from_dict`` raises ``KeyError``, ``TypeError``
 or ``ValueError`` on malformed input.
+
+Validation of what tasks send (pure, no I/O): :func:`path_problem` (a path is the
+canonical form of a path under one of the job's object prefixes) and
+:func:`checkpoint_problem` (bounds, SQN ranges, key groups and paths of one
+acknowledgement); both return None or a :class:`Refusal`.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from dstltree.client.handle import ChangelogHandle
+from dstltree.client.handle import ChangelogHandle, SegmentRef
+from dstltree.coordinator.cleanup import normalize
 from dstltree.sparkplug.sinks.layout import Committable
 from dstltree.sparkplug.sources.base import EnumeratorState, SplitState
+from dstltree.storage.store import CHANGELOG_DIR, SNAPSHOT_DIR, ObjectStore
 
 METADATA_VERSION = 2
+#: Largest SQN, byte offset / size (8 TiB) and count accepted from a task.
+MAX_SQN = 2**63 - 1
+MAX_OBJECT_BYTES = 2**43
+MAX_COUNT = 2**63 - 1
+#: Longest path and log id accepted from a task, characters.
+MAX_PATH_CHARS = 1024
+MAX_LOG_ID_CHARS = 256
+# One path component below a prefix: no "." / ".." / hidden names, no "%", "?", "#",
+# "\\", whitespace or control characters.
+_COMPONENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._=+-]*")
 
 
 @dataclass(frozen=True)
@@ -180,3 +199,149 @@ class CompletedCheckpoint:
             enumerator=None if enum is None else EnumeratorState.from_record(enum),
             final=bool(d.get("final", False)),
         )
+
+
+# -- validation of task messages ---------------------------------------------------------
+
+
+class Refusal(NamedTuple):
+    """Why a task's message is refused: ``kind`` (a short metric label: ``path``,
+    ``sqn``, ``bounds``, ``key_groups``...) and ``reason`` (a sentence)."""
+
+    kind: str
+    reason: str
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot be an object prefix (None if it can): it must end with
+    ``/``, and hold no ``.``/``..`` component, no ``?``, ``#``, ``\\`` or control
+    character."""
+    if not prefix.endswith("/") or len(prefix) > MAX_PATH_CHARS:
+        return f"object prefix {prefix!r} must end with '/'"
+    path = prefix.split("://", 1)[-1]
+    parts = path.split("/")[1:-1]
+    bad = any(c in prefix for c in "?#\\") or any(ord(c) < 32 or c == "\x7f" for c in prefix)
+    if bad or any(p in (".", "..") for p in parts):
+        return f"object prefix {prefix!r} is not canonical"
+    return None
+
+
+def job_object_prefixes(store: ObjectStore, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The object prefixes of the job on ``store``: the canonical
+    (``coordinator.cleanup.normalize``) ``<base>/changelog/`` and
+    ``<base>/materialized/``, then ``extra`` (prefixes of nodes writing elsewhere; a
+    URL with a scheme is taken as given, a plain path is normalized). Raises
+    ValueError for an extra prefix that is not canonical."""
+    own = [normalize(store, store.join(d)) for d in (CHANGELOG_DIR, SNAPSHOT_DIR)]
+    more = [p if "://" in p else normalize(store, p) for p in extra]
+    out = tuple(p.rstrip("/") + "/" for p in (*own, *more))
+    for p in out:
+        problem = prefix_problem(p)
+        if problem is not None:
+            raise ValueError(problem)
+    return out
+
+
+def path_problem(path: object, prefixes: Sequence[str]) -> str | None:
+    """Why ``path`` is not an object path of this job (None if it is): it must start
+    with one of ``prefixes`` (canonical, each ending in ``/``, see
+    :func:`prefix_problem`) and continue with non-empty components of letters, digits
+    and ``._=+-`` not starting with a dot, at most :data:`MAX_PATH_CHARS` in all. Such
+    a path is its own canonical form (``coordinator.cleanup.normalize``) and cannot
+    leave the prefix (no ``..``, no other scheme or bucket, no query or fragment)."""
+    if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS:
+        return f"a path is a string of 1 to {MAX_PATH_CHARS} characters"
+    for prefix in prefixes:
+        if path.startswith(prefix):
+            rest = path[len(prefix) :].split("/")
+            if all(_COMPONENT.fullmatch(c) for c in rest):
+                return None
+            return f"path {path[:200]!r} is not canonical below {prefix!r}"
+    return f"path {path[:200]!r} is outside this job's object prefixes"
+
+
+def snapshot_problem(ref: MaterializedRef, prefixes: Sequence[str]) -> Refusal | None:
+    """Why a snapshot reference is refused (None if it is not): its path
+    (:func:`path_problem`), an SQN beyond :data:`MAX_SQN` or a size beyond
+    :data:`MAX_OBJECT_BYTES`."""
+    problem = path_problem(ref.path, prefixes)
+    if problem is not None:
+        return Refusal("path", f"snapshot: {problem}")
+    if not 0 <= ref.sqn <= MAX_SQN or not 0 <= ref.size_bytes <= MAX_OBJECT_BYTES:
+        return Refusal("bounds", f"snapshot SQN {ref.sqn} or size {ref.size_bytes} out of range")
+    return None
+
+
+def _segment_problem(
+    s: SegmentRef, h: ChangelogHandle, prefixes: Sequence[str], kgs: range
+) -> Refusal | None:
+    if s.log_id != h.log_id or not 0 <= s.sqn_from <= s.sqn_to <= MAX_SQN:
+        return Refusal("sqn", f"log {h.log_id!r}: a segment of SQN {s.sqn_from}..{s.sqn_to}")
+    if min(s.offset, s.length) < 0 or s.offset + s.length > MAX_OBJECT_BYTES:
+        return Refusal("bounds", f"log {h.log_id!r}: segment at {s.offset}+{s.length} bytes")
+    if not 0 <= s.crc32 < 2**32:
+        return Refusal("bounds", f"log {h.log_id!r}: segment CRC32 {s.crc32}")
+    if len(s.key_groups) > len(kgs) or any(k not in kgs for k in s.key_groups):
+        return Refusal("key_groups", f"log {h.log_id!r}: segment key groups outside {kgs}")
+    problem = path_problem(s.path, prefixes)
+    return None if problem is None else Refusal("path", problem)
+
+
+def _handle_problem(h: ChangelogHandle, prefixes: Sequence[str], kgs: range) -> Refusal | None:
+    lo, hi = h.sqn_range
+    if not 0 < len(h.log_id) <= MAX_LOG_ID_CHARS:
+        return Refusal("bounds", f"a log id of {len(h.log_id)} characters")
+    if not 0 <= lo <= hi <= MAX_SQN:
+        return Refusal("sqn", f"log {h.log_id[:64]!r}: SQN range {lo}..{hi}")
+    last = -1
+    for s in h.segments:
+        if s.sqn_from < last:
+            return Refusal("sqn", f"log {h.log_id[:64]!r}: segments overlap or out of order")
+        last = s.sqn_to
+        problem = _segment_problem(s, h, prefixes, kgs)
+        if problem is not None:
+            return problem
+    return None
+
+
+def checkpoint_problem(
+    tc: TaskCheckpoint, prefixes: Sequence[str], owned: range, max_parallelism: int
+) -> Refusal | None:
+    """Why acknowledged state ``tc`` is refused (None if it is not): a count out of
+    range, key groups ``[start, stop)`` not inside ``owned`` (the task's range; an
+    empty range claims none) or segments with key groups outside them (outside
+    ``[0, max_parallelism)`` when it claims none), SQN ranges that are not ordered
+    (``from <= to``; a log's handles contiguous, its segments ordered and not
+    overlapping), offsets and sizes out of ``[0, MAX_OBJECT_BYTES]``, or a path
+    outside ``prefixes`` (:func:`path_problem`)."""
+    if not 0 <= tc.records <= MAX_COUNT:
+        return Refusal("bounds", f"records {tc.records} out of range")
+    start, stop = tc.key_groups
+    if not 0 <= start <= stop <= max_parallelism or (
+        start < stop and not owned.start <= start <= stop <= owned.stop
+    ):
+        return Refusal("key_groups", f"key groups [{start}, {stop}) are not inside {owned}")
+    kgs = range(start, stop) if start < stop else range(max_parallelism)
+    if tc.materialized is not None:
+        problem = snapshot_problem(tc.materialized, prefixes)
+        if problem is not None:
+            return problem
+    ends: dict[str, int] = {}
+    for h in tc.changelog:
+        if ends.get(h.log_id, h.sqn_range[0]) != h.sqn_range[0]:
+            return Refusal("sqn", f"log {h.log_id[:64]!r}: handles not contiguous")
+        ends[h.log_id] = h.sqn_range[1]
+        problem = _handle_problem(h, prefixes, kgs)
+        if problem is not None:
+            return problem
+    return None
+
+
+def log_spans(tc: TaskCheckpoint) -> dict[str, tuple[int, int]]:
+    """log id -> the SQN span ``(from, to)`` its handles in ``tc`` cover."""
+    spans: dict[str, tuple[int, int]] = {}
+    for h in tc.changelog:
+        lo, hi = h.sqn_range
+        old = spans.get(h.log_id)
+        spans[h.log_id] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    return spans

@@ -20,7 +20,10 @@ see :attr:`CoordinatorMetrics.url`); off by default.
   ``dstl_orphans_deleted_total`` (cleanup at start).
 - ``dstl_messages_fenced_total`` (from stale task attempts),
 - ``dstl_tasks_without_node`` (tasks writing straight to the DFS: no node on their host),
-  ``dstl_messages_rejected_total`` (malformed or not task messages).
+  ``dstl_messages_rejected_total`` (malformed or not task messages, answered with an
+  error), ``dstl_messages_refused_total{kind}`` (every refused message by kind:
+  ``malformed``, ``type``, ``hello``, ``identity``, ``path``, ``sqn``, ``bounds``,
+  ``key_groups``, ``checkpoint``, ``epoch``, ``duplicate``, ``splits``, ``state``).
 - ``dstl_last_checkpoint_id`` (gauge, -1 before the first).
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -98,7 +102,7 @@ class CoordinatorMetrics:
         self.messages_rejected = Counter(
             "dstl_messages_rejected", "Malformed or unexpected messages rejected.", registry=r
         )
-        self._add_gauges(r)
+        self._add_task_metrics(r)
         self.last_checkpoint_id = Gauge(
             "dstl_last_checkpoint_id", "Id of the latest completed checkpoint.", registry=r
         )
@@ -110,7 +114,11 @@ class CoordinatorMetrics:
         self.host = host
         self.port = self.endpoint.port
 
-    def _add_gauges(self, r: CollectorRegistry) -> None:
+    def _add_task_metrics(self, r: CollectorRegistry) -> None:
+        self.messages_refused = Counter(
+            "dstl_messages_refused", "Task messages refused, by kind.", ["kind"], registry=r
+        )
+        self._refused: dict[str, int] = {}
         self.tasks_without_node = Gauge(
             "dstl_tasks_without_node",
             "Tasks of the current attempt writing their changelog straight to the DFS "
@@ -138,6 +146,16 @@ class CoordinatorMetrics:
         self.checkpoint_size.observe(sum(length for _, _, length in new))
         self.checkpoints_completed.inc()
         self.last_checkpoint_id.set(checkpoint.checkpoint_id)
+
+    def refusals(self, counts: Mapping[str, int]) -> None:
+        """The coordinator's refusal counts by kind so far (``CoordinatorState
+        .rejections``): the counter grows by what is new since the last call."""
+        with self._lock:
+            new = {k: n - self._refused.get(k, 0) for k, n in counts.items()}
+            self._refused.update(counts)
+        for kind, n in new.items():
+            if n > 0:
+                self.messages_refused.labels(kind).inc(n)
 
     def materialization_started(self, epoch: int, now: float | None = None) -> None:
         """Epoch ``epoch`` was triggered at ``now`` (monotonic seconds, default now)."""

@@ -35,7 +35,7 @@ from dstltree.client.errors import WireError
 from dstltree.coordinator import events as ev
 from dstltree.coordinator import protocol
 from dstltree.coordinator import state as st
-from dstltree.coordinator.checkpoint import CompletedCheckpoint
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, job_object_prefixes
 from dstltree.coordinator.errors import CoordinatorError
 from dstltree.coordinator.metrics import CoordinatorMetrics
 from dstltree.coordinator.storage_worker import StorageWorker
@@ -98,7 +98,10 @@ class Coordinator:
     recovers it at every attempt. ``max_parallelism``: key groups, recorded in every
     checkpoint. ``finish_when_source_done``: once the source is fully read the next
     checkpoint is final and the run ends (:attr:`finished`). ``commit_retry_interval``:
-    seconds before a failed sink commit is tried again. See coordinator/state.py.
+    seconds before a failed sink commit is tried again. ``extra_object_prefixes``:
+    where nodes writing outside this job's ``<base>/changelog/`` and
+    ``<base>/materialized/`` put objects; acknowledgements and reports naming any
+    other path are refused. See coordinator/state.py.
     ``security``: CURVE with the per-job keys (``Curve.shared``, tasks connect with the
     same); None = plaintext (tests; the job layer defaults to CURVE).
     """
@@ -125,6 +128,7 @@ class Coordinator:
         commit_retry_interval: float = 1.0,
         advertise_host: str | None = None,
         security: Curve | None = None,
+        extra_object_prefixes: Sequence[str] = (),
     ) -> None:
         if num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
@@ -143,6 +147,7 @@ class Coordinator:
             max_parallelism=max_parallelism,
             finish_when_source_done=finish_when_source_done,
             commit_retry_interval=commit_retry_interval,
+            object_prefixes=job_object_prefixes(store, extra_object_prefixes),
         )
         self._tick_ms = max(1, int(tick * 1000))
         self._call_timeout = call_timeout
@@ -388,15 +393,18 @@ class Coordinator:
                 fut.set_exception(e)
 
     def _drain_socket(self, limit: int = 1000) -> None:
-        """Handle at most ``limit`` waiting frames (then the loop ticks again)."""
+        """Handle at most ``limit`` waiting frames (then the loop ticks again); the
+        refusals among them go to the metrics by kind."""
         for _ in range(limit):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             event = _event_of(frames, time.monotonic())
             if event is not None:
                 self._execute(self._state.handle(event))
+        if self.metrics is not None:
+            self.metrics.refusals(self._state.rejections)
 
     def _on_result(self, event: ev.Event) -> None:
         """An answer of the storage worker: metrics, then the state."""

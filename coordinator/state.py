@@ -21,6 +21,29 @@ dask/distributed's ``worker_state_machine``). Behaviour:
 - Hellos, acknowledgements and reports from an older attempt are fenced (a
   ``protocol.Fenced`` reply) and otherwise ignored; anything else is rejected with a
   ``protocol.ErrorReply``.
+- Trust: the state believes nothing it did not make. The first Hello of a (task,
+  attempt) binds the task to the ROUTER identity it came on; a second Hello for it (from
+  any identity, its own included: a link says hello once), or from an identity bound
+  to another task, is refused. Acks, reports and ``SplitsFinished`` of a task are
+  refused unless they come from its bound identity. An acknowledgement is refused
+  unless every path is canonical under ``config.object_prefixes``
+  (:func:`dstltree.coordinator.checkpoint.checkpoint_problem`), its SQN ranges are
+  ordered and do not move backwards from what this task acknowledged before in the
+  attempt or from the restored checkpoint, its key groups are inside the task's range,
+  its counts and sizes are bounded, and it answers a checkpoint that was triggered; a
+  second ack of one task for one checkpoint is refused. A report is refused unless its
+  epoch was started, its path is canonical and its SQN does not move backwards; its
+  ``ApplyMaterialization`` (which makes tasks truncate their changelog) is sent only
+  once every task of the attempt reported and each report's SQN is within what that
+  task acknowledged (else the epoch waits for acks, or times out). Every refusal is an
+  ``ErrorReply`` (when the sender is known), counted in ``messages_rejected`` and, by
+  kind, in ``rejections``; a refused message changes nothing.
+- Deletion: only the :class:`SharedStateRegistry` decides what is deleted.
+  :class:`DeleteObjects` names only paths it released (no retained checkpoint
+  references them any more), and of those only paths under ``config.object_prefixes``
+  (others are kept and counted in ``deletions_refused``); no path taken from a task's
+  message is ever deleted directly (not on abort, not on a refused ack), and
+  :class:`CleanOrphans` deletes by listing, sparing what the registry references.
 - Source (FLIP-27 split enumerator, coordinator/splits.py): the enumerator is rebuilt
   at every attempt from the latest completed checkpoint; a :class:`ListSplits` every
   ``discovery_interval`` seconds adds new splits. Pending splits are assigned
@@ -53,7 +76,17 @@ from dataclasses import dataclass, field
 from functools import singledispatchmethod
 
 from dstltree.coordinator import protocol
-from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
+from dstltree.coordinator.checkpoint import (
+    CompletedCheckpoint,
+    MaterializedRef,
+    Refusal,
+    TaskCheckpoint,
+    checkpoint_problem,
+    log_spans,
+    path_problem,
+    prefix_problem,
+    snapshot_problem,
+)
 from dstltree.coordinator.commits import SinkCommits
 from dstltree.coordinator.events import (
     AttemptStarted,
@@ -92,6 +125,7 @@ from dstltree.coordinator.events import (
 )
 from dstltree.coordinator.registry import SharedStateRegistry
 from dstltree.coordinator.splits import SourceSplits
+from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.sources.base import EnumeratorState, Source
 
 
@@ -106,8 +140,12 @@ class CoordinatorConfig:
     groups of the job (recorded in every checkpoint); ``finish_when_source_done``: the
     run ends (a final checkpoint) once the source's enumerator is finished;
     ``commit_retry_interval``: seconds before a failed sink commit is tried again.
-    Raises ValueError for a retention or ``max_parallelism`` below 1, negative
-    intervals, timeouts <= 0."""
+    ``object_prefixes``: the only places paths of acknowledgements and reports may
+    name, canonical URLs ending in ``/`` (``checkpoint.job_object_prefixes``: the
+    job's ``<base>/changelog/`` and ``<base>/materialized/``, plus those of nodes
+    writing elsewhere); empty: no path is accepted. Raises ValueError for a retention
+    or ``max_parallelism`` below 1, negative intervals, timeouts <= 0, a prefix that
+    is not canonical."""
 
     checkpoint_interval: float = 0.3
     materialization_interval: float = 5.0
@@ -118,8 +156,13 @@ class CoordinatorConfig:
     max_parallelism: int = 128
     finish_when_source_done: bool = True
     commit_retry_interval: float = 1.0
+    object_prefixes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for prefix in self.object_prefixes:
+            problem = prefix_problem(prefix)
+            if problem is not None:
+                raise ValueError(problem)
         if self.retained_checkpoints < 1:
             raise ValueError("retained_checkpoints must be >= 1")
         if self.max_parallelism < 1:
@@ -209,6 +252,16 @@ class CoordinatorState:
         self._checkpoint_due = 0.0
         self._materialization_due = 0.0
         self._finish_sent: set[bytes] = set()  # identities sent protocol.Finish
+        # What tasks of the current attempt acknowledged: task -> log id -> SQN span,
+        # and the spans of the checkpoint the attempt restored from (log id -> span).
+        self._logs: dict[int, dict[str, tuple[int, int]]] = {}
+        self._restored_logs: dict[str, tuple[int, int]] = {}
+        self._acked_to: dict[int, int] = {}  # task -> highest SQN it acknowledged
+        self._applied_sqn: dict[int, int] = {}  # task -> SQN of its applied snapshot
+        # The dispatchers, bound once (a singledispatchmethod builds a wrapper on every
+        # attribute access: a flood of messages would pay for it each time).
+        self._on_event = self._handle_event
+        self._on_message = self._handle_message
         self._init_counters()
 
     def _init_counters(self) -> None:
@@ -219,6 +272,8 @@ class CoordinatorState:
         self.materializations_abandoned = 0
         self.messages_fenced = 0
         self.messages_rejected = 0
+        self.rejections: Counter[str] = Counter()  # refusal kind -> messages
+        self.deletions_refused = 0  # released paths outside the object prefixes, kept
         self.objects_deleted = 0
         self.orphans_deleted = 0
         self.stale_metadata_deleted = 0
@@ -248,7 +303,7 @@ class CoordinatorState:
         ValueError for an AttemptStarted that does not increase the attempt or has no
         tasks, InvariantError (with ``validate=True``) when an invariant breaks."""
         self.now = max(self.now, event.now)
-        out = self._handle_event(event)
+        out = self._on_event(event)
         if self._validate:
             self.validate()
         return out
@@ -296,6 +351,14 @@ class CoordinatorState:
         self._peers = {a: p for a, p in self._peers.items() if a >= ev.attempt}
         early = self._peers.get(ev.attempt, {})
         self._peers[ev.attempt] = {t: i for t, i in early.items() if t < ev.num_tasks}
+        self._without_node = {
+            a: {t for t in ts if a > ev.attempt or t < ev.num_tasks}
+            for a, ts in self._without_node.items()
+            if a >= ev.attempt
+        }
+        self._logs, self._acked_to, self._applied_sqn = {}, {}, {}
+        last = self.latest
+        self._restored_logs = {} if last is None else _restored_spans(last)
         self._checkpoint_due = self.now + self.config.checkpoint_interval
         self._materialization_due = self.now + self.config.materialization_interval
         if self.splits is not None and enumerator is not None:
@@ -311,7 +374,7 @@ class CoordinatorState:
 
     @_handle_event.register
     def _(self, ev: MessageFromTask) -> list[Instruction]:
-        return self._handle_message(ev.message, ev.identity)
+        return self._on_message(ev.message, ev.identity)
 
     @_handle_event.register
     def _(self, ev: MalformedMessage) -> list[Instruction]:
@@ -409,80 +472,144 @@ class CoordinatorState:
     # -- task messages -----------------------------------------------------------------
     @singledispatchmethod
     def _handle_message(self, message: protocol.Message, identity: bytes) -> list[Instruction]:
-        return self._reject(identity, f"{type(message).__name__} is not a task message")
+        return self._reject(identity, f"{type(message).__name__} is not a task message", "type")
 
     @_handle_message.register
     def _(self, message: protocol.Hello, identity: bytes) -> list[Instruction]:
         task, attempt = message.task, message.attempt
-        if 0 <= task < 1 << 20:
-            without = self._without_node.setdefault(attempt, set())
-            (without.discard if message.node else without.add)(task)
         if self.attempt is not None and attempt > self.attempt:
-            if task >= 0:  # early: kept for when its attempt starts
-                self._peers.setdefault(attempt, {})[task] = identity
-            return []
+            # early: kept for when its attempt starts (the next attempt only, bounded)
+            if attempt != self.attempt + 1 or not 0 <= task < self.config.max_parallelism:
+                return [MessageIgnored(task, f"attempt {attempt} has not started")]
+            return self._bind(message, identity) or []
         stale = self._stale(task, attempt, identity)
         if stale is not None:
             return stale
-        self._peers.setdefault(attempt, {})[task] = identity
-        return self._on_connected()
+        return self._bind(message, identity) or self._on_connected()
+
+    def _bind(self, message: protocol.Hello, identity: bytes) -> list[Instruction] | None:
+        """Bind the task of ``message`` to ``identity`` (None), or refuse a second
+        Hello of that task and attempt, or one from an identity bound to another task."""
+        task, attempt = message.task, message.attempt
+        peers = self._peers.setdefault(attempt, {})
+        bound = peers.get(task)
+        if bound is not None:
+            whose = "this" if bound == identity else "another"
+            reason = f"task {task} of attempt {attempt} already said hello on {whose} connection"
+            return self._reject(identity, reason, "hello")
+        if identity in peers.values():
+            return self._reject(identity, "this connection is bound to another task", "hello")
+        peers[task] = identity
+        without = self._without_node.setdefault(attempt, set())
+        (without.discard if message.node else without.add)(task)
+        return None
+
+    def _sender(self, task: int, attempt: int, identity: bytes) -> list[Instruction] | None:
+        """None if ``identity`` is the bound connection of ``task`` of the current
+        attempt; else what to answer: fenced or ignored (:meth:`_stale`), or refused."""
+        stale = self._stale(task, attempt, identity)
+        if stale is not None:
+            return stale
+        bound = self._peers.get(attempt, {}).get(task)
+        if bound is None:
+            return self._reject(identity, f"task {task} has not said hello", "identity")
+        if bound != identity:
+            return self._reject(identity, f"task {task} is bound to another connection", "identity")
+        return None
 
     @_handle_message.register
     def _(self, message: protocol.SplitsFinished, identity: bytes) -> list[Instruction]:
-        stale = self._stale(message.task, message.attempt, identity)
-        if stale is not None:
-            return stale
+        refused = self._sender(message.task, message.attempt, identity)
+        if refused is not None:
+            return refused
         if self.splits is None:
-            return self._reject(identity, "this job has no source")
+            return self._reject(identity, "this job has no source", "splits")
         try:
             self.splits.finish(message.task, message.split_ids)
         except ValueError as e:
-            return self._reject(identity, f"splits finished: {e}")
+            return self._reject(identity, f"splits finished: {e}", "splits")
         return self._assign()
 
     @_handle_message.register
     def _(self, message: protocol.Ack, identity: bytes) -> list[Instruction]:
-        stale = self._stale(message.task, message.attempt, identity)
-        if stale is not None:
-            return stale
+        task, cid = message.task, message.checkpoint_id
+        refused = self._sender(task, message.attempt, identity)
+        if refused is not None:
+            return refused
+        if cid >= self.next_checkpoint_id:
+            return self._reject(identity, f"checkpoint {cid} was never triggered", "checkpoint")
         p = self._pending
-        if p is None or p.persisting or message.checkpoint_id != p.checkpoint_id:
-            return [
-                MessageIgnored(message.task, f"checkpoint {message.checkpoint_id} is not pending")
-            ]
+        if p is None or p.persisting or cid != p.checkpoint_id:
+            return [MessageIgnored(task, f"checkpoint {cid} is not pending")]
+        if task in p.acks:
+            return self._reject(identity, f"task {task} already acknowledged {cid}", "duplicate")
+        problem = self._ack_refusal(p, message)
+        if problem is not None:
+            return self._reject(identity, f"checkpoint {cid}: {problem.reason}", problem.kind)
+        tc = message.checkpoint
+        p.acks[task] = tc
+        known = self._logs.setdefault(task, {})
+        for log, span in log_spans(tc).items():
+            known[log] = span
+            self._acked_to[task] = max(self._acked_to.get(task, 0), span[1])
+        out: list[Instruction] = [] if len(p.acks) < p.num_tasks else [self._complete(p)]
+        return out + self._maybe_apply()
+
+    def _ack_refusal(self, p: _Pending, message: protocol.Ack) -> Refusal | None:
+        """Why ``message`` cannot be part of ``p`` (None if it can)."""
         tc = message.checkpoint
         if tc.task != message.task or tc.attempt != message.attempt:
-            return [
-                MessageIgnored(message.task, "acknowledged state names another task or attempt")
-            ]
-        problem = _ack_problem(p, tc)
+            return Refusal("identity", "acknowledged state names another task or attempt")
+        mp = self.config.max_parallelism
+        owned = key_group_range(message.task, p.num_tasks, mp) if p.num_tasks <= mp else range(0)
+        problem = checkpoint_problem(tc, self.config.object_prefixes, owned, mp)
         if problem is not None:
-            return self._reject(identity, f"checkpoint {p.checkpoint_id}: {problem}")
-        p.acks[message.task] = tc
-        if len(p.acks) < p.num_tasks:
-            return []
-        return [self._complete(p)]
+            return problem
+        known = self._logs.get(message.task, {})
+        for log, (lo, hi) in log_spans(tc).items():
+            before = known.get(log) or self._restored_logs.get(log)
+            if before is not None and (lo < before[0] or hi < before[1]):
+                return Refusal("sqn", f"log {log[:64]!r}: SQN {lo}..{hi} moves back from {before}")
+        other = _ack_problem(p, tc)
+        return None if other is None else Refusal("state", other)
 
     @_handle_message.register
     def _(self, message: protocol.Report, identity: bytes) -> list[Instruction]:
-        stale = self._stale(message.task, message.attempt, identity)
-        if stale is not None:
-            return stale
+        task, epoch = message.task, message.epoch
+        refused = self._sender(task, message.attempt, identity)
+        if refused is not None:
+            return refused
+        if epoch >= self.next_epoch:
+            return self._reject(identity, f"epoch {epoch} was never started", "epoch")
         e = self._epoch
-        if e is None or message.epoch != e.epoch:
-            return [
-                MessageIgnored(
-                    message.task, f"materialization epoch {message.epoch} is not pending"
-                )
-            ]
-        e.reports[message.task] = message.ref
-        if len(e.reports) < self.num_tasks:
+        if e is None or epoch != e.epoch:
+            return [MessageIgnored(task, f"materialization epoch {epoch} is not pending")]
+        if task in e.reports:
+            return self._reject(identity, f"task {task} already reported {epoch}", "duplicate")
+        problem = snapshot_problem(message.ref, self.config.object_prefixes)
+        if problem is not None:
+            return self._reject(identity, f"epoch {epoch}: {problem.reason}", problem.kind)
+        if message.ref.sqn < self._applied_sqn.get(task, 0):
+            reason = f"epoch {epoch}: snapshot SQN {message.ref.sqn} moves back"
+            return self._reject(identity, reason, "sqn")
+        e.reports[task] = message.ref
+        return self._maybe_apply()
+
+    def _maybe_apply(self) -> list[Instruction]:
+        """Apply the pending epoch once every task reported and each report's SQN is
+        within what its task acknowledged (so no task truncates what it has not
+        acknowledged as durable)."""
+        e = self._epoch
+        if e is None or len(e.reports) < self.num_tasks:
+            return []
+        if any(r.sqn > self._acked_to.get(t, 0) for t, r in e.reports.items()):
             return []
         self._epoch = None
         self.applied_epoch = e.epoch
         self.materializations_completed += 1
         self._materialization_due = self.now + self.config.materialization_interval
         refs = dict(sorted(e.reports.items()))
+        self._applied_sqn.update({t: r.sqn for t, r in refs.items()})
         sends = self._send_all(
             {t: protocol.ApplyMaterialization(e.epoch, r) for t, r in refs.items()}
         )
@@ -499,8 +626,13 @@ class CoordinatorState:
             return [MessageIgnored(task, f"task {task} outside 0..{self.num_tasks - 1}")]
         return None
 
-    def _reject(self, identity: bytes | None, reason: str) -> list[Instruction]:
+    def _reject(
+        self, identity: bytes | None, reason: str, kind: str = "malformed"
+    ) -> list[Instruction]:
+        """Refuse a message: counted (``messages_rejected``, ``rejections[kind]``),
+        answered with an ErrorReply when the sender is known; nothing else changes."""
         self.messages_rejected += 1
+        self.rejections[kind] += 1
         return [] if identity is None else [Reply(identity, protocol.ErrorReply(reason))]
 
     def _send_all(self, messages: dict[int, protocol.Command]) -> list[SendToTask]:
@@ -617,12 +749,16 @@ class CoordinatorState:
 
     def _subsume(self) -> list[Instruction]:
         """Release the oldest checkpoints beyond retention: metadata first, then the
-        objects whose count dropped to zero (only the registry decides deletions)."""
+        objects whose count dropped to zero (only the registry decides deletions),
+        of those only paths under the object prefixes (the rest is kept, counted)."""
         out: list[Instruction] = []
         while len(self.retained) > self.config.retained_checkpoints:
             old = self.retained.pop(0)
             out.append(DeleteCheckpoint(old.checkpoint_id))
-            dropped = self.registry.unregister(old)
+            released = self.registry.unregister(old)
+            prefixes = self.config.object_prefixes
+            dropped = [p for p in released if path_problem(p, prefixes) is None]
+            self.deletions_refused += len(released) - len(dropped)
             if dropped:
                 if self._released is not None:
                     self._released.update(dropped)
@@ -713,6 +849,12 @@ class CoordinatorState:
         )
         if cp.checkpoint_id in self._restored:
             return  # written by an earlier coordinator; its task count is not known here
+        outside = [p for p in cp.referenced_paths() if path_problem(p, self.config.object_prefixes)]
+        _require(
+            not outside,
+            f"checkpoint {cp.checkpoint_id} references only paths under the object prefixes: "
+            f"{sorted(outside)[:3]}",
+        )
         n = self._attempt_tasks.get(cp.attempt)
         _require(
             n is not None and set(cp.tasks) == set(range(n)) and cp.parallelism == n,
@@ -807,3 +949,13 @@ def _ack_problem(p: _Pending, tc: TaskCheckpoint) -> str | None:
 def _require(ok: bool, invariant: str) -> None:
     if not ok:
         raise InvariantError(invariant)
+
+
+def _restored_spans(cp: CompletedCheckpoint) -> dict[str, tuple[int, int]]:
+    """log id -> SQN span of every task's handles in ``cp`` (the restored position)."""
+    spans: dict[str, tuple[int, int]] = {}
+    for tc in cp.tasks.values():
+        for log, (lo, hi) in log_spans(tc).items():
+            old = spans.get(log)
+            spans[log] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    return spans

@@ -7,6 +7,8 @@ commands between records and answers them. Not thread-safe: use one link per thr
 
 from __future__ import annotations
 
+import os
+
 import zmq
 
 from dstltree.client.errors import WireError
@@ -43,6 +45,9 @@ class TaskLink:
         self.fenced = False
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
+        # A random routing id of its own: the coordinator binds the task to it, and a
+        # reconnect keeps it (never starts with a zero byte, reserved by ZeroMQ).
+        self._sock.setsockopt(zmq.ROUTING_ID, b"t" + os.urandom(15))
         self._sock.setsockopt(zmq.LINGER, int(linger * 1000))
         self._sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)

@@ -232,13 +232,14 @@ class GatedStore(ObjectStore):
         return super().put(url, parts, **kw)
 
 
-def _ack_next(link: TaskLink, timeout: float = 5.0) -> int:
-    """Wait for the next TriggerCheckpoint on ``link`` and acknowledge it; returns its id."""
+def _ack_next(link: TaskLink, store: ObjectStore, timeout: float = 5.0) -> int:
+    """Wait for the next TriggerCheckpoint on ``link`` and acknowledge it (one object of
+    ``store``); returns its id."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for cmd in link.poll(timeout=0.05):
             if isinstance(cmd, TriggerCheckpoint):
-                tc = task_checkpoint(link.task, link.attempt, [f"obj-{cmd.checkpoint_id}"])
+                tc = task_checkpoint(link.task, link.attempt, [store.new_object_path()])
                 link.ack_checkpoint(cmd.checkpoint_id, tc)
                 return cmd.checkpoint_id
     raise AssertionError("no checkpoint triggered")
@@ -260,7 +261,7 @@ def test_slow_metadata_write_does_not_stop_the_loop(tmp_path: Path) -> None:
     try:
         coord.begin_attempt(1)
         with TaskLink(coord.address, 0, 1) as link:
-            assert _ack_next(link) == 1
+            assert _ack_next(link, store) == 1
             wait_until(store.entered.is_set)  # the worker is stuck writing checkpoint 1
             # Meanwhile the loop answers: a bad message, a stale attempt, the driver.
             assert isinstance(_request(raw, b"\xc1"), ErrorReply)
@@ -274,7 +275,7 @@ def test_slow_metadata_write_does_not_stop_the_loop(tmp_path: Path) -> None:
             wait_until(lambda: coord.statistics().checkpoints_completed == 1)
             latest = coord.latest_checkpoint()
             assert latest is not None and latest.checkpoint_id == 1
-            assert _ack_next(link) == 2  # the next one follows the write
+            assert _ack_next(link, store) == 2  # the next one follows the write
     finally:
         store.gate.set()
         raw.close()
@@ -291,10 +292,10 @@ def test_failed_metadata_write_aborts_and_the_next_checkpoint_completes(tmp_path
     try:
         coord.begin_attempt(0)
         with TaskLink(coord.address, 0, 0) as link:
-            assert _ack_next(link) == 1
+            assert _ack_next(link, store) == 1
             wait_until(lambda: coord.statistics().checkpoints_aborted == 1)
             store.fail = False
-            assert _ack_next(link) == 2
+            assert _ack_next(link, store) == 2
             wait_until(lambda: coord.statistics().checkpoints_completed == 1)
     finally:
         coord.stop()

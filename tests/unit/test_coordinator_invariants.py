@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dstltree.coordinator import protocol
-from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.events import (
     AttemptStarted,
     CheckpointWritten,
@@ -35,7 +35,7 @@ from dstltree.coordinator.events import (
     WriteFailed,
 )
 from dstltree.coordinator.state import CoordinatorConfig, CoordinatorState
-from dstltree.coordinator.testing import task_checkpoint
+from dstltree.coordinator.testing import handle
 from dstltree.sparkplug.sources import MemorySource
 
 CFG = CoordinatorConfig(
@@ -44,8 +44,9 @@ CFG = CoordinatorConfig(
     checkpoint_timeout=4.0,
     retained_checkpoints=2,
     materialization_timeout=6.0,
+    object_prefixes=("o/",),
 )
-POOL = [f"obj-{i}" for i in range(8)]
+POOL = [f"o/obj-{i}" for i in range(8)]
 
 
 class CoordinatorMachine(RuleBasedStateMachine):
@@ -58,6 +59,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.deleted: set[str] = set()
         self.persisting: PersistCheckpoint | None = None
         self.fresh = 0
+        self.sqn: dict[int, int] = {}  # task -> next SQN its log acknowledges from
         self.feed(Started(0.0))
 
     def make_state(self) -> CoordinatorState:
@@ -133,8 +135,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
         )
         if data.draw(st.booleans(), label="new object"):
             self.fresh += 1
-            paths.append(f"new-{self.fresh}")
-        tc = task_checkpoint(task, attempt, paths)
+            paths.append(f"o/new-{self.fresh}")
+        lo = self.sqn.get(task, 0)
+        self.sqn[task] = lo + len(paths)  # SQNs never move back, across attempts too
+        tc = TaskCheckpoint(task, attempt, 0, None, (handle(f"log-{task}", paths, lo),))
         out = self.feed(self._message(task, attempt, protocol.Ack(task, attempt, cid, tc)))
         self._fenced_if_stale(task, attempt, out)
 
@@ -143,7 +147,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def report(self, data: st.DataObject) -> None:
         task = data.draw(st.integers(0, self.num_tasks[self.attempt] - 1), label="task")
         epoch = data.draw(st.integers(1, self.s.next_epoch), label="epoch")
-        ref = MaterializedRef(f"snap-{epoch}-{task}", 0, 1)
+        ref = MaterializedRef(f"o/snap-{epoch}-{task}", 0, 1)
         msg = protocol.Report(task, self.attempt, epoch, ref)
         self.feed(self._message(task, self.attempt, msg))
 

@@ -161,7 +161,8 @@ def test_finished_input_makes_the_next_checkpoint_final_then_finish(when_done: b
     # A later attempt (a task died after Finish) is told at once.
     feed(s, AttemptStarted(300.0, 1, 1))
     assert feed(s, hello(300.0, 0, 1)) == [SendToTask(0, ident(0, 1), protocol.Finish(2))]
-    assert feed(s, hello(300.0, 0, 1)) == []  # told once
+    out = feed(s, hello(300.0, 0, 1))  # a second hello is refused; told once
+    assert not of_type(out, SendToTask) and s.rejections == {"hello": 1}
 
 
 def test_splits_finished_that_do_not_fit_are_rejected() -> None:

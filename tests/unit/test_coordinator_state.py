@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from dstltree.coordinator import protocol
-from dstltree.coordinator.checkpoint import MaterializedRef
+from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.events import (
     AttemptStarted,
     CheckpointAborted,
@@ -39,13 +39,14 @@ from dstltree.coordinator.events import (
     WriteFailed,
 )
 from dstltree.coordinator.state import CoordinatorConfig, CoordinatorState, InvariantError
-from dstltree.coordinator.testing import completed, task_checkpoint
+from dstltree.coordinator.testing import completed, handle, task_checkpoint
 
 CFG = CoordinatorConfig(
     checkpoint_interval=1.0,
     materialization_interval=10.0,
     checkpoint_timeout=5.0,
     retained_checkpoints=2,
+    object_prefixes=("o/",),
 )
 
 
@@ -134,12 +135,12 @@ def test_trigger_ack_persist_and_one_in_flight() -> None:
     assert _feed(s, Tick(0.5)) == []  # interval not elapsed since attempt start
     assert _feed(s, Tick(1.0)) == triggers(1, 0, 2)
     assert _feed(s, Tick(2.5)) == []  # at most one checkpoint in flight
-    assert _feed(s, ack(2.5, 0, 0, 1, ["a"])) == []
-    (persist,) = _feed(s, ack(2.5, 1, 0, 1, ["b"]))
+    assert _feed(s, ack(2.5, 0, 0, 1, ["o/a"])) == []
+    (persist,) = _feed(s, ack(2.5, 1, 0, 1, ["o/b"]))
     assert isinstance(persist, PersistCheckpoint) and persist.retained == ()
     cp = persist.checkpoint
     assert cp.checkpoint_id == 1 and set(cp.tasks) == {0, 1}
-    assert cp.referenced_paths() == {"a", "b"}
+    assert cp.referenced_paths() == {"o/a", "o/b"}
     assert cp.duration_s == pytest.approx(1.5)
     assert _feed(s, Tick(3.0)) == []  # still in flight while written
     assert _feed(s, CheckpointWritten(3.0, 1)) == [
@@ -148,7 +149,7 @@ def test_trigger_ack_persist_and_one_in_flight() -> None:
     ]
     assert s.checkpoints_completed == 1 and s.latest == cp
     assert s.checkpoint_durations_s == [pytest.approx(2.0)]
-    assert s.registry.counts() == {"a": 1, "b": 1}
+    assert s.registry.counts() == {"o/a": 1, "o/b": 1}
     assert _feed(s, Tick(3.5)) == []  # next interval starts at completion
     assert _feed(s, Tick(4.0)) == triggers(2, 0, 2)
 
@@ -160,31 +161,36 @@ def test_created_at_is_the_wall_clock_of_the_last_tick() -> None:
     assert persist.checkpoint.created_at == 1_700_000_000.0
 
 
-def test_duplicate_and_late_acks_are_ignored() -> None:
+def test_duplicate_acks_are_refused_and_late_acks_ignored() -> None:
     s = _started()
     _feed(s, Tick(1.0))
     _feed(s, ack(1.0, 0, 0, 1))
-    assert _feed(s, ack(1.0, 0, 0, 1)) == []  # replaces
-    (ign,) = _feed(s, ack(1.0, 1, 0, 9))
-    assert ign == MessageIgnored(1, "checkpoint 9 is not pending")
+    (dup,) = _feed(s, ack(1.0, 0, 0, 1))  # the first one stays
+    assert dup == Reply(ident(0, 0), protocol.ErrorReply("task 0 already acknowledged 1"))
+    (bad,) = _feed(s, ack(1.0, 1, 0, 9))
+    assert bad == Reply(ident(1, 0), protocol.ErrorReply("checkpoint 9 was never triggered"))
     (ign,) = _feed(s, ack(1.0, 5, 0, 1))
     assert ign == MessageIgnored(5, "task 5 outside 0..1")
     wrong = protocol.Ack(1, 0, 1, task_checkpoint(0, 0))  # names another task
-    (ign,) = _feed(s, MessageFromTask(1.0, ident(1, 0), wrong))
-    assert isinstance(ign, MessageIgnored) and "another task" in ign.reason
-    assert s.checkpoints_completed == 0
+    (ref,) = _feed(s, MessageFromTask(1.0, ident(1, 0), wrong))
+    assert isinstance(ref, Reply) and "another task" in str(ref.message)
+    assert s.checkpoints_completed == 0 and s.rejections == {
+        "duplicate": 1,
+        "checkpoint": 1,
+        "identity": 1,
+    }
 
 
 def test_stale_attempt_is_fenced_and_a_second_attempt_continues() -> None:
     s = _started(attempt=0)
     _feed(s, Tick(1.0))
-    _feed(s, ack(1.0, 0, 0, 1, ["a"]))
+    _feed(s, ack(1.0, 0, 0, 1, ["o/a"]))
     # The attempt fails; attempt 1 starts: the pending checkpoint is aborted.
     assert _feed(s, AttemptStarted(2.0, 1, 2)) == [CheckpointAborted(1, "attempt 1 started")]
     fenced = protocol.Fenced(0)
     assert _feed(s, ack(2.0, 1, 0, 1)) == [Reply(ident(1, 0), fenced)]
     assert _feed(s, hello(2.0, 0, 0)) == [Reply(ident(0, 0), fenced)]
-    ref = MaterializedRef("s", 1, 1)
+    ref = MaterializedRef("o/s", 1, 1)
     assert _feed(s, report(2.0, 0, 0, 1, ref)) == [Reply(ident(0, 0), fenced)]
     assert s.messages_fenced == 3
     with pytest.raises(ValueError):
@@ -195,8 +201,8 @@ def test_stale_attempt_is_fenced_and_a_second_attempt_continues() -> None:
     assert _feed(s, Tick(3.0)) == triggers(2, 1, 2)
     assert _feed(s, ack(3.0, 0, 0, 2)) == [Reply(ident(0, 0), fenced)]
     assert _feed(s, ack(3.0, 1, 0, 2)) == [Reply(ident(1, 0), fenced)]
-    assert _feed(s, ack(3.0, 0, 1, 2, ["b"])) == []
-    (persist,) = _feed(s, ack(3.0, 1, 1, 2, ["c"]))
+    assert _feed(s, ack(3.0, 0, 1, 2, ["o/b"])) == []
+    (persist,) = _feed(s, ack(3.0, 1, 1, 2, ["o/c"]))
     assert persist.checkpoint.attempt == 1
     assert {tc.attempt for tc in persist.checkpoint.tasks.values()} == {1}
 
@@ -204,7 +210,7 @@ def test_stale_attempt_is_fenced_and_a_second_attempt_continues() -> None:
 def test_checkpoint_being_written_survives_a_new_attempt() -> None:
     s = _started(num_tasks=1)
     _feed(s, Tick(1.0))
-    (persist,) = _feed(s, ack(1.0, 0, 0, 1, ["a"]))
+    (persist,) = _feed(s, ack(1.0, 0, 0, 1, ["o/a"]))
     assert _feed(s, AttemptStarted(1.5, 1, 3)) == []  # not aborted: acks are complete
     done, *_ = _feed(s, CheckpointWritten(1.6, 1))
     assert done == CheckpointCompleted(persist.checkpoint, pytest.approx(0.6))
@@ -232,9 +238,9 @@ def test_timeout_aborts_and_next_checkpoint_follows() -> None:
 
 
 def test_write_failure_aborts_and_the_next_checkpoint_is_written() -> None:
-    s = _started(num_tasks=1, cfg=CoordinatorConfig(1.0, 1000.0, 5.0, 2))
+    s = _started(num_tasks=1, cfg=CoordinatorConfig(1.0, 1000.0, 5.0, 2, object_prefixes=("o/",)))
     _feed(s, Tick(1.0))
-    _feed(s, ack(1.0, 0, 0, 1, ["a"]))
+    _feed(s, ack(1.0, 0, 0, 1, ["o/a"]))
     assert _feed(s, Tick(99.0)) == []  # no timeout while written
     assert _feed(s, WriteFailed(99.0, 1, "disk full")) == [
         CheckpointAborted(1, "write failed: disk full")
@@ -242,44 +248,45 @@ def test_write_failure_aborts_and_the_next_checkpoint_is_written() -> None:
     assert s.latest is None and s.registry.counts() == {}
     (ign,) = _feed(s, CheckpointWritten(99.1, 1))  # a late answer changes nothing
     assert isinstance(ign, MessageIgnored) and s.latest is None
-    assert _complete(s, 100.0, {0: ["a"]}) == []
+    assert _complete(s, 100.0, {0: ["o/a"]}) == []
     assert s.latest is not None and s.latest.checkpoint_id == 2
 
 
 def test_retention_subsumes_and_deletes_unreferenced() -> None:
     s = _started()
-    assert _complete(s, 1.0, {0: ["a"], 1: ["x"]}) == []
-    assert _complete(s, 3.0, {0: ["a", "b"], 1: ["x"]}) == []
+    assert _complete(s, 1.0, {0: ["o/a"], 1: ["o/x"]}) == []
+    assert _complete(s, 3.0, {0: ["o/a", "o/b"], 1: ["o/x"]}) == []
     # Checkpoint 3: task 0 materialized (a, b gone), task 1 still references x.
-    out = _complete(s, 5.0, {0: ["snap0", "c"], 1: ["x", "y"]})
+    out = _complete(s, 5.0, {0: ["o/snap0", "o/c"], 1: ["o/x", "o/y"]})
     assert out == [DeleteCheckpoint(1)]  # a is still in checkpoint 2
-    out = _complete(s, 7.0, {0: ["snap0", "d"], 1: ["y"]})
-    assert out == [DeleteCheckpoint(2), DeleteObjects(("a", "b"))]  # x is still in 3
+    out = _complete(s, 7.0, {0: ["o/snap0", "o/d"], 1: ["o/y", "o/z"]})
+    assert out == [DeleteCheckpoint(2), DeleteObjects(("o/a", "o/b"))]  # x is still in 3
     assert [c.checkpoint_id for c in s.retained] == [3, 4]
-    assert s.registry.counts() == {"snap0": 2, "c": 1, "d": 1, "x": 1, "y": 2}
+    counts = {"o/snap0": 2, "o/c": 1, "o/d": 1, "o/x": 1, "o/y": 2, "o/z": 1}
+    assert s.registry.counts() == counts
     # The storage worker's answers: counted, nothing else changes.
     assert _feed(s, CheckpointDeleted(7.2, 2)) == []
-    assert _feed(s, ObjectsDeleted(7.2, ("a", "b"), 2)) == []
+    assert _feed(s, ObjectsDeleted(7.2, ("o/a", "o/b"), 2)) == []
     assert s.objects_deleted == 2
 
 
 def test_persist_names_retained_ids() -> None:
     s = _started(num_tasks=1)
-    _complete(s, 1.0, {0: ["a"]})
-    _complete(s, 3.0, {0: ["a"]})
+    _complete(s, 1.0, {0: ["o/a"]})
+    _complete(s, 3.0, {0: ["o/a"]})
     _feed(s, Tick(5.0))
-    (persist,) = _feed(s, ack(5.0, 0, 0, 3, ["a"]))
+    (persist,) = _feed(s, ack(5.0, 0, 0, 3, ["o/a"]))
     assert persist.retained == (2,)  # with retention 2: checkpoint 1 is subsumed
 
 
 def test_start_from_retained_continues_ids_subsumes_extras_and_cleans() -> None:
-    retained = [completed(i, {0: [f"o{i}"]}) for i in (4, 5, 6)]
+    retained = [completed(i, {0: [f"o/o{i}"]}) for i in (4, 5, 6)]
     s = CoordinatorState(CFG, retained, validate=True)
     assert s.next_checkpoint_id == 7
     assert _feed(s, Started(0.0)) == [
         DeleteCheckpoint(4),
-        DeleteObjects(("o4",)),
-        CleanOrphans(frozenset({"o5", "o6"})),
+        DeleteObjects(("o/o4",)),
+        CleanOrphans(frozenset({"o/o5", "o/o6"})),
     ]
     assert _feed(s, OrphansDeleted(0.1, 3, 1)) == []
     assert (s.orphans_deleted, s.stale_metadata_deleted) == (3, 1)
@@ -291,37 +298,58 @@ def test_materialization_epoch_applies_when_all_reported() -> None:
     materialize = [SendToTask(t, ident(t, 0), protocol.Materialize(1)) for t in (0, 1)]
     assert out[-3:] == [MaterializationStarted(1), *materialize]
     assert not [i for i in _feed(s, Tick(25.0)) if isinstance(i, MaterializationStarted)]
-    r0, r1 = MaterializedRef("s0", 7, 100), MaterializedRef("s1", 9, 200)
+    r0, r1 = MaterializedRef("o/s0", 7, 100), MaterializedRef("o/s1", 9, 200)
     assert _feed(s, report(25.0, 0, 0, 1, r0)) == []
-    (ign,) = _feed(s, report(25.0, 1, 0, 2, r1))  # wrong epoch
-    assert ign == MessageIgnored(1, "materialization epoch 2 is not pending")
-    assert _feed(s, report(25.0, 1, 0, 1, r1)) == [
+    (bad,) = _feed(s, report(25.0, 1, 0, 2, r1))  # an epoch never started
+    assert bad == Reply(ident(1, 0), protocol.ErrorReply("epoch 2 was never started"))
+    # Every task reported, but neither acknowledged its changelog up to its snapshot's
+    # SQN yet: nothing is applied (no task truncates what it has not acknowledged).
+    assert _feed(s, report(25.0, 1, 0, 1, r1)) == []
+    assert _feed(s, Tick(26.0)) == triggers(2, 0, 2)  # 1 timed out at 25.0
+    assert _feed(s, _ack_to(26.0, 0, 2, 7)) == []
+    persist, *applied = _feed(s, _ack_to(26.0, 1, 2, 9))
+    assert isinstance(persist, PersistCheckpoint)
+    assert applied == [
         MaterializationApplied(1, {0: r0, 1: r1}),
         SendToTask(0, ident(0, 0), protocol.ApplyMaterialization(1, r0)),
         SendToTask(1, ident(1, 0), protocol.ApplyMaterialization(1, r1)),
     ]
     assert s.materializations_completed == 1 and s.applied_epoch == 1
     # The next checkpoint records the applied epoch; the next epoch comes an interval later.
-    assert _feed(s, Tick(26.0)) == triggers(2, 0, 2)  # 1 timed out at 25.0
-    _feed(s, ack(26.0, 0, 0, 2, snapshot="s0"))
-    (persist,) = _feed(s, ack(26.0, 1, 0, 2, snapshot="s1"))
+    _feed(s, CheckpointWritten(26.1, 2))
+    assert _feed(s, Tick(27.1)) == triggers(3, 0, 2)
+    _feed(s, _ack_to(27.1, 0, 3, 8, MaterializedRef("o/s0", 7, 100)))
+    (persist,) = _feed(s, _ack_to(27.1, 1, 3, 10, MaterializedRef("o/s1", 9, 200)))
     assert persist.checkpoint.materialization_epoch == 1
-    assert _feed(s, Tick(34.9)) == []
-    assert MaterializationStarted(2) in _feed(s, Tick(35.0))
+    assert _feed(s, Tick(35.9)) == []  # applied at 26.0
+    assert MaterializationStarted(2) in _feed(s, Tick(36.0))
+
+
+def _ack_to(
+    now: float, task: int, cid: int, to: int, snapshot: MaterializedRef | None = None
+) -> MessageFromTask:
+    """Task ``task`` of attempt 0 acknowledges its log up to SQN ``to`` (one object)."""
+    lo = 0 if snapshot is None else snapshot.sqn
+    tc = TaskCheckpoint(
+        task, 0, 0, snapshot, (handle(f"log-{task}", [f"o/{cid}"] * (to - lo), lo),)
+    )
+    return MessageFromTask(now, ident(task, 0), protocol.Ack(task, 0, cid, tc))
 
 
 def test_incomplete_epoch_is_abandoned_on_new_attempt_and_on_timeout() -> None:
-    cfg = CoordinatorConfig(1.0, 10.0, 5.0, 2, materialization_timeout=20.0)
+    cfg = CoordinatorConfig(
+        1.0, 10.0, 5.0, 2, materialization_timeout=20.0, object_prefixes=("o/",)
+    )
     s = _started(cfg=cfg)
     assert MaterializationStarted(1) in _feed(s, Tick(10.0))
-    _feed(s, report(10.0, 0, 0, 1, MaterializedRef("s0", 1, 1)))
+    _feed(s, report(10.0, 0, 0, 1, MaterializedRef("o/s0", 1, 1)))
     out = _feed(s, AttemptStarted(10.0, 1, 2))
     assert MaterializationAbandoned(1, "attempt 1 started") in out
     assert s.materializations_abandoned == 1
     _feed(s, hello(10.0, 0, 1))
     _feed(s, hello(10.0, 1, 1))
     # The abandoned epoch's report arrives late from the new attempt: ignored.
-    (ign,) = _feed(s, report(10.0, 0, 1, 1, MaterializedRef("s0", 1, 1)))
+    (ign,) = _feed(s, report(10.0, 0, 1, 1, MaterializedRef("o/s0", 1, 1)))
     assert isinstance(ign, MessageIgnored)
     assert MaterializationStarted(2) in _feed(s, Tick(20.0))
     out = _feed(s, Tick(40.0))
@@ -349,7 +377,7 @@ def test_unknown_event_is_a_type_error() -> None:
 
 def test_validate_names_the_broken_invariant() -> None:
     s = _started(num_tasks=1)
-    _complete(s, 1.0, {0: ["a"]})
+    _complete(s, 1.0, {0: ["o/a"]})
     s.registry.register(completed(99, {0: ["zzz"]}))  # a reference no checkpoint holds
     with pytest.raises(InvariantError, match="registry counts equal the references"):
         s.validate()
@@ -363,19 +391,25 @@ def test_validate_names_the_broken_invariant() -> None:
 
 
 def test_validate_catches_deleting_what_a_retained_checkpoint_references() -> None:
-    s = _started(num_tasks=1, cfg=CoordinatorConfig(1.0, 100.0, 5.0, retained_checkpoints=1))
-    _complete(s, 1.0, {0: ["a"]})
-    assert _complete(s, 3.0, {0: ["b"]}) == [DeleteCheckpoint(1), DeleteObjects(("a",))]
+    s = _started(
+        num_tasks=1,
+        cfg=CoordinatorConfig(1.0, 100.0, 5.0, retained_checkpoints=1, object_prefixes=("o/",)),
+    )
+    _complete(s, 1.0, {0: ["o/a"]})
+    assert _complete(s, 3.0, {0: ["o/b"]}) == [DeleteCheckpoint(1), DeleteObjects(("o/a",))]
     # A task acknowledges an object already released: validation refuses the state.
     _feed(s, Tick(5.0))
-    s.handle(ack(5.0, 0, 0, 3, ["a"]))
+    s.handle(ack(5.0, 0, 0, 3, ["o/a"]))
     with pytest.raises(InvariantError, match="nothing deleted"):
         s.handle(CheckpointWritten(5.1, 3))
 
 
 def test_tasks_without_a_node_are_counted_per_attempt() -> None:
-    s = _started(num_tasks=3)  # hellos without a node endpoint
-    assert s.tasks_without_node == 3
+    s = CoordinatorState(CFG, validate=True)
+    _feed(s, Started(0.0))
+    _feed(s, AttemptStarted(0.0, 0, 3))
+    for t in (0, 2):
+        _feed(s, hello(0.0, t, 0))  # without a node endpoint
     node = protocol.Hello(1, 0, "tcp://127.0.0.2:7700")
     _feed(s, MessageFromTask(0.1, ident(1, 0), node))
     assert s.tasks_without_node == 2
