@@ -24,7 +24,7 @@ from dstltree.sparkplug.restore import RescaleError
 from dstltree.sparkplug.sinks.read import committed_files
 from dstltree.sparkplug.spark_session import driver_addresses, executor_count
 from dstltree.sparkplug.task import TaskConfig, run_task
-from dstltree.storage.store import ObjectStore
+from dstltree.storage.store import CHANGELOG_DIR, ObjectStore
 from dstltree.topology.config import TopologyConfig, load_topology
 
 
@@ -139,6 +139,7 @@ def run_pipeline(
         max_parallelism=opts.max_parallelism,
         finish_when_source_done=until == "end",
         security=security.job,
+        extra_object_prefixes=_node_prefixes(opts, topo),
     )
     observed = Observed()
     try:
@@ -195,6 +196,16 @@ def _deadline(until: Any) -> float | None:
     if until is None or until == "end":
         return None
     return time.monotonic() + float(until)
+
+
+def _node_prefixes(opts: RunOptions, topo: TopologyConfig | None) -> list[str]:
+    """Where nodes started by the hosts' supervisors put objects: their topology file's
+    own ``<base_path>/changelog/`` (the job's coordinator accepts paths there too).
+    Nodes the job starts itself write under the job's base path: no extra prefix."""
+    if topo is None or opts.topology is None or not topo.host_nodes():
+        return []
+    own = load_topology(opts.topology)
+    return [ObjectStore(own.base_path, own.storage_options).join(CHANGELOG_DIR)]
 
 
 def _topology(opts: RunOptions) -> TopologyConfig | None:
