@@ -4,10 +4,16 @@ One DEALER socket owned by an I/O thread; ``submit`` is thread-safe. A segment n
 acked within ``ack_timeout`` seconds, or answered with an error, is written straight to
 DFS by the in-process uploader instead (docs/design.md, Invariants: liveness never depends
 on one node). A late ack after such a fallback is ignored; the second copy is an orphan.
+
+Lifecycle: ``close`` is idempotent; after it, ``register``, ``unregister`` and ``submit``
+raise DstlError and touch nothing. The wake-up pipe belongs to the uploader: ``close``
+closes it once, after the I/O thread has stopped (or the thread does on its way out if
+it outlives ``close``'s join).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -47,11 +53,33 @@ class _AwaitingAck:
     deadline: float
 
 
+#: the largest reply accepted from a node, bytes (acks are small; ZeroMQ drops larger)
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+#: messages queued per direction before sends fail (counted) or receives stall
+HIGH_WATER_MARK = 1024
+
+
 @dataclass(frozen=True)
 class UploaderStatistics:
+    """Counters of one node uploader: items acked by the node, items written to DFS
+    directly (``fallbacks``), items the node answered with an error (``node_errors``:
+    failed ack entries plus ``error_replies``, the node's ``Error`` messages), and
+    messages ZeroMQ would not queue (``send_failures``: the items time out and fall back)."""
+
     acked_by_node: int
     fallbacks: int
     node_errors: int
+    error_replies: int = 0
+    send_failures: int = 0
+
+
+def configure_dealer(sock: zmq.Socket) -> None:
+    """The uploader's DEALER options: no linger, replies up to MAX_REPLY_BYTES,
+    HIGH_WATER_MARK messages each way."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+    sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
+    sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
 
 
 class NodeUploader:
@@ -79,25 +107,36 @@ class NodeUploader:
         self._writers: set[str] = set()
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a full pipe already wakes the thread
+        self._closed = False  # close() called: no more use
+        self._fds_open = True
+        self._thread_done = False
+        self._fds_to_thread = False  # close() gave up waiting: the thread closes the pipe
         self._stop = threading.Event()
-        self._counts = {"acked": 0, "fallbacks": 0, "errors": 0}
+        self._counts = {"acked": 0, "fallbacks": 0, "errors": 0, "replies": 0, "send": 0}
         self._thread = threading.Thread(target=self._loop, name="dstl-node-client", daemon=True)
         self._thread.start()
 
     # -- SegmentUploader -----------------------------------------------------------------
     def register(self, log_id: str) -> None:
+        """Announce writer ``log_id`` to the node. Raises DstlError once closed."""
         with self._lock:
+            self._check_usable()
             self._writers.add(log_id)
         self._post(Register(log_id))
 
     def unregister(self, log_id: str) -> None:
+        """Withdraw writer ``log_id``. Raises DstlError once closed."""
         with self._lock:
+            self._check_usable()
             self._writers.discard(log_id)
         self._post(Unregister(log_id))
 
     def submit(self, item: PersistItem) -> Future[SegmentRef | None]:
-        if self._stop.is_set():
-            raise DstlError("uploader is closed")
+        """Send ``item`` to the node (or to DFS while the node is marked down); the
+        future resolves to its ref. Raises DstlError once closed."""
+        with self._lock:
+            self._check_usable()
         fut: Future[SegmentRef | None] = Future()
         if item.data is None:
             fut.set_result(None)
@@ -109,14 +148,32 @@ class NodeUploader:
         return fut
 
     def close(self) -> None:
-        """Wait (bounded by the ack timeout) for pending items, then stop. Blocking."""
+        """Wait (bounded by the ack timeout) for pending items, then stop the I/O thread
+        and close the wake-up pipe. Blocking; idempotent (a second call returns at once)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         deadline = time.monotonic() + self.ack_timeout + 1.0
-        while time.monotonic() < deadline and (self._pending or not self._outbox.empty()):
+        while (
+            time.monotonic() < deadline
+            and self._thread.is_alive()
+            and (self._pending or not self._outbox.empty())
+        ):
             time.sleep(0.01)
         self._stop.set()
-        os.write(self._wake_w, b"x")
+        self._wake()
         self._thread.join(timeout=5)
+        with self._lock:
+            if self._thread_done:
+                self._close_fds()
+            else:  # still in its last poll: it closes the pipe on its way out
+                self._fds_to_thread = True
         self._fallback.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def fallback(self) -> DirectUploader:
@@ -126,16 +183,44 @@ class NodeUploader:
 
     def statistics(self) -> UploaderStatistics:
         c = self._counts
-        return UploaderStatistics(c["acked"], c["fallbacks"], c["errors"])
+        return UploaderStatistics(c["acked"], c["fallbacks"], c["errors"], c["replies"], c["send"])
+
+    # -- pipe and lifecycle (callers hold no lock unless said) ----------------------------
+    def _check_usable(self) -> None:
+        """Raise DstlError if closed or the I/O thread is gone. Caller holds the lock."""
+        if self._closed:
+            raise DstlError(f"node uploader for {self.address} is closed")
+        if self._thread_done:
+            raise DstlError(f"node uploader for {self.address}: its I/O thread stopped")
+
+    def _wake(self) -> None:
+        """One byte into the wake-up pipe, unless the pipe is closed."""
+        with self._lock:
+            if self._fds_open:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"x")
+
+    def _close_fds(self) -> None:
+        """Close both ends of the pipe, once. Caller holds the lock."""
+        if self._fds_open:
+            self._fds_open = False
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _thread_exit(self) -> None:
+        with self._lock:
+            self._thread_done = True
+            if self._fds_to_thread:
+                self._close_fds()
 
     # -- I/O thread ----------------------------------------------------------------------
     def _post(self, what: Message | tuple[PersistItem, Future]) -> None:
         self._outbox.put(what)
-        os.write(self._wake_w, b"x")
+        self._wake()
 
     def _loop(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        configure_dealer(sock)
         sock.connect(self.address)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -158,10 +243,21 @@ class NodeUploader:
                             self._send(sock, Register(log_id))
         finally:
             sock.close(0)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            for p in self._pending.values():
-                self._fall_back(p, "uploader closed")
+            self._fall_back_all()
+            self._thread_exit()
+
+    def _fall_back_all(self) -> None:
+        """The thread is stopping: items pending or never sent go to DFS directly."""
+        for p in self._pending.values():
+            self._fall_back(p, "uploader closed")
+        self._pending.clear()
+        while True:
+            try:
+                what = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(what, tuple) and what[0].data is not None:
+                self._fall_back(_AwaitingAck(what[0], what[1], 0.0), "uploader closed")
 
     def _send_outbox(self, sock: zmq.Socket) -> None:
         batch: list[tuple[PersistItem, Future]] = []
@@ -191,6 +287,7 @@ class NodeUploader:
         try:
             sock.send_multipart(dump(msg), zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:
+            self._counts["send"] += 1
             log.debug("send to node failed (%s); pending items time out and fall back", e)
 
     def _receive(self, sock: zmq.Socket) -> None:
@@ -209,6 +306,7 @@ class NodeUploader:
             elif isinstance(msg, Error):
                 log.warning("node rejected a message: %s", msg.message)
                 self._counts["errors"] += 1
+                self._counts["replies"] += 1
 
     def _on_ack(self, ack: PersistAck) -> None:
         for e in ack.items:
