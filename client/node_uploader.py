@@ -64,13 +64,15 @@ class UploaderStatistics:
     """Counters of one node uploader: items acked by the node, items written to DFS
     directly (``fallbacks``), items the node answered with an error (``node_errors``:
     failed ack entries plus ``error_replies``, the node's ``Error`` messages), and
-    messages ZeroMQ would not queue (``send_failures``: the items time out and fall back)."""
+    messages ZeroMQ would not queue (``send_failures``: the items time out and fall back),
+    and ``next_down_s``, seconds the node is marked down at its next silence."""
 
     acked_by_node: int
     fallbacks: int
     node_errors: int
     error_replies: int = 0
     send_failures: int = 0
+    next_down_s: float = 0.0
 
 
 def configure_dealer(sock: zmq.Socket) -> None:
@@ -83,7 +85,11 @@ def configure_dealer(sock: zmq.Socket) -> None:
 
 
 class NodeUploader:
-    """Sends persist items to the node at ``address`` (a ZeroMQ endpoint)."""
+    """Sends persist items to the node at ``address`` (a ZeroMQ endpoint).
+
+    Times in seconds: an item not acked within ``ack_timeout`` goes to DFS directly and
+    marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, while
+    the node stays silent; reset by its next ack); meanwhile items go to DFS at once."""
 
     def __init__(
         self,
@@ -92,6 +98,7 @@ class NodeUploader:
         ack_timeout: float = 10.0,
         lease_renewal: float = 2.0,
         retry_after: float = 5.0,
+        max_retry_after: float = 60.0,
         upload_policy: UploadPolicy | None = None,
     ) -> None:
         self.address = address
@@ -99,6 +106,8 @@ class NodeUploader:
         self.ack_timeout = ack_timeout
         self._renewal = lease_renewal
         self._retry_after = retry_after
+        self._max_retry_after = max(max_retry_after, retry_after)
+        self._down_for = retry_after  # doubles while the node stays silent
         self._node_down_until = float("-inf")
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
         self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, Future]] = queue.SimpleQueue()
@@ -183,7 +192,9 @@ class NodeUploader:
 
     def statistics(self) -> UploaderStatistics:
         c = self._counts
-        return UploaderStatistics(c["acked"], c["fallbacks"], c["errors"], c["replies"], c["send"])
+        return UploaderStatistics(
+            c["acked"], c["fallbacks"], c["errors"], c["replies"], c["send"], self._down_for
+        )
 
     # -- pipe and lifecycle (callers hold no lock unless said) ----------------------------
     def _check_usable(self) -> None:
@@ -319,12 +330,16 @@ class NodeUploader:
                 continue
             ref = SegmentRef(p.item.meta, e.path, e.offset)
             self._counts["acked"] += 1
+            self._down_for = self._retry_after  # the node answers again
             p.future.set_result(ref)
 
     def _expire(self, now: float) -> None:
         late = [r for r, p in self._pending.items() if p.deadline <= now]
         if late:
-            self._node_down_until = now + self._retry_after
+            # a node that stays silent is tried again less and less often (a dead node
+            # costs its clients one ack timeout per try)
+            self._node_down_until = now + self._down_for
+            self._down_for = min(self._down_for * 2, self._max_retry_after)
         for rid in late:
             self._fall_back(self._pending.pop(rid), f"no ack within {self.ack_timeout} s")
 

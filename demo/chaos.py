@@ -32,7 +32,7 @@ MIN_CHECKPOINTS_BEFORE_KILL = 3
 @dataclass(frozen=True)
 class PlannedKill:
     """One planned kill: a ``"task"`` (``task`` index, ``after_checkpoints`` into its
-    attempt) or a ``"node"`` (``at_s`` seconds after the job's driver started, a node
+    attempt) or a ``"node"`` (``at_s`` seconds after the first completed checkpoint, a node
     drawn at random among those alive then)."""
 
     kind: str
@@ -71,7 +71,7 @@ class ChaosMonkey:
     per attempt, after ``first`` drills the caller arms itself), :meth:`hook` is the
     driver's progress hook that kills nodes when due and records task kills.
     ``killed``: the kills done, in order, as JSON-ready dicts (``kind``, ``at_s``
-    seconds after the driver's first progress call, ``task``/``attempt`` or
+    seconds after the run's first completed checkpoint, ``task``/``attempt`` or
     ``node``/``pid``). Thread-safe."""
 
     plan: list[PlannedKill]
@@ -101,11 +101,14 @@ class ChaosMonkey:
 
     def hook(self, driver: Any) -> None:
         """The driver's progress hook (about every 50 ms): record a finished attempt
-        that had a drill armed, kill the nodes that are due. Never raises."""
+        that had a drill armed, kill the nodes that are due (times count from the
+        first completed checkpoint, however long Spark took to start). Never raises."""
         try:
             with self._lock:
                 now = time.monotonic()
                 if self._t0 is None:
+                    if driver.coord.statistics().checkpoints_completed < 1:
+                        return
                     self._t0 = now
                 self._see_attempt(driver, now - self._t0)
                 while self._nodes_due and now - self._t0 >= self._nodes_due[0].at_s:

@@ -1,6 +1,7 @@
 """The main job end to end, in a quick mode with a task killed hard: once in local mode
-(the nodes of deploy/local.yaml) with ``--chaos 2`` on top (seed 4: one more task and
-one node killed with SIGKILL), and once on local-cluster[2,1,1024] with one node per
+(the nodes of deploy/local.yaml) with ``--chaos 2`` on top (seed 24: node a1, the node
+of task 3, killed with SIGKILL 4.5 s after the first checkpoint, and task 1 killed in
+the second attempt), and once on local-cluster[2,1,1024] with one node per
 executor. Runs the real ``dstl demo`` command in a subprocess (its own JVM)."""
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ def _check(r: dict, nodes: int, recoveries: int = 1) -> None:
 
 
 def test_demo_local_mode_with_task_kill_and_chaos(tmp_path: Path) -> None:
-    chaos = ("--chaos", "2", "--chaos-seed", "4")
+    # read at 400 records/s per task: 19 s of reading leave room for both task kills
+    chaos = ("--chaos", "2", "--chaos-seed", "24", "--source-rate", "400")
     r = _demo(tmp_path, "--tasks", "4", "--master", "local[4]", "--metrics-port", "0", *chaos)
     c = r["chaos"]
     assert c["planned"] == 2 and c["tasks_killed"] == 1 and c["nodes_killed"] == 1, c
-    assert sorted(k["kind"] for k in c["killed"]) == ["node", "task"]
+    killed = {k["kind"]: k for k in c["killed"]}
+    assert killed["node"]["node"] == "a1" and killed["task"]["task"] == 1, c
     _check(r, nodes=7, recoveries=2)  # the crash drill, then the chaos task kill
     assert r["metrics"]["coordinator"].startswith("http://127.0.0.1:")
     assert len(r["metrics"]["nodes"]) == 7 and all(r["metrics"]["nodes"].values())

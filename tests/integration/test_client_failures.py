@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -188,3 +189,23 @@ def test_failed_hedged_attempt_is_deleted(store: ObjectStore) -> None:
     stats = writer.upload_stats()
     assert stats["failed_attempts"] == 1 and stats["failed_attempts_deleted"] == 1
     assert store.list_objects() == [path]
+
+
+def test_a_silent_node_is_tried_less_and_less_often(store: ObjectStore) -> None:
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes messages, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    up = NodeUploader(
+        f"tcp://127.0.0.1:{port}", store, ack_timeout=0.1, retry_after=0.1, max_retry_after=0.4
+    )
+    try:
+        for sqn in range(4):
+            fut = up.submit(persist_item("w", sqn, {0: [b"x"]}))
+            assert fut.result(timeout=10) is not None  # written to DFS directly
+            wait_until(lambda: time.monotonic() >= up._node_down_until, timeout=5)
+        stats = up.statistics()
+        assert stats.fallbacks == 4 and stats.acked_by_node == 0
+        assert stats.next_down_s == 0.4  # 0.1, 0.2, 0.4, then capped
+    finally:
+        up.close()
+        silent.close(0)

@@ -48,7 +48,9 @@ def test_monkey_from_options() -> None:
 
 
 def _driver(attempt: list[int], handle: NodeHandle) -> Any:
-    stats = SimpleNamespace(statistics=lambda: SimpleNamespace(attempt=attempt[0]))
+    stats = SimpleNamespace(
+        statistics=lambda: SimpleNamespace(attempt=attempt[0], checkpoints_completed=1)
+    )
     tree = SimpleNamespace(nodes={handle.node_id: handle})
     return SimpleNamespace(coord=stats, nodes=SimpleNamespace(local_tree=tree))
 
