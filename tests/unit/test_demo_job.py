@@ -219,3 +219,17 @@ def test_a_failed_producer_is_raised_after_the_run(
     producer.failed.set()
     with pytest.raises(ProducerError, match="disk full"):
         run_jobs(None, DemoOptions(base_path=str(tmp_path)), producer, None)
+
+
+def test_cli_refuses_a_used_run_id_without_fresh(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dstltree.cli.app import app
+
+    (tmp_path / "r1" / "sink").mkdir(parents=True)
+    (tmp_path / "r1" / "sink" / "part-0").write_text("an earlier run's output")
+    args = ["demo", "--base-path", str(tmp_path), "--report", str(tmp_path / "r.json")]
+    result = CliRunner().invoke(app, [*args, "--run-id", "r1"])
+    assert result.exit_code == 2, result.output
+    assert "--fresh" in result.output and (tmp_path / "r1" / "sink" / "part-0").exists()
+    assert CliRunner().invoke(app, [*args, "--run-id", "../x"]).exit_code == 2  # BadParameter
