@@ -123,7 +123,8 @@ class ChaosMonkey:
             drills = self.drills()
             if self._runs < len(drills):
                 d = drills[self._runs]
-                entry = {"kind": "task", "task": d.task, "attempt": self._attempt}
+                by = "kill-task-after" if self._runs < len(self.first) else "chaos"
+                entry = {"kind": "task", "by": by, "task": d.task, "attempt": self._attempt}
                 entry.update(after_checkpoints=d.after_checkpoints, at_s=round(at_s, 2))
                 self.killed.append(entry)
             self._runs += 1
@@ -137,16 +138,25 @@ class ChaosMonkey:
         node = self._rng.choice(sorted(alive))
         kill_pid(driver.nodes, node, alive[node])
         self.killed.append(
-            {"kind": "node", "node": node, "pid": alive[node], "at_s": round(at_s, 2)}
+            {
+                "kind": "node",
+                "by": "chaos",
+                "node": node,
+                "pid": alive[node],
+                "at_s": round(at_s, 2),
+            }
         )
 
     def report(self) -> dict[str, Any]:
-        """The report's ``chaos`` entry: the plan's size and the kills done."""
+        """The report's ``chaos`` entry: the plan's size, the tasks and nodes it killed,
+        and every kill done in the run, the crash drill's (``by``: ``kill-task-after``)
+        included."""
         with self._lock:
+            chaos = [k for k in self.killed if k["by"] == "chaos"]
             return {
                 "planned": len(self.plan),
-                "tasks_killed": sum(k["kind"] == "task" for k in self.killed),
-                "nodes_killed": sum(k["kind"] == "node" for k in self.killed),
+                "tasks_killed": sum(k["kind"] == "task" for k in chaos),
+                "nodes_killed": sum(k["kind"] == "node" for k in chaos),
                 "killed": list(self.killed),
             }
 

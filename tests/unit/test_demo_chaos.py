@@ -74,9 +74,29 @@ def test_hook_kills_due_nodes_by_pid_and_records_task_kills(tmp_path: Path) -> N
         assert r["planned"] == 2 and r["nodes_killed"] == 1 and r["tasks_killed"] == 1
         node, task = r["killed"]
         assert node["node"] == "a1" and node["pid"] == proc.pid and node["at_s"] >= 0
-        assert task == {**task, "kind": "task", "task": 2, "attempt": 0}
+        assert task == {**task, "kind": "task", "by": "chaos", "task": 2, "attempt": 0}
         assert node_pids(driver.nodes) == {"a1": proc.pid}
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_nothing_happens_before_the_first_checkpoint_and_drills_are_told_apart() -> None:
+    first = CrashDrill(3, 4)
+    monkey = ChaosMonkey([PlannedKill("node", at_s=0.0)], first=[first])
+    state = {"attempt": 0, "checkpoints_completed": 0}
+    tree = SimpleNamespace(nodes={})
+    driver = SimpleNamespace(
+        coord=SimpleNamespace(statistics=lambda: SimpleNamespace(**state)),
+        nodes=SimpleNamespace(local_tree=tree),
+    )
+    monkey.hook(driver)
+    assert monkey.report()["killed"] == [] and monkey._t0 is None  # Spark still starting
+    state.update(checkpoints_completed=1)
+    monkey.hook(driver)  # the node kill is due, but no node is alive: nothing killed
+    state.update(attempt=1)
+    monkey.hook(driver)
+    r = monkey.report()
+    assert r["tasks_killed"] == r["nodes_killed"] == 0
+    assert [(k["by"], k["task"]) for k in r["killed"]] == [("kill-task-after", 3)]
