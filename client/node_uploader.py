@@ -4,10 +4,16 @@ One DEALER socket owned by an I/O thread; ``submit`` is thread-safe. A segment n
 acked within ``ack_timeout`` seconds, or answered with an error, is written straight to
 DFS by the in-process uploader instead (docs/design.md, Invariants: liveness never depends
 on one node). A late ack after such a fallback is ignored; the second copy is an orphan.
+
+Lifecycle: ``close`` is idempotent; after it, ``register``, ``unregister`` and ``submit``
+raise DstlError and touch nothing. The wake-up pipe belongs to the uploader: ``close``
+closes it once, after the I/O thread has stopped (or the thread does on its way out if
+it outlives ``close``'s join).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -48,15 +54,44 @@ class _AwaitingAck:
     deadline: float
 
 
+#: the largest reply accepted from a node, bytes (acks are small; ZeroMQ drops larger)
+MAX_REPLY_BYTES = 16 * 1024 * 1024
+#: messages queued per direction before sends fail (counted) or receives stall
+HIGH_WATER_MARK = 1024
+
+
 @dataclass(frozen=True)
 class UploaderStatistics:
+    """Counters of one node uploader: items acked by the node, items written to DFS
+    directly (``fallbacks``), items the node answered with an error (``node_errors``:
+    failed ack entries plus ``error_replies``, the node's ``Error`` messages), and
+    messages ZeroMQ would not queue (``send_failures``: the items time out and fall back),
+    and ``next_down_s``, seconds the node is marked down at its next silence."""
+
     acked_by_node: int
     fallbacks: int
     node_errors: int
+    error_replies: int = 0
+    send_failures: int = 0
+    next_down_s: float = 0.0
+
+
+def configure_dealer(sock: zmq.Socket) -> None:
+    """The uploader's DEALER options: no linger, replies up to MAX_REPLY_BYTES,
+    HIGH_WATER_MARK messages each way."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+    sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
+    sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
 
 
 class NodeUploader:
     """Sends persist items to the node at ``address`` (a ZeroMQ endpoint).
+
+
+    Times in seconds: an item not acked within ``ack_timeout`` goes to DFS directly and
+    marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, while
+    the node stays silent; reset by its next ack); meanwhile items go to DFS at once.
     ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext."""
 
     def __init__(
@@ -66,6 +101,7 @@ class NodeUploader:
         ack_timeout: float = 10.0,
         lease_renewal: float = 2.0,
         retry_after: float = 5.0,
+        max_retry_after: float = 60.0,
         upload_policy: UploadPolicy | None = None,
         security: Curve | None = None,
     ) -> None:
@@ -75,6 +111,8 @@ class NodeUploader:
         self.ack_timeout = ack_timeout
         self._renewal = lease_renewal
         self._retry_after = retry_after
+        self._max_retry_after = max(max_retry_after, retry_after)
+        self._down_for = retry_after  # doubles while the node stays silent
         self._node_down_until = float("-inf")
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
         self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, Future]] = queue.SimpleQueue()
@@ -83,25 +121,36 @@ class NodeUploader:
         self._writers: set[str] = set()
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a full pipe already wakes the thread
+        self._closed = False  # close() called: no more use
+        self._fds_open = True
+        self._thread_done = False
+        self._fds_to_thread = False  # close() gave up waiting: the thread closes the pipe
         self._stop = threading.Event()
-        self._counts = {"acked": 0, "fallbacks": 0, "errors": 0}
+        self._counts = {"acked": 0, "fallbacks": 0, "errors": 0, "replies": 0, "send": 0}
         self._thread = threading.Thread(target=self._loop, name="dstl-node-client", daemon=True)
         self._thread.start()
 
     # -- SegmentUploader -----------------------------------------------------------------
     def register(self, log_id: str) -> None:
+        """Announce writer ``log_id`` to the node. Raises DstlError once closed."""
         with self._lock:
+            self._check_usable()
             self._writers.add(log_id)
         self._post(Register(log_id))
 
     def unregister(self, log_id: str) -> None:
+        """Withdraw writer ``log_id``. Raises DstlError once closed."""
         with self._lock:
+            self._check_usable()
             self._writers.discard(log_id)
         self._post(Unregister(log_id))
 
     def submit(self, item: PersistItem) -> Future[SegmentRef | None]:
-        if self._stop.is_set():
-            raise DstlError("uploader is closed")
+        """Send ``item`` to the node (or to DFS while the node is marked down); the
+        future resolves to its ref. Raises DstlError once closed."""
+        with self._lock:
+            self._check_usable()
         fut: Future[SegmentRef | None] = Future()
         if item.data is None:
             fut.set_result(None)
@@ -113,14 +162,32 @@ class NodeUploader:
         return fut
 
     def close(self) -> None:
-        """Wait (bounded by the ack timeout) for pending items, then stop. Blocking."""
+        """Wait (bounded by the ack timeout) for pending items, then stop the I/O thread
+        and close the wake-up pipe. Blocking; idempotent (a second call returns at once)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         deadline = time.monotonic() + self.ack_timeout + 1.0
-        while time.monotonic() < deadline and (self._pending or not self._outbox.empty()):
+        while (
+            time.monotonic() < deadline
+            and self._thread.is_alive()
+            and (self._pending or not self._outbox.empty())
+        ):
             time.sleep(0.01)
         self._stop.set()
-        os.write(self._wake_w, b"x")
+        self._wake()
         self._thread.join(timeout=5)
+        with self._lock:
+            if self._thread_done:
+                self._close_fds()
+            else:  # still in its last poll: it closes the pipe on its way out
+                self._fds_to_thread = True
         self._fallback.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def fallback(self) -> DirectUploader:
@@ -130,16 +197,46 @@ class NodeUploader:
 
     def statistics(self) -> UploaderStatistics:
         c = self._counts
-        return UploaderStatistics(c["acked"], c["fallbacks"], c["errors"])
+        return UploaderStatistics(
+            c["acked"], c["fallbacks"], c["errors"], c["replies"], c["send"], self._down_for
+        )
+
+    # -- pipe and lifecycle (callers hold no lock unless said) ----------------------------
+    def _check_usable(self) -> None:
+        """Raise DstlError if closed or the I/O thread is gone. Caller holds the lock."""
+        if self._closed:
+            raise DstlError(f"node uploader for {self.address} is closed")
+        if self._thread_done:
+            raise DstlError(f"node uploader for {self.address}: its I/O thread stopped")
+
+    def _wake(self) -> None:
+        """One byte into the wake-up pipe, unless the pipe is closed."""
+        with self._lock:
+            if self._fds_open:
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"x")
+
+    def _close_fds(self) -> None:
+        """Close both ends of the pipe, once. Caller holds the lock."""
+        if self._fds_open:
+            self._fds_open = False
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _thread_exit(self) -> None:
+        with self._lock:
+            self._thread_done = True
+            if self._fds_to_thread:
+                self._close_fds()
 
     # -- I/O thread ----------------------------------------------------------------------
     def _post(self, what: Message | tuple[PersistItem, Future]) -> None:
         self._outbox.put(what)
-        os.write(self._wake_w, b"x")
+        self._wake()
 
     def _loop(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        configure_dealer(sock)
         configure_client(sock, self._security)
         sock.connect(self.address)
         poller = zmq.Poller()
@@ -163,10 +260,21 @@ class NodeUploader:
                             self._send(sock, Register(log_id))
         finally:
             sock.close(0)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            for p in self._pending.values():
-                self._fall_back(p, "uploader closed")
+            self._fall_back_all()
+            self._thread_exit()
+
+    def _fall_back_all(self) -> None:
+        """The thread is stopping: items pending or never sent go to DFS directly."""
+        for p in self._pending.values():
+            self._fall_back(p, "uploader closed")
+        self._pending.clear()
+        while True:
+            try:
+                what = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(what, tuple) and what[0].data is not None:
+                self._fall_back(_AwaitingAck(what[0], what[1], 0.0), "uploader closed")
 
     def _send_outbox(self, sock: zmq.Socket) -> None:
         batch: list[tuple[PersistItem, Future]] = []
@@ -196,6 +304,7 @@ class NodeUploader:
         try:
             sock.send_multipart(dump(msg), zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as e:
+            self._counts["send"] += 1
             log.debug("send to node failed (%s); pending items time out and fall back", e)
 
     def _receive(self, sock: zmq.Socket) -> None:
@@ -214,6 +323,7 @@ class NodeUploader:
             elif isinstance(msg, Error):
                 log.warning("node rejected a message: %s", msg.message)
                 self._counts["errors"] += 1
+                self._counts["replies"] += 1
 
     def _on_ack(self, ack: PersistAck) -> None:
         for e in ack.items:
@@ -226,12 +336,16 @@ class NodeUploader:
                 continue
             ref = SegmentRef(p.item.meta, e.path, e.offset)
             self._counts["acked"] += 1
+            self._down_for = self._retry_after  # the node answers again
             p.future.set_result(ref)
 
     def _expire(self, now: float) -> None:
         late = [r for r, p in self._pending.items() if p.deadline <= now]
         if late:
-            self._node_down_until = now + self._retry_after
+            # a node that stays silent is tried again less and less often (a dead node
+            # costs its clients one ack timeout per try)
+            self._node_down_until = now + self._down_for
+            self._down_for = min(self._down_for * 2, self._max_retry_after)
         for rid in late:
             self._fall_back(self._pending.pop(rid), f"no ack within {self.ack_timeout} s")
 

@@ -2,14 +2,20 @@
 on Spark, then checked against a Spark SQL batch query over the same files, key by
 key, for the job's output and for the state restored from its latest checkpoint.
 
-Layout below the base path (an fsspec URL)::
+Each run lives under its own prefix ``<base>/<run-id>/`` (the base path an fsspec URL,
+the run id a new ``run-YYYYmmdd-HHMMSS`` per run unless given), so runs never share or
+delete each other's files::
 
-    <base>/landing/      the producer's day files and _SUCCESS (dstltree.demo.producer)
-    <base>/sink/         the job's exactly-once output (FileSink, Parquet)
-    <base>/checkpoints/  checkpoint_dir: <base>/checkpoints/plane-stats/ holds the job's
-                         checkpoints, changelog and snapshots
+    <base>/<run-id>/landing/      the producer's day files and _SUCCESS
+                                  (dstltree.demo.producer)
+    <base>/<run-id>/sink/         the job's exactly-once output (FileSink, Parquet)
+    <base>/<run-id>/checkpoints/  checkpoint_dir: its plane-stats/ holds the job's
+                                  checkpoints, changelog and snapshots
 
-Steps of :func:`run_demo`: clear those folders (``fresh``), start the producer, run
+A run refuses to start over files already under its prefix (RunExistsError) unless
+``fresh``, which deletes that prefix, and only that prefix, first.
+
+Steps of :func:`run_demo`: check or clear the run's prefix (``fresh``), start the producer, run
 the job until the source is finished (:func:`run_job`; with ``rescale_to``, first a
 run stopped after ``rescale_after_s`` seconds, then a run with ``rescale_to`` tasks
 resuming from its final checkpoint), then the checks (dstltree.demo.checks) and the
@@ -19,7 +25,9 @@ report.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dstltree.demo.chaos import ChaosMonkey, compose, plan_chaos
 from dstltree.demo.checks import batch_stats, compare, sink_summary
 from dstltree.demo.flights import SINK_SCHEMA, PlaneStats, has_distance
 from dstltree.demo.producer import FlightsProducer, Pace
@@ -37,6 +46,19 @@ from dstltree.storage.store import ObjectStore
 
 JOB_NAME = "plane-stats"
 FOLDERS = ("landing", "sink", "checkpoints")
+#: a run id: one path segment of letters, digits, ``.``, ``_``, ``-`` (not only dots)
+RUN_ID = re.compile(r"(?!\.+$)[A-Za-z0-9._-]{1,128}")
+
+
+class RunExistsError(RuntimeError):
+    """The run's prefix already holds files and ``fresh`` was not asked for."""
+
+
+def new_run_id(now: datetime.datetime | None = None) -> str:
+    """``run-YYYYmmdd-HHMMSS`` of ``now`` (default: the current UTC time)."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    return now.strftime("run-%Y%m%d-%H%M%S")
+
 
 #: restore_all(store, checkpoint, max_parallelism) -> state name -> key -> value
 RestoreAll = Callable[[ObjectStore, Any, int], dict[str, dict[Any, Any]]]
@@ -55,7 +77,12 @@ class DemoOptions:
     reads at most (0: unlimited); ``limit_records``: the first N flights only;
     ``rescale_to`` > 0: stop after ``rescale_after_s`` and resume with that many tasks;
     ``dfs_faults``: a fault spec for the checkpoint directory only
-    (dstltree.storage.targets.with_faults); ``fresh``: delete the three folders first."""
+    (dstltree.storage.targets.with_faults); ``chaos``: kill that many random tasks and
+    nodes hard during the main job (dstltree.demo.chaos; ``chaos_seed`` draws them);
+    ``run_id``: this run's folder below the
+    base path (default: :func:`new_run_id`); ``fresh``: delete this run's folder
+    ``<base>/<run_id>/`` first (nothing else, ever). Raises ValueError for a run id
+    that is not one path segment (RUN_ID)."""
 
     base_path: str
     topology: Path | None = Path("deploy/local.yaml")
@@ -74,15 +101,29 @@ class DemoOptions:
     rescale_to: int = 0
     rescale_after_s: float = 20.0
     dfs_faults: str = ""
-    fresh: bool = True
+    fresh: bool = False
+    chaos: int = 0
+    chaos_seed: int = 0
+    run_id: str = field(default_factory=new_run_id)
 
-    def url(self, folder: str) -> str:
-        """``<base_path>/<folder>``; a local base path made absolute (Spark executors
-        may run in another working directory)."""
+    def __post_init__(self) -> None:
+        if not RUN_ID.fullmatch(self.run_id):
+            raise ValueError(
+                f"run id {self.run_id!r} must be one path segment of letters, digits, "
+                "'.', '_' or '-' (at most 128)"
+            )
+
+    def prefix(self) -> str:
+        """``<base_path>/<run_id>``, this run's own folder; a local base path made
+        absolute (Spark executors may run in another working directory)."""
         base = self.base_path.rstrip("/")
         if "://" not in base and "::" not in base:
             base = os.path.abspath(base)
-        return base + "/" + folder
+        return base + "/" + self.run_id
+
+    def url(self, folder: str) -> str:
+        """``<base_path>/<run_id>/<folder>``."""
+        return self.prefix() + "/" + folder
 
     def checkpoint_target(self) -> tuple[str, dict[str, Any]]:
         """(checkpoint_dir URL, its storage options), behind ``faulty::`` with
@@ -95,12 +136,39 @@ class DemoOptions:
         return with_faults(url, self.storage_options, self.dfs_faults)
 
 
-def clear(opts: DemoOptions) -> None:
-    """Delete every file below the landing, sink and checkpoint folders (a fresh run).
-    Raises StorageError."""
-    for folder in FOLDERS:
-        store = ObjectStore(opts.url(folder), opts.storage_options)
-        store.delete(store.list_files(store.base_url))
+def _run_files(opts: DemoOptions) -> tuple[ObjectStore, list[str]]:
+    """The store at the run's prefix and every file below it (URLs)."""
+    store = ObjectStore(opts.prefix(), opts.storage_options)
+    return store, store.list_files(store.base_url)
+
+
+def clear(opts: DemoOptions) -> int:
+    """Delete every file below ``<base>/<run_id>/``, this run's prefix, and nothing
+    else: a listed file outside it (a store that lists too much) is refused with
+    ValueError before anything is deleted. Returns the files deleted. Raises
+    StorageError."""
+    store, files = _run_files(opts)
+    root = store.base_url.rstrip("/") + "/"
+    outside = [f for f in files if not f.startswith(root) or "/../" in f[len(root) - 1 :]]
+    if outside:
+        raise ValueError(f"refusing to delete {outside[0]}: not below the run's prefix {root}")
+    return len(store.delete(files))
+
+
+def check_new_run(opts: DemoOptions) -> None:
+    """Raise RunExistsError when ``<base>/<run_id>/`` already holds files (a run id
+    used before) and ``fresh`` is off; with ``fresh`` clear that prefix. Raises
+    StorageError."""
+    if opts.fresh:
+        clear(opts)
+        return
+    store, files = _run_files(opts)
+    if files:
+        raise RunExistsError(
+            f"{store.base_url} already holds {len(files)} files of an earlier run "
+            f"{opts.run_id!r}: choose another --run-id, or --fresh to delete that run's "
+            "files first"
+        )
 
 
 def run_job(
@@ -114,13 +182,15 @@ def run_job(
     drill: bool = False,
     progress: Callable[[Any], None] | None = None,
     stop: threading.Event | None = None,
+    monkey: ChaosMonkey | None = None,
 ) -> Any:
     """Build the plane-statistics job on the public API and run it until ``until``
     (``"end"``, seconds or None, as ``StreamingJob.run``); blocking. ``parallelism``
     overrides ``opts.tasks``; ``drill``: arm the crash drill (``kill_task_after``);
     ``progress``: the driver's progress hook; ``stop``: an Event that stops the job
-    gracefully when set (a failed producer). Returns the ``JobResult``; raises what
-    ``StreamingJob.run`` raises."""
+    gracefully when set (a failed producer); ``monkey``: chaos in this run (its task
+    kills armed after the drill, its hook after ``progress``). Returns the
+    ``JobResult``; raises what ``StreamingJob.run`` raises."""
     from dstltree.sparkplug import CrashDrill
 
     tasks = parallelism or opts.tasks
@@ -130,8 +200,16 @@ def run_job(
         "metrics_port": opts.metrics_port,
         "source_rate": opts.source_rate,
     }
+    drills = []
     if drill and opts.kill_task_after > 0:
-        options["crash_drill"] = CrashDrill(task=tasks - 1, after_checkpoints=opts.kill_task_after)
+        drills.append(CrashDrill(task=tasks - 1, after_checkpoints=opts.kill_task_after))
+    if monkey is not None:
+        monkey.first = drills
+        drills = monkey.drills()
+        progress = compose(progress, monkey.hook)
+        options["max_attempts"] = len(drills) + 3  # every kill costs an attempt
+    if drills:
+        options["crash_drill"] = drills[0] if len(drills) == 1 else tuple(drills)
     if progress is not None:
         options["progress"] = progress
     job = StreamingJob(
@@ -205,18 +283,40 @@ def driver_progress(progress: Progress, total: int, every_s: float = 0.25) -> Ca
     return hook
 
 
+def make_monkey(opts: DemoOptions, records: int) -> ChaosMonkey | None:
+    """The chaos of ``opts.chaos`` kills (None for 0) for a main job over ``records``
+    records: its expected length from the landing pace and the read rate, at least 10 s."""
+    if opts.chaos <= 0:
+        return None
+    landing = records / opts.records_per_second if opts.records_per_second else 0.0
+    landing = landing or opts.producer_seconds
+    tasks = opts.rescale_to or opts.tasks
+    reading = records / (tasks * opts.source_rate) if opts.source_rate else 0.0
+    expected = max(landing, reading, 10.0)
+    plan = plan_chaos(opts.chaos, tasks, expected, opts.chaos_seed)
+    return ChaosMonkey(plan, seed=opts.chaos_seed)
+
+
 def run_jobs(
-    spark: Any, opts: DemoOptions, producer: FlightsProducer, progress: Progress | None
+    spark: Any,
+    opts: DemoOptions,
+    producer: FlightsProducer,
+    progress: Progress | None,
+    monkey: ChaosMonkey | None = None,
 ) -> list[Any]:
     """The job's runs over the producer's landing URL (one, or two with a rescale);
-    a producer failure stops the job and is raised (ProducerError) after it."""
+    ``monkey`` brings chaos into the run that goes to the end. A producer failure stops
+    the job and is raised (ProducerError) after it."""
     hook = None if progress is None else driver_progress(progress, producer.total_records)
     landing, sink = producer.url, opts.url("sink")
     common: dict[str, Any] = {"progress": hook, "stop": producer.failed}
+    if monkey is not None:
+        common["monkey"] = monkey
     results = []
     if opts.rescale_to > 0:
+        first = {**common, "monkey": None}
         results.append(
-            run_job(spark, opts, landing, sink, opts.rescale_after_s, drill=True, **common)
+            run_job(spark, opts, landing, sink, opts.rescale_after_s, drill=True, **first)
         )
         producer.raise_if_failed()
         results.append(
@@ -248,18 +348,18 @@ def run_demo(
 
     restore_fn = restore or _restore_all()
     started = time.monotonic()
-    if opts.fresh:
-        clear(opts)
+    check_new_run(opts)
     producer = FlightsProducer(
         opts.url("landing"),
         opts.storage_options,
         Pace(opts.records_per_second, opts.producer_seconds),
         opts.limit_records,
     )
+    monkey = make_monkey(opts, producer.total_records)
     spark = spark_session(opts.master)
     try:
         producer.start()
-        results = run_jobs(spark, opts, producer, progress)
+        results = run_jobs(spark, opts, producer, progress, monkey)
         checkpoint_dir, checkpoint_options = opts.checkpoint_target()
         store = ObjectStore(checkpoint_dir.rstrip("/") + "/" + JOB_NAME, checkpoint_options)
         restored = restore_fn(store, results[-1].run.latest, opts.max_parallelism)
@@ -276,7 +376,34 @@ def run_demo(
     return {
         **run_figures(results, tasks, opts.master, set(store.list_objects())),
         **verdicts,
+        **store_figures(opts),
+        "chaos": None if monkey is None else monkey.report(),
         "base_path": opts.base_path,
+        "run_id": opts.run_id,
+        "run_prefix": opts.prefix(),
         "metrics": results[-1].run.metrics,
         "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def store_figures(opts: DemoOptions) -> dict[str, Any]:
+    """What ``dstl inspect`` sees of the job's checkpoint directory after the run
+    (without injected faults): ``orphans`` (data files no retained checkpoint
+    references, coordinator/cleanup.py ``find_orphans``), ``missing`` (referenced
+    files absent), counts, and the first ``orphan_paths``. Raises StorageError."""
+    from dstltree.coordinator.cleanup import find_orphans, list_data_files, normalize
+    from dstltree.coordinator.store import CheckpointStore
+
+    store = ObjectStore(opts.url("checkpoints") + "/" + JOB_NAME, opts.storage_options)
+    referenced = {
+        normalize(store, p)
+        for c in CheckpointStore(store).list_retained()
+        for p in c.referenced_paths()
+    }
+    orphans = find_orphans(store, referenced)
+    present = {normalize(store, p) for p in list_data_files(store)}
+    return {
+        "orphans": len(orphans),
+        "orphan_paths": orphans[:20],
+        "missing": len(referenced - present),
     }

@@ -36,7 +36,8 @@ class JobFailedError(RuntimeError):
 @dataclass(frozen=True)
 class RunOptions:
     """How to run a job (see StreamingJob). Times in seconds. ``crash_drill``: a
-    ``CrashDrill`` (one task killed hard once in the run's first attempt);
+    ``CrashDrill`` (one task killed hard once in the run's first attempt) or a tuple of
+    them (the k-th armed in the run's k-th attempt);
     ``source_rate``: records per second each task's reader reads at most (0: as fast
     as it can). ``auth``: CURVE on every socket of the job (default); False =
     plaintext, for the coordinator, the exchange and the nodes the job starts (nodes
@@ -292,7 +293,7 @@ class _Attempts:
         for n in range(self.opts.max_attempts):
             attempt = first + n
             restored = self.coord.begin_attempt(attempt, self.opts.parallelism)
-            cfg = self._config(attempt, restored, armed=n == 0)
+            cfg = self._config(attempt, restored, _drill_of(self.opts.crash_drill, n))
             box: dict[str, Any] = {}
             t = threading.Thread(target=_collect, args=(self.sc, cfg, box), daemon=True)
             t.start()
@@ -315,10 +316,8 @@ class _Attempts:
             self._stop_sent = True
             self.coord.request_stop()
 
-    def _config(
-        self, attempt: int, restored: CompletedCheckpoint | None, armed: bool
-    ) -> TaskConfig:
-        o, drill = self.opts, self.opts.crash_drill
+    def _config(self, attempt: int, restored: CompletedCheckpoint | None, drill: Any) -> TaskConfig:
+        o = self.opts
         return TaskConfig(
             pipeline=self.pipeline,
             job_id=self.job_id,
@@ -336,7 +335,7 @@ class _Attempts:
             batch_records=o.batch_records,
             persist_changelog=o.persist_changelog,
             source_rate=o.source_rate,
-            kill_task=drill.task if armed and drill is not None else None,
+            kill_task=drill.task if drill is not None else None,
             kill_after_checkpoints=drill.after_checkpoints if drill is not None else 0,
             security=self.security,
         )
@@ -347,6 +346,13 @@ class _Attempts:
         if self.topo is None:
             return 10.0
         return self.topo.ack_timeout(self.topo.tree(executor_count(self.master)).height() + 1)
+
+
+def _drill_of(drills: Any, n: int) -> Any:
+    """The crash drill armed in the run's attempt ``n`` (0-based): a single CrashDrill
+    in the first only, a tuple of them one per attempt, else None."""
+    seq = drills if isinstance(drills, tuple) else (drills,)
+    return seq[n] if n < len(seq) else None
 
 
 def _collect(sc: Any, cfg: TaskConfig, box: dict[str, Any]) -> None:

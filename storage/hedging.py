@@ -17,6 +17,12 @@ attempt; the upload fails when every started attempt has failed, or at once on a
 non-retryable error. A failed upload fails the persists in it; the writers keep their
 changes and upload them again on the next persist (FLIP-158).
 
+Every upload has a deadline (``deadline``, default DEFAULT_UPLOAD_DEADLINE seconds):
+an upload none of whose attempts finished by then fails with RetryableStorageError,
+as Flink fails an upload once its attempts have timed out, so a hung store fails the
+persists (and frees their in-flight bytes) instead of holding them forever; an
+attempt that completes later is a loser and is deleted.
+
 The timeout is fixed (``upload_timeout``) or adaptive: the ``adaptive_percentile`` of
 the latencies of recent successful attempts, at least ``adaptive_floor`` seconds, once
 ``adaptive_min_samples`` latencies are known.
@@ -38,6 +44,7 @@ max in flight               ``upload.max-in-flight`` 100 MB  100 MiB per client
                                                              back-pressure on append)
 upload timeout              ``upload.timeout`` 1 s           ``upload_timeout`` 1 s, or
                                                              adaptive (off by default)
+upload deadline             attempts x timeout (then fails)  ``deadline`` 30 s
 attempts                    ``upload.max-attempts`` 3        ``attempts`` 3 per upload
                                                              (hedges), and 3 tries per
                                                              attempt for transient
@@ -66,6 +73,9 @@ __all__ = [
     "UploadResult",
 ]
 
+#: seconds after which an upload none of whose attempts finished fails (UploadPolicy)
+DEFAULT_UPLOAD_DEADLINE = 30.0
+
 
 @dataclass(frozen=True)
 class UploadPolicy:
@@ -77,9 +87,10 @@ class UploadPolicy:
     of the last ``adaptive_window`` successful attempt latencies, at least
     ``adaptive_floor`` seconds, once ``adaptive_min_samples`` are known.
     ``max_parallel_hedges``: extra (non-first) attempts in flight at once per uploader;
-    when reached, a due hedge waits. ``delete_losers``: delete losing objects in the
-    background (else they are left for orphan cleanup). ``deadline``: seconds after
-    which the upload fails with RetryableStorageError (None: wait for the attempts).
+    when reached, a due hedge waits. ``delete_losers``: delete the objects of losing
+    and failed attempts in the background (else they are left for orphan cleanup).
+    ``deadline``: seconds after which the upload fails with RetryableStorageError
+    (default DEFAULT_UPLOAD_DEADLINE; None: wait for the attempts however long).
     Raises ValueError for out-of-range values.
     """
 
@@ -91,7 +102,7 @@ class UploadPolicy:
     adaptive_min_samples: int = 20
     max_parallel_hedges: int = 8
     delete_losers: bool = True
-    deadline: float | None = None
+    deadline: float | None = DEFAULT_UPLOAD_DEADLINE
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -114,7 +125,11 @@ class HedgingStats:
     """Counters of one uploader (for metrics). ``attempts`` counts every attempt started,
     ``hedged_attempts`` those started by a timeout, ``hedge_wins`` uploads won by a
     hedged attempt, ``retries`` store-level retries inside attempts, ``losers`` attempts
-    that finished after the winner (``losers_deleted`` of them deleted)."""
+    that finished after the winner or after the upload failed (``losers_deleted`` of
+    them deleted), ``deadline_failures`` uploads failed at their deadline,
+    ``failed_attempts_deleted`` failed attempts whose path was deleted (in case the
+    write landed), ``loser_delete_errors`` deletions that failed (left for orphan
+    cleanup)."""
 
     uploads: int = 0
     uploads_failed: int = 0
@@ -126,6 +141,8 @@ class HedgingStats:
     losers: int = 0
     losers_deleted: int = 0
     loser_delete_errors: int = 0
+    deadline_failures: int = 0
+    failed_attempts_deleted: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -235,9 +252,12 @@ class HedgedUploader:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     up.closed = True
-                    self.stats.add(uploads_failed=1)
+                    self.stats.add(uploads_failed=1, deadline_failures=1)
                     err = RetryableStorageError(
-                        "put", "(hedged upload)", f"no attempt finished within {p.deadline} s"
+                        "put",
+                        "(hedged upload)",
+                        f"no attempt finished within {p.deadline} s (upload deadline; "
+                        f"{started} attempts started)",
                     )
                     if up.errors:
                         raise err from up.errors[-1]
@@ -308,6 +328,7 @@ class HedgedUploader:
                     up.running -= 1
                     up.errors.append(err)
                     up.cond.notify_all()
+                self._discard(path, "failed_attempts_deleted")
                 return
             latency = time.monotonic() - t0
             with self._lock:
@@ -324,18 +345,25 @@ class HedgedUploader:
                     self.stats.add(hedge_wins=1)
                 return
             self.stats.add(losers=1)
-            if self.policy.delete_losers:
-                try:
-                    self.store.delete([path])
-                    self.stats.add(losers_deleted=1)
-                except StorageError:
-                    self.stats.add(loser_delete_errors=1)  # left for orphan cleanup
+            self._discard(path, "losers_deleted")
         finally:
             with self._lock:
                 self._attempts_in_flight -= 1
                 if hedged:
                     self._hedges_in_flight -= 1
                 self._lock.notify_all()
+
+    def _discard(self, path: str, counter: str) -> None:
+        """Delete the object of a losing or failed attempt (its own thread, never the
+        caller's) and count it under ``counter``; a failed delete is counted and left
+        for orphan cleanup. Nothing with ``delete_losers=False``."""
+        if not self.policy.delete_losers:
+            return
+        try:
+            self.store.delete([path])
+            self.stats.add(**{counter: 1})
+        except StorageError:
+            self.stats.add(loser_delete_errors=1)
 
     def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until no attempt (winner or loser, including

@@ -27,7 +27,13 @@ def demo(
     ),
     base_path: str = typer.Option(
         "data/demo",
-        help="fsspec URL holding landing/, sink/ and checkpoints/ (s3://bucket/prefix for S3).",
+        help="fsspec URL holding one folder per run, RUN-ID/ with landing/, sink/ and "
+        "checkpoints/ (s3://bucket/prefix for S3).",
+    ),
+    run_id: str = typer.Option(
+        "",
+        help="This run's folder below the base path (default: run-YYYYmmdd-HHMMSS, new "
+        "per run). A run id that holds files is refused unless --fresh.",
     ),
     storage_options: str = typer.Option("{}", help="fsspec storage options as JSON."),
     topology: Path = typer.Option(
@@ -65,8 +71,18 @@ def demo(
         -1, help="Prometheus metrics: coordinator on PORT, node k on PORT+1+k (0: free ports)."
     ),
     fresh: bool = typer.Option(
-        True, help="Delete the landing, sink and checkpoint folders under the base path first."
+        False,
+        help="Delete BASE-PATH/RUN-ID/ (this run's own folder, nothing else) first, to run "
+        "again under a run id used before.",
     ),
+    chaos: int = typer.Option(
+        0,
+        min=0,
+        max=32,
+        help="Kill N random tasks and aggregator nodes hard (SIGKILL) during the main job, "
+        "spread over the run; the report lists them.",
+    ),
+    chaos_seed: int = typer.Option(0, help="Seed of --chaos's choices (same seed, same plan)."),
     report: Path = typer.Option(Path("reports/demo.json"), help="Where to write the JSON report."),
 ) -> None:
     """Run the plane-statistics job while the flights land day by day: exactly-once
@@ -74,8 +90,13 @@ def demo(
     checkpointed state compared with a Spark SQL batch query over the same files."""
     from rich.console import Console
 
-    from dstltree.demo.job import DemoOptions, run_demo
+    from dstltree.demo.job import RUN_ID, DemoOptions, new_run_id
 
+    run_id = run_id or new_run_id()
+    if not RUN_ID.fullmatch(run_id):
+        raise typer.BadParameter(
+            "one path segment of letters, digits, . _ -", param_hint="--run-id"
+        )
     console = Console(stderr=True)
     if not topology.exists():
         raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")
@@ -115,9 +136,24 @@ def demo(
         rescale_after_s=rescale_after,
         dfs_faults=dfs_faults,
         fresh=fresh,
+        chaos=chaos,
+        chaos_seed=chaos_seed,
+        run_id=run_id,
     )
+    _run_and_report(console, opts, report, s3)
+
+
+def _run_and_report(console: Any, opts: Any, report: Path, s3: Any) -> None:
+    """Run the demo, stop the local S3 server (if any), write and print the report;
+    exit 2 when the run id's folder holds files (no --fresh), 1 when the demo fails."""
+    from dstltree.demo.job import RunExistsError, run_demo
+
+    console.print(f"this run's files: {opts.prefix()}/")
     try:
         result = _run_with_progress(console, opts, run_demo)
+    except RunExistsError as e:
+        console.print(f"[red]{e}")
+        raise typer.Exit(2) from e
     finally:
         if s3 is not None:
             s3.stop()
@@ -196,11 +232,23 @@ def _summary(r: dict[str, Any]) -> Any:
         ("sink rows / duplicates", f"{r['sink_rows']:,} / {r['sink_duplicate_rows']}"),
         ("state matches batch", _verdict(r["state_matches_batch"], r)),
         ("sink matches batch", _verdict(r["sink_matches_batch"], r)),
+        ("orphans / missing objects", f"{r.get('orphans', '-')} / {r.get('missing', '-')}"),
+        ("killed by --chaos", _chaos(r.get("chaos"))),
+        ("run prefix", str(r.get("run_prefix", "-"))),
         ("wall time (s)", str(r["wall_s"])),
     ]
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _chaos(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "-"
+    kills = ", ".join(
+        f"{k['kind']} {k.get('task', k.get('node'))} at {k['at_s']} s" for k in c["killed"]
+    )
+    return f"{len(c['killed'])} of {c['planned']}" + (f": {kills}" if kills else "")
 
 
 def _verdict(ok: bool, r: dict[str, Any]) -> str:

@@ -1,5 +1,7 @@
 """The main job end to end, in a quick mode with a task killed hard: once in local mode
-(the nodes of deploy/local.yaml) and once on local-cluster[2,1,1024] with one node per
+(the nodes of deploy/local.yaml) with ``--chaos 2`` on top (seed 24: node a1, the node
+of task 3, killed with SIGKILL 4.5 s after the first checkpoint, and task 1 killed in
+the second attempt), and once on local-cluster[2,1,1024] with one node per
 executor. Runs the real ``dstl demo`` command in a subprocess (its own JVM)."""
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ def _demo(tmp_path: Path, *args: str) -> dict:
     return run_demo_cli(tmp_path, str(tmp_path / "dfs"), *args)
 
 
-def _check(r: dict, nodes: int) -> None:
+def _check(r: dict, nodes: int, recoveries: int = 1) -> None:
     assert r["state_matches_batch"] is True, r["mismatched_keys"]
     assert r["sink_matches_batch"] is True and r["sink_duplicate_rows"] == 0
     assert r["mismatched_keys"] == []
-    assert r["recoveries"] == 1
+    assert r["recoveries"] == recoveries
+    assert r["run_prefix"].endswith("/dfs/e2e")
     assert r["checkpoints_completed"] >= 5
     assert r["materializations"] >= 1
     assert r["nodes"] == nodes
@@ -36,14 +39,28 @@ def _check(r: dict, nodes: int) -> None:
     assert 0 < p50 <= p99
 
 
-def test_demo_local_mode_with_task_kill(tmp_path: Path) -> None:
-    r = _demo(tmp_path, "--tasks", "4", "--master", "local[4]", "--metrics-port", "0")
-    _check(r, nodes=7)
+@pytest.mark.timeout(420)  # the demo subprocess's own limit: one more attempt than the others
+def test_demo_local_mode_with_task_kill_and_chaos(tmp_path: Path) -> None:
+    # read at 400 records/s per task: 19 s of reading leave room for both task kills
+    chaos = ("--chaos", "2", "--chaos-seed", "24", "--source-rate", "400")
+    r = _demo(tmp_path, "--tasks", "4", "--master", "local[4]", "--metrics-port", "0", *chaos)
+    c = r["chaos"]
+    assert c["planned"] == 2 and c["tasks_killed"] == 1 and c["nodes_killed"] == 1, c
+    killed = [(k["by"], k["kind"], k.get("task", k.get("node"))) for k in c["killed"]]
+    assert sorted(killed) == [
+        ("chaos", "node", "a1"),
+        ("chaos", "task", 1),
+        ("kill-task-after", "task", 3),
+    ], c
+    _check(r, nodes=7, recoveries=2)  # the crash drill, then the chaos task kill
     assert r["metrics"]["coordinator"].startswith("http://127.0.0.1:")
     assert len(r["metrics"]["nodes"]) == 7 and all(r["metrics"]["nodes"].values())
-    assert r["writers"] == 8  # 4 tasks x 2 attempts
-    # changes of a checkpoint stay far below target_object_bytes: about one object each
-    assert r["objects_per_checkpoint"] <= 1.5
+    assert r["writers"] == 12  # 4 tasks x 3 attempts
+    assert r["missing"] == 0
+    assert r["orphans"] == 0, r["orphan_paths"]
+    # changes of a checkpoint stay far below target_object_bytes: about one object each,
+    # plus the direct writes of the tasks whose node was killed
+    assert r["objects_per_checkpoint"] <= 3
 
 
 def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from dstltree.client import ObjectStore
 from dstltree.coordinator.service import Coordinator
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.sparkplug.restore import restore_all
-from tests.support.demo_run import run_demo_cli
+from tests.support.demo_run import checkpoint_dir, run_demo_cli
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 TASKS = 4
@@ -35,15 +35,10 @@ def _every_retained_checkpoint_readable(base: str, opts: dict) -> int:  # type: 
     return len(retained)
 
 
-def _checkpoints(base: str) -> str:
-    """The demo job's checkpoint directory below the demo's base path."""
-    return base + "/checkpoints/plane-stats"
-
-
 def test_demo_recovery_and_cleanup_on_local_s3(tmp_path: Path, s3) -> None:  # type: ignore[no-untyped-def]
     root, opts = s3.base_url + "/demo", s3.storage_options
     r = _demo(tmp_path, root, opts)
-    base = _checkpoints(root)
+    base = checkpoint_dir(root)
     assert r["state_matches_batch"] is True and r["recoveries"] == 1
     assert r["sink_duplicate_rows"] == 0 and r["sink_matches_batch"] is True
     assert r["base_path"].startswith("s3://")
@@ -65,7 +60,7 @@ def test_demo_under_throttling_and_stalls(tmp_path: Path) -> None:
     base = str(tmp_path / "dfs")
     spec = "flip158-s3,scale=0.05,throttle=0.05,stall=0.02,stall_s=20,seed=7"
     r = _demo(tmp_path, base, {}, "--dfs-faults", spec)
-    base = _checkpoints(base)
+    base = checkpoint_dir(base)
     assert r["state_matches_batch"] is True, r["mismatched_keys"]
     assert r["recoveries"] == 1 and r["checkpoints_completed"] >= 3
     summary = inspect_base(base, {})

@@ -25,7 +25,7 @@ import yaml
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.security import generate_key_dir
 from dstltree.storage.store import ObjectStore
-from tests.support.demo_run import ROOT
+from tests.support.demo_run import ROOT, RUN_ID, checkpoint_dir, run_prefix
 from tests.support.standalone import StandaloneCluster, standalone_cluster, start_submit
 from tests.support.waiting import wait_until
 
@@ -98,7 +98,7 @@ def _stop(job: subprocess.Popen, nodes: list[subprocess.Popen]) -> None:  # type
 
 
 def _latest(base: Path) -> Any:
-    return CheckpointStore(ObjectStore(str(base / "checkpoints" / "plane-stats"))).load_latest()
+    return CheckpointStore(ObjectStore(checkpoint_dir(str(base)))).load_latest()
 
 
 def test_demo_submitted_to_a_standalone_cluster_survives_executor_and_node_kills(
@@ -106,11 +106,12 @@ def test_demo_submitted_to_a_standalone_cluster_survives_executor_and_node_kills
 ) -> None:
     hosts = list(cluster.worker_hosts)
     base = tmp_path / "demo"
-    topology = _topology(tmp_path, hosts, str(base / "checkpoints"))
+    topology = _topology(tmp_path, hosts, run_prefix(str(base)) + "/checkpoints")
     nodes = _start_nodes(topology, ["n0", "n1"], tmp_path)
     report = tmp_path / "report.json"
     args = [str(ROOT / "cli" / "app.py"), "demo", "--master", cluster.master_url]
     args += ["--topology", str(topology), "--base-path", str(base), "--report", str(report)]
+    args += ["--run-id", RUN_ID]
     args += ["--tasks", "2", "--limit-records", "30000", "--producer-seconds", "30"]
     args += ["--kill-task-after", "0", "--materialization-interval", "1.0"]
     job = start_submit(cluster, args, tmp_path / "submit.log")

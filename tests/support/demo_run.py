@@ -1,7 +1,8 @@
 """Running the real ``dstl demo`` command in a subprocess (its own JVM), in the quick
 mode of the end-to-end tests: 30,000 flights landing over 15 s and read at most 1,000
 records/s per task (so that the job spans many checkpoints however long Spark takes to
-start), one task killed hard after 4 checkpoints, a materialization every second."""
+start), one task killed hard after 4 checkpoints, a materialization every second, the
+run's files under ``<base>/e2e/`` (a fixed run id)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+RUN_ID = "e2e"
 QUICK = [
+    "--run-id",
+    RUN_ID,
     "--limit-records",
     "30000",
     "--producer-seconds",
@@ -49,3 +53,13 @@ def run_demo_cli(tmp_path: Path, base: str, *args: str) -> dict[str, Any]:
     assert proc.returncode == 0, proc.stderr[-4000:]
     result: dict[str, Any] = json.loads(report.read_text())
     return result
+
+
+def run_prefix(base: str) -> str:
+    """The quick mode's run folder below the demo's base path ``base``."""
+    return base.rstrip("/") + "/" + RUN_ID
+
+
+def checkpoint_dir(base: str) -> str:
+    """The demo job's checkpoint directory below the demo's base path ``base``."""
+    return run_prefix(base) + "/checkpoints/plane-stats"

@@ -4,6 +4,7 @@ job itself replaced by a fake), a failed producer stopping the job."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 from pathlib import Path
@@ -15,7 +16,16 @@ import pytest
 from dstltree.cli.commands.demo import passed
 from dstltree.demo import job as job_module
 from dstltree.demo.checks import BatchStats, SinkSummary, compare, mismatched, sort_keys
-from dstltree.demo.job import DemoOptions, _stop_when_set, driver_progress, run_jobs
+from dstltree.demo.job import (
+    DemoOptions,
+    RunExistsError,
+    _stop_when_set,
+    check_new_run,
+    clear,
+    driver_progress,
+    new_run_id,
+    run_jobs,
+)
 from dstltree.demo.producer import FlightsProducer, ProducerError
 from dstltree.demo.report import run_figures
 from tests.support.waiting import wait_until
@@ -110,14 +120,45 @@ def test_run_figures_merge_runs() -> None:
 
 
 def test_options_urls(tmp_path: Path) -> None:
-    rel = DemoOptions(base_path="data/demo")
-    assert rel.url("sink") == os.path.abspath("data/demo") + "/sink"
-    assert DemoOptions(base_path="s3://b/p/").url("landing") == "s3://b/p/landing"
-    faulty = DemoOptions(base_path=str(tmp_path), dfs_faults="flip158-s3,scale=0.05")
+    rel = DemoOptions(base_path="data/demo", run_id="r1")
+    assert rel.url("sink") == os.path.abspath("data/demo") + "/r1/sink"
+    assert DemoOptions(base_path="s3://b/p/", run_id="r1").url("landing") == "s3://b/p/r1/landing"
+    faulty = DemoOptions(base_path=str(tmp_path), run_id="r1", dfs_faults="flip158-s3,scale=0.05")
     url, options = faulty.checkpoint_target()
-    assert url == f"faulty::file://{tmp_path}/checkpoints" and "faulty" in options
+    assert url == f"faulty::file://{tmp_path}/r1/checkpoints" and "faulty" in options
     with pytest.raises(ValueError):
         DemoOptions(base_path=str(tmp_path), dfs_faults="bogus=1").checkpoint_target()
+
+
+def test_each_run_gets_its_own_prefix() -> None:
+    assert new_run_id(datetime.datetime(2026, 1, 2, 3, 4, 5)) == "run-20260102-030405"
+    opts = DemoOptions(base_path="s3://b/p")
+    assert opts.run_id.startswith("run-") and opts.prefix() == f"s3://b/p/{opts.run_id}"
+    assert not DemoOptions(base_path="s3://b/p").fresh  # off by default
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "a/b", "../x", "a b", "x" * 129])
+def test_run_ids_are_one_path_segment(bad: str) -> None:
+    with pytest.raises(ValueError, match="run id"):
+        DemoOptions(base_path="data/demo", run_id=bad)
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def test_fresh_removes_only_this_runs_prefix(tmp_path: Path) -> None:
+    for rel in ("r1/sink/a", "r1/checkpoints/plane-stats/b", "r10/sink/c", "landing/d", "e"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    opts = DemoOptions(base_path=str(tmp_path), run_id="r1")
+    with pytest.raises(RunExistsError, match="--fresh"):
+        check_new_run(opts)  # files of an earlier r1 and no --fresh: refused, nothing deleted
+    assert len(_files(tmp_path)) == 5
+    check_new_run(DemoOptions(base_path=str(tmp_path), run_id="r1", fresh=True))
+    assert _files(tmp_path) == ["e", "landing/d", "r10/sink/c"]
+    check_new_run(DemoOptions(base_path=str(tmp_path), run_id="r2"))  # a new run id: fine
+    assert clear(DemoOptions(base_path=str(tmp_path), run_id="nothing-here")) == 0
 
 
 def test_driver_progress() -> None:
@@ -156,10 +197,10 @@ def _fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 def test_runs_with_and_without_rescale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _fake_runs(monkeypatch)
     producer = FlightsProducer(str(tmp_path / "landing"), limit_records=10)
-    opts = DemoOptions(base_path=str(tmp_path))
+    opts = DemoOptions(base_path=str(tmp_path), run_id="r")
     assert len(run_jobs(None, opts, producer, None)) == 1
     assert calls[0]["until"] == "end" and calls[0]["drill"] is True
-    assert calls[0]["landing"] == producer.url and calls[0]["sink"] == f"{tmp_path}/sink"
+    assert calls[0]["landing"] == producer.url and calls[0]["sink"] == f"{tmp_path}/r/sink"
     assert calls[0]["stop"] is producer.failed
     calls.clear()
     opts = DemoOptions(base_path=str(tmp_path), rescale_to=2, rescale_after_s=5.0)
@@ -178,3 +219,17 @@ def test_a_failed_producer_is_raised_after_the_run(
     producer.failed.set()
     with pytest.raises(ProducerError, match="disk full"):
         run_jobs(None, DemoOptions(base_path=str(tmp_path)), producer, None)
+
+
+def test_cli_refuses_a_used_run_id_without_fresh(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dstltree.cli.app import app
+
+    (tmp_path / "r1" / "sink").mkdir(parents=True)
+    (tmp_path / "r1" / "sink" / "part-0").write_text("an earlier run's output")
+    args = ["demo", "--base-path", str(tmp_path), "--report", str(tmp_path / "r.json")]
+    result = CliRunner().invoke(app, [*args, "--run-id", "r1"])
+    assert result.exit_code == 2, result.output
+    assert "--fresh" in result.output and (tmp_path / "r1" / "sink" / "part-0").exists()
+    assert CliRunner().invoke(app, [*args, "--run-id", "../x"]).exit_code == 2  # BadParameter
