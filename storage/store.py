@@ -103,6 +103,25 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
+
+
+def _link_exclusive(tmp: str, path: str) -> None:
+    """Give the written ``tmp`` the name ``path`` only if it is free (FileExistsError
+    otherwise): a hard link; on a filesystem without hard links, ``O_EXCL`` create and
+    a copy of the bytes (readers may then see a partial object for a moment)."""
+    try:
+        os.link(tmp, path)
+        return
+    except OSError as e:
+        if isinstance(e, FileExistsError) or e.errno not in _NO_LINKS:
+            raise
+    with open(tmp, "rb") as src, open(path, "xb") as dst:
+        dst.write(src.read())
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
 def _makedirs_durable(parent: str) -> None:
     """Create ``parent`` and its missing ancestors, fsyncing the directory each new one
     was created in (a new directory entry is durable only once its parent is synced)."""
@@ -465,7 +484,7 @@ class ObjectStore:
                 f.flush()
                 os.fsync(f.fileno())
             if exclusive:
-                os.link(tmp, path)
+                _link_exclusive(tmp, path)
                 os.unlink(tmp)
             else:
                 os.replace(tmp, path)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dstltree.coordinator import Coordinator, TaskLink, TriggerCheckpoint
-from dstltree.coordinator.cleanup import list_data_files
+from dstltree.coordinator.cleanup import list_data_files, scan_orphans, within_job
 from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.coordinator.testing import task_checkpoint
 from dstltree.storage.store import ObjectExistsError, ObjectStore
@@ -137,6 +137,15 @@ def test_conditional_create_and_fencing_on_s3(s3: S3Target) -> None:
     assert [i.url for i in infos] == [url] and infos[0].mtime is not None
     assert abs(infos[0].mtime - time.time()) < 60
     store.delete([url])
+    # Orphan scans age files by S3's LastModified and never leave the job's prefix.
+    obj = store.new_object_path()
+    store.put(obj, b"x")
+    other = ObjectStore(f"{s3.base_url}/jobs/job2", s3.storage_options)
+    other.put(other.new_object_path(), b"x")
+    assert scan_orphans(store, [], cutoff=time.time() - 60).spared == (obj,)
+    assert scan_orphans(store, [], cutoff=time.time() + 60).orphans == (obj,)
+    assert within_job(store, obj) and not within_job(store, other.new_object_path())
+    store.delete([obj])
     fence_two_stores(CheckpointStore(store), CheckpointStore(ObjectStore(base, s3.storage_options)))
 
 

@@ -5,6 +5,7 @@ and the client's errors and the storage errors share one base."""
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import time
 import uuid
@@ -180,3 +181,18 @@ def test_precondition_failed_translates_to_object_exists() -> None:
     assert isinstance(translate("put", "s3://b/k", err), ObjectExistsError)
     assert isinstance(translate("put", "/x", FileExistsError("x")), ObjectExistsError)
     assert not isinstance(translate("put", "/x", FileNotFoundError("x")), ObjectExistsError)
+
+
+def test_exclusive_put_without_hard_links_falls_back_to_o_excl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_link(src: str, dst: str) -> None:
+        raise OSError(errno.EPERM, "no hard links here")
+
+    monkeypatch.setattr(os, "link", no_link)
+    store = ObjectStore(str(tmp_path))
+    url = store.join("p")
+    store.put(url, b"one", exclusive=True)
+    with pytest.raises(ObjectExistsError):
+        store.put(url, b"two", exclusive=True)
+    assert store.read(url) == b"one" and os.listdir(tmp_path) == ["p"]
