@@ -249,7 +249,7 @@ class StorageWorker:
         """List, check ownership, then delete what was listed (see the module
         docstring). Raises JobFencedError, StorageError."""
         scan = scan_orphans(self.store, referenced, cutoff)
-        stale = self.checkpoints.stale_files()
+        stale = self.checkpoints.stale_files(cutoff)
         self.checkpoints.verify_owner()
         orphans = len(self.store.delete(self._allowed(scan.orphans)))
         deleted_stale = len(self.store.delete(self._allowed(stale)))

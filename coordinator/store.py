@@ -113,7 +113,13 @@ class CheckpointStore:
         for _ in range(_CLAIM_ATTEMPTS):
             version, latest, retained = self._pointer()
             new = (version or 0) + 1
-            if self._create_pointer(new, latest, retained):
+            try:
+                created = self._create_pointer(new, latest, retained)
+            except StorageError as e:
+                if not isinstance(e.__cause__, FileNotFoundError):
+                    raise
+                continue  # the fenced driver's cleanup removed our temporary file
+            if created:
                 self.version, self.fenced = new, None
                 self._drop_pointers(self._versions(), below=new - 1)
                 return new
@@ -263,16 +269,22 @@ class CheckpointStore:
         """Every retained checkpoint, oldest first."""
         return [self.load(i) for i in self.retained_ids()]
 
-    def stale_files(self) -> list[str]:
+    def stale_files(self, cutoff: float | None = None) -> list[str]:
         """Files under ``checkpoints/`` the pointer does not need: metadata files no
         pointer names (checkpoints written but never committed, subsumed ones whose
         deletion was interrupted), leftover temporary files, and pointer versions
-        older than the last two."""
+        older than the last two; with ``cutoff`` (epoch seconds, the store's clock)
+        only those modified before it (a write under way, another driver's claim
+        included, is younger)."""
         version, _, retained = self._pointer()
         keep = {self.metadata_path(i) for i in retained}
         if version is not None:
             keep |= {self.pointer_path(v) for v in (version - 1, version) if v >= 0}
-        return [u for u in self.store.list_files(self.root) if u not in keep]
+        return [
+            i.url
+            for i in self.store.list_info(self.root)
+            if i.url not in keep and (cutoff is None or (i.mtime is not None and i.mtime < cutoff))
+        ]
 
 
 def _decode_pointer(path: str, raw: bytes) -> tuple[int | None, list[int]]:
