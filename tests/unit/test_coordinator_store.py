@@ -166,3 +166,19 @@ def test_an_empty_job_pointer_and_deleting_the_last_checkpoint(tmp_path: Path) -
     cs.delete(1)
     assert cs.latest_id() is None and cs.stale_files() == []
     assert cs.claim() == 4  # a restarted driver continues the versions
+
+
+def test_stale_files_younger_than_the_cutoff_are_spared(tmp_path: Path) -> None:
+    import os
+    import time
+
+    store = ObjectStore(str(tmp_path))
+    cs = CheckpointStore(store)
+    cs.add(completed(1, {0: ["a"]}))
+    old, young = cs.metadata_path(5), cs.pointer_path(9) + ".tmp-1234"  # a claim under way
+    store.put(old, b"{}")
+    store.put(young, b"{}")
+    t = time.time() - 120
+    os.utime(old, (t, t))
+    assert cs.stale_files(cutoff=time.time() - 60) == [old]
+    assert sorted(cs.stale_files()) == sorted([old, young])
