@@ -380,3 +380,18 @@ StorageInstruction = (
     | CommitSink
     | RecoverSink
 )
+
+
+# -- the in-run orphan sweep (issued by the service, coordinator/sweep.py) ---------------
+
+
+@dataclass(frozen=True)
+class SweepOrphans:
+    """Delete the data files under the job's prefix not in ``referenced`` and last
+    modified before ``cutoff`` (epoch seconds; None: whatever their age, the final
+    sweep of a finished run), and metadata files no pointer names, after checking this
+    driver still owns the job; answered by OrphansDeleted or DeleteFailed."""
+
+    referenced: frozenset[str]
+    cutoff: float | None
+    final: bool = False

@@ -17,7 +17,9 @@ see :attr:`CoordinatorMetrics.url`); off by default.
   of the tasks' snapshot sizes of that epoch.
 - ``dstl_materializations_completed_total``, ``dstl_materializations_abandoned_total``.
 - ``dstl_objects_deleted_total`` (released by the shared state registry),
-  ``dstl_orphans_deleted_total`` (cleanup at start).
+  ``dstl_orphans_deleted_total`` (cleanup at start and in-run sweeps),
+  ``dstl_deletes_refused_total`` (paths outside the job's prefix, or of a fenced
+  driver), ``dstl_checkpoint_writes_fenced_total`` (another driver took the job over).
 - ``dstl_messages_fenced_total`` (from stale task attempts),
 - ``dstl_tasks_without_node`` (tasks writing straight to the DFS: no node on their host),
   ``dstl_messages_rejected_total`` (malformed or not task messages, answered with an
@@ -103,6 +105,7 @@ class CoordinatorMetrics:
             "dstl_messages_rejected", "Malformed or unexpected messages rejected.", registry=r
         )
         self._add_task_metrics(r)
+        self._add_storage_counters(r)
         self.last_checkpoint_id = Gauge(
             "dstl_last_checkpoint_id", "Id of the latest completed checkpoint.", registry=r
         )
@@ -111,8 +114,17 @@ class CoordinatorMetrics:
         self._previous: frozenset[tuple[str, int, int]] = frozenset()
         self._epochs: dict[int, float] = {}  # epoch -> trigger time (monotonic seconds)
         self.endpoint = MetricsEndpoint(r, host, port)
-        self.host = host
-        self.port = self.endpoint.port
+        self.host, self.port = host, self.endpoint.port
+
+    def _add_storage_counters(self, r: CollectorRegistry) -> None:
+        self.deletes_refused = Counter(
+            "dstl_deletes_refused", "Deletions outside the job's prefix refused.", registry=r
+        )
+        self.writes_fenced = Counter(
+            "dstl_checkpoint_writes_fenced",
+            "Storage work refused: another driver took the job over.",
+            registry=r,
+        )
 
     def _add_task_metrics(self, r: CollectorRegistry) -> None:
         self.messages_refused = Counter(

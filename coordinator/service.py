@@ -39,7 +39,8 @@ from dstltree.coordinator.checkpoint import CompletedCheckpoint, job_object_pref
 from dstltree.coordinator.errors import CoordinatorError
 from dstltree.coordinator.metrics import CoordinatorMetrics
 from dstltree.coordinator.storage_worker import StorageWorker
-from dstltree.coordinator.store import CheckpointStore
+from dstltree.coordinator.store import CheckpointStore, JobFencedError
+from dstltree.coordinator.sweep import OrphanSweeper, SweepPolicy
 from dstltree.security.curve import Curve, configure_server, register_refusal_metrics
 from dstltree.sparkplug.sinks.sink import FileSink
 from dstltree.sparkplug.sources.base import Source
@@ -55,7 +56,13 @@ class CoordinatorStatistics:
     ``splits_discovered`` / ``listings_failed``: of the source's enumerator;
     ``sink_commits`` / ``sink_commits_failed`` / ``sink_files_committed``: of the
     sink's two-phase commit (files made visible, recoveries included);
-    ``finished_checkpoint_id``: the final checkpoint once the run is over, else None."""
+    ``finished_checkpoint_id``: the final checkpoint once the run is over, else None.
+    ``orphans_deleted`` counts the cleanup at start and the in-run sweeps
+    (``orphan_sweeps``, the final one included); ``orphans_spared``: unreferenced
+    files too young at the last cleanup; ``deletes_refused``: paths outside the job's
+    prefix (or asked of a fenced driver) not deleted; ``pointer_versions_deleted``: old
+    ``LATEST-<n>`` pointer versions; ``writes_fenced``: storage work refused because
+    another driver took the job over (``fenced``: why, else None)."""
 
     checkpoints_completed: int
     checkpoints_aborted: int
@@ -78,6 +85,12 @@ class CoordinatorStatistics:
     sink_files_committed: int = 0
     finished_checkpoint_id: int | None = None
     tasks_without_node: int = 0
+    orphan_sweeps: int = 0
+    orphans_spared: int = 0
+    deletes_refused: int = 0
+    pointer_versions_deleted: int = 0
+    writes_fenced: int = 0
+    fenced: str | None = None
 
 
 class Coordinator:
@@ -104,6 +117,14 @@ class Coordinator:
     other path are refused. See coordinator/state.py.
     ``security``: CURVE with the per-job keys (``Curve.shared``, tasks connect with the
     same); None = plaintext (tests; the job layer defaults to CURVE).
+
+    One driver per job: :meth:`start` claims the job's checkpoint pointer
+    (coordinator/store.py); a driver started later on the same job prefix takes it
+    over, and this one is fenced at its next pointer write: it writes and deletes
+    nothing more, and :meth:`latest_checkpoint` / :meth:`begin_attempt` raise
+    JobFencedError. Orphans (coordinator/sweep.py): unreferenced files are deleted at
+    start and every ``sweep_interval`` s when older than ``orphan_grace`` s beyond the
+    latest checkpoint's trigger, and all of them once the run is finished.
     """
 
     def __init__(
@@ -129,6 +150,8 @@ class Coordinator:
         advertise_host: str | None = None,
         security: Curve | None = None,
         extra_object_prefixes: Sequence[str] = (),
+        orphan_grace: float = 60.0,
+        sweep_interval: float = 10.0,
     ) -> None:
         if num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
@@ -157,7 +180,10 @@ class Coordinator:
         self._stopping = threading.Event()
         self._finished = threading.Event()
         self._thread: threading.Thread | None = None
-        self._storage = StorageWorker(store, self.checkpoints, sink=sink)
+        policy = SweepPolicy(sweep_interval, orphan_grace)
+        self._sweeper = OrphanSweeper(policy)
+        self._storage = StorageWorker(store, self.checkpoints, sink=sink, orphan_grace=policy.grace)
+        self._storage.counters.listener = self._count_storage
         self.metrics = None if metrics_port is None else CoordinatorMetrics(metrics_port)
         self._ctx = zmq.Context()
         # the socket lives in the process's shared context, where the ZAP authenticator
@@ -173,12 +199,15 @@ class Coordinator:
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
-        """Blocking: load the retained checkpoints, rebuild the shared state registry,
-        subsume checkpoints beyond retention, delete orphans (data files no retained
-        checkpoint references) and stale metadata, then start the loop thread.
-        Raises StorageError / CorruptCheckpointError (nothing is deleted then)."""
+        """Blocking: claim the job (fencing an earlier driver of it), load the retained
+        checkpoints, rebuild the shared state registry, subsume checkpoints beyond
+        retention, delete orphans (data files under the job's prefix no retained
+        checkpoint references, older than ``orphan_grace``) and stale metadata, then
+        start the loop thread. Raises StorageError / CorruptCheckpointError /
+        JobFencedError (nothing is deleted then)."""
         if self._thread is not None:
             raise CoordinatorError("coordinator already started")
+        self.checkpoints.claim()
         retained = self.checkpoints.list_retained()
         with self._lock:
             self._state = self._new_state(retained)
@@ -212,6 +241,8 @@ class Coordinator:
         if self._thread is not None:
             self._thread.join(timeout)
         if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                self._sweep(time.monotonic(), final_only=True)
             self._settle(deadline)
         self._storage.shutdown()
         self._sock.close(linger=0)
@@ -256,6 +287,7 @@ class Coordinator:
         SinkCommitError / StorageError when the sink cannot be recovered (the attempt
         then triggers no checkpoint: begin another), CoordinatorError if the
         coordinator is not running (call start() first) or does not answer in time."""
+        self._raise_if_fenced()
         n = self.num_tasks if num_tasks is None else num_tasks
         limit = self._call_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
@@ -313,9 +345,16 @@ class Coordinator:
         return self.finished
 
     def latest_checkpoint(self) -> CompletedCheckpoint | None:
-        """The latest completed checkpoint, or None."""
+        """The latest completed checkpoint, or None. Raises JobFencedError once
+        another driver took the job over (the driver's watch loop stops on it)."""
+        self._raise_if_fenced()
         with self._lock:
             return self._state.latest
+
+    def _raise_if_fenced(self) -> None:
+        fenced = self.checkpoints.fenced
+        if fenced is not None:
+            raise JobFencedError(fenced.path, "this driver was fenced") from fenced
 
     def statistics(self) -> CoordinatorStatistics:
         """A snapshot of the counters."""
@@ -343,7 +382,30 @@ class Coordinator:
                 sink_files_committed=0 if s.commits is None else s.commits.files_committed,
                 finished_checkpoint_id=None if s.finished is None else s.finished.checkpoint_id,
                 tasks_without_node=s.tasks_without_node,
+                **self._storage_statistics(),
             )
+
+    def _storage_statistics(self) -> dict[str, Any]:
+        c = self._storage.counters.snapshot()
+        fenced = self.checkpoints.fenced
+        return {
+            "orphan_sweeps": c["orphan_sweeps"],
+            "orphans_spared": c["orphans_spared"],
+            "deletes_refused": c["deletes_refused"],
+            "pointer_versions_deleted": self.checkpoints.pointers_deleted,
+            "writes_fenced": c["writes_fenced"],
+            "fenced": None if fenced is None else str(fenced),
+        }
+
+    def _count_storage(self, name: str, n: int) -> None:
+        """A storage worker count (its thread): the metric of refusals and fencing."""
+        m = self.metrics
+        if m is None:
+            return
+        if name == "deletes_refused":
+            m.deletes_refused.inc(n)
+        elif name == "writes_fenced":
+            m.writes_fenced.inc(n)
 
     def _call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         t = self._thread
@@ -371,6 +433,7 @@ class Coordinator:
                         self._on_result(result)
                     self._drain_socket()
                     self._tick()
+                    self._sweep(time.monotonic())
             except zmq.ContextTerminated:
                 return
             except Exception:  # noqa: BLE001 - the loop must keep serving
@@ -378,6 +441,14 @@ class Coordinator:
 
     def _tick(self) -> None:
         self._execute(self._state.handle(ev.Tick(time.monotonic(), time.time())))
+
+    def _sweep(self, now: float, *, final_only: bool = False) -> None:
+        """Hand an orphan sweep to the storage worker when one is due (sweep.py)."""
+        if self.checkpoints.fenced is not None:
+            return
+        ins = self._sweeper.next(self._state, now, final_only=final_only)
+        if ins is not None:
+            self._storage.submit(ins)
 
     def _drain_calls(self) -> None:
         while True:

@@ -297,6 +297,32 @@ class CoordinatorState:
         peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
         return self.attempt is not None and len(peers) >= self.num_tasks
 
+    def sweep_scope(self) -> tuple[frozenset[str], float | None] | None:
+        """What an orphan sweep may delete now (coordinator/sweep.py): the paths to
+        spare (referenced by a retained checkpoint, a pending acknowledgement or
+        report) and the wall-clock time (epoch seconds) before which an unreferenced
+        file can no longer become referenced: the trigger of the latest checkpoint
+        (a live task's files written before it are named by it or garbage), or that
+        of a pending materialization epoch if earlier. The time is None (any age) once
+        the run is finished and every task was sent Finish. None when no sweep is
+        safe: no checkpoint or wall clock yet, or an applied epoch no checkpoint names."""
+        keep = set(self.registry.referenced())
+        if self._pending is not None:
+            keep.update(p for tc in self._pending.acks.values() for p in tc.referenced_paths())
+        if self._epoch is not None:
+            keep.update(r.path for r in self._epoch.reports.values())
+        peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
+        done = self.finished is not None and self.all_connected()
+        if done and all(i in self._finish_sent for i in peers.values()):
+            return frozenset(keep), None
+        last = self.latest
+        if last is None or self.wall is None or self.applied_epoch > last.materialization_epoch:
+            return None
+        cutoff = last.created_at - last.duration_s
+        if self._epoch is not None:
+            cutoff = min(cutoff, self.wall - (self.now - self._epoch.started_at))
+        return frozenset(keep), cutoff
+
     # -- entry -------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Instruction]:
         """Apply one event; returns the instructions to carry out, in order. Raises

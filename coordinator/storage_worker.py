@@ -9,6 +9,16 @@ on a second thread of their own, so a slow listing never delays a checkpoint. Ea
 instruction is answered by one event stamped with the monotonic clock when it
 finished; the loop collects them with :meth:`results`. Nothing here touches the
 coordinator state (``list_splits`` does not change the enumerator).
+
+Deletions are confined to the job's prefix: a path outside ``<job>/changelog/``,
+``<job>/materialized/``, ``<job>/checkpoints/`` (and the configured extra prefixes) is
+refused and counted, never deleted. Orphan cleanups (at start: files older than
+``orphan_grace`` seconds; in-run sweeps: older than the instruction's cutoff) list
+first, then check this driver still owns the job (coordinator/store.py fencing), then
+delete what they listed: a driver that took the job over after the listing is seen by
+the check, and its files are written after its claim, so none of them is deleted. A
+fenced driver deletes nothing any more. Every deletion and refusal is counted in
+:class:`StorageCounters`.
 """
 
 from __future__ import annotations
@@ -17,11 +27,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, fields
 from functools import singledispatchmethod
 
-from dstltree.coordinator.cleanup import find_orphans
+from dstltree.coordinator.cleanup import scan_orphans, within_job
 from dstltree.coordinator.events import (
     CheckpointDeleted,
     CheckpointWritten,
@@ -43,20 +54,62 @@ from dstltree.coordinator.events import (
     SinkRecoveryFailed,
     SplitsListed,
     StorageInstruction,
+    SweepOrphans,
     WriteFailed,
 )
-from dstltree.coordinator.store import CheckpointStore
+from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.sparkplug.sinks.committer import SinkCommitter
 from dstltree.sparkplug.sinks.sink import FileSink
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
+#: What the worker carries out: the state's storage instructions and the sweeps.
+WorkerInstruction = StorageInstruction | SweepOrphans
+
+
+@dataclass
+class StorageCounters:
+    """Counts of the storage worker since start: ``deletes_refused`` (paths outside
+    the job's prefix, or asked of a fenced driver), ``orphans_spared`` (unreferenced
+    files too young at the last cleanup or sweep), ``orphan_sweeps`` (in-run sweeps
+    carried out, the final one included), ``writes_fenced`` (checkpoint writes and
+    cleanups refused because another driver took the job over). ``listener(name,
+    n)`` is called on each count (metrics)."""
+
+    deletes_refused: int = 0
+    orphans_spared: int = 0
+    orphan_sweeps: int = 0
+    writes_fenced: int = 0
+    listener: Callable[[str, int], None] | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to counter ``name``; ``orphans_spared`` is set, not added."""
+        with self._lock:
+            value = n if name == "orphans_spared" else getattr(self, name) + n
+            setattr(self, name, value)
+        if self.listener is not None and n:
+            self.listener(name, n)
+
+    def snapshot(self) -> dict[str, int]:
+        """The counters by name."""
+        with self._lock:
+            return {
+                f.name: getattr(self, f.name)
+                for f in fields(self)
+                if not f.name.startswith("_") and f.name != "listener"
+            }
+
 
 class StorageWorker:
     """Runs storage instructions on ``store`` / ``checkpoints`` (and ``sink``'s
     committer, if given) in one thread, in order; listings in a second thread.
-    ``clock``: seconds, monotonic (stamps the answering events)."""
+    ``clock``: seconds, monotonic (stamps the answering events); ``wall``: epoch
+    seconds (the cutoff of the cleanup at start). ``orphan_grace``: seconds; the
+    cleanup at start spares unreferenced files younger than that. ``extra_prefixes``:
+    URL prefixes outside the job's folders where deletions are allowed too (nodes
+    writing elsewhere)."""
 
     def __init__(
         self,
@@ -64,10 +117,20 @@ class StorageWorker:
         checkpoints: CheckpointStore,
         clock: Callable[[], float] = time.monotonic,
         sink: FileSink | None = None,
+        *,
+        orphan_grace: float = 60.0,
+        extra_prefixes: Sequence[str] = (),
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        if orphan_grace < 0:
+            raise ValueError("orphan_grace must be >= 0 seconds")
         self.store = store
         self.checkpoints = checkpoints
         self.sink = sink
+        self.orphan_grace = orphan_grace
+        self.extra_prefixes = tuple(extra_prefixes)
+        self.counters = StorageCounters()
+        self._wall = wall
         self._committer: SinkCommitter | None = None
         self._clock = clock
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-io")
@@ -77,7 +140,7 @@ class StorageWorker:
         self._outstanding: set[Future[None]] = set()
 
     # -- asynchronous (the loop) -------------------------------------------------------
-    def submit(self, instruction: StorageInstruction) -> None:
+    def submit(self, instruction: WorkerInstruction) -> None:
         """Queue ``instruction``; its answering event shows up in :meth:`results`
         (failures as WriteFailed, DeleteFailed, ListingFailed, CommitFailed or
         SinkRecoveryFailed, never as an exception). A ListSplits runs on the listing
@@ -115,7 +178,7 @@ class StorageWorker:
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._lister.shutdown(wait=False, cancel_futures=True)
 
-    def _work(self, instruction: StorageInstruction) -> None:
+    def _work(self, instruction: WorkerInstruction) -> None:
         self._results.put(self.run_safely(instruction))
 
     def _done(self, fut: Future[None]) -> None:
@@ -123,13 +186,13 @@ class StorageWorker:
             self._outstanding.discard(fut)
 
     # -- synchronous (start) -----------------------------------------------------------
-    def call(self, instruction: StorageInstruction, *, safely: bool = True) -> Event:
+    def call(self, instruction: WorkerInstruction, *, safely: bool = True) -> Event:
         """Run ``instruction`` in the worker and wait for its event. ``safely=False``
         re-raises a storage failure (StorageError, CorruptCheckpointError) instead."""
         fn = self.run_safely if safely else self.run
         return self._executor.submit(fn, instruction).result()
 
-    def run_safely(self, instruction: StorageInstruction) -> Event:
+    def run_safely(self, instruction: WorkerInstruction) -> Event:
         """:meth:`run`, with a failure answered by its event: WriteFailed (a checkpoint
         write), ListingFailed, CommitFailed, SinkRecoveryFailed, or DeleteFailed
         (anything else)."""
@@ -137,6 +200,8 @@ class StorageWorker:
             return self.run(instruction)
         except Exception as e:  # noqa: BLE001 - every failure becomes an event
             reason = f"{type(e).__name__}: {e}"
+            if isinstance(e, JobFencedError):
+                self.counters.add("writes_fenced")
             log.exception("coordinator storage: %s failed", type(instruction).__name__)
             now = self._clock()
             if isinstance(instruction, PersistCheckpoint):
@@ -150,7 +215,7 @@ class StorageWorker:
             return DeleteFailed(now, _describe(instruction), reason)
 
     @singledispatchmethod
-    def run(self, instruction: StorageInstruction) -> Event:
+    def run(self, instruction: WorkerInstruction) -> Event:
         """Carry out one storage instruction; returns its event. Raises StorageError."""
         raise TypeError(f"not a storage instruction: {instruction!r}")
 
@@ -166,14 +231,43 @@ class StorageWorker:
 
     @run.register
     def _(self, instruction: DeleteObjects) -> Event:
-        deleted = len(self.store.delete(instruction.paths))
+        deleted = len(self.store.delete(self._allowed(instruction.paths)))
         return ObjectsDeleted(self._clock(), instruction.paths, deleted)
 
     @run.register
     def _(self, instruction: CleanOrphans) -> Event:
-        orphans = len(self.store.delete(find_orphans(self.store, instruction.referenced)))
-        stale = len(self.store.delete(self.checkpoints.stale_files()))
-        return OrphansDeleted(self._clock(), orphans, stale)
+        cutoff = self._wall() - self.orphan_grace
+        return self._clean(instruction.referenced, cutoff)
+
+    @run.register
+    def _(self, instruction: SweepOrphans) -> Event:
+        event = self._clean(instruction.referenced, instruction.cutoff)
+        self.counters.add("orphan_sweeps")
+        return event
+
+    def _clean(self, referenced: frozenset[str], cutoff: float | None) -> OrphansDeleted:
+        """List, check ownership, then delete what was listed (see the module
+        docstring). Raises JobFencedError, StorageError."""
+        scan = scan_orphans(self.store, referenced, cutoff)
+        stale = self.checkpoints.stale_files(cutoff)
+        self.checkpoints.verify_owner()
+        orphans = len(self.store.delete(self._allowed(scan.orphans)))
+        deleted_stale = len(self.store.delete(self._allowed(stale)))
+        self.counters.add("orphans_spared", len(scan.spared))
+        return OrphansDeleted(self._clock(), orphans, deleted_stale)
+
+    def _allowed(self, paths: Sequence[str]) -> list[str]:
+        """``paths`` under the job's prefix; the others (all, once fenced) are refused
+        and counted."""
+        if self.checkpoints.fenced is not None:
+            self.counters.add("deletes_refused", len(paths))
+            return []
+        ok = [p for p in paths if within_job(self.store, p, self.extra_prefixes)]
+        refused = len(paths) - len(ok)
+        if refused:
+            log.warning("refused to delete %d paths outside the job's prefix", refused)
+            self.counters.add("deletes_refused", refused)
+        return ok
 
     @run.register
     def _(self, instruction: ListSplits) -> Event:
@@ -204,9 +298,11 @@ class StorageWorker:
         return self._committer
 
 
-def _describe(instruction: StorageInstruction) -> str:
+def _describe(instruction: WorkerInstruction) -> str:
     if isinstance(instruction, DeleteCheckpoint):
         return f"metadata of checkpoint {instruction.checkpoint_id}"
     if isinstance(instruction, DeleteObjects):
         return f"{len(instruction.paths)} objects"
+    if isinstance(instruction, SweepOrphans):
+        return "orphan sweep"
     return "orphan cleanup"

@@ -6,6 +6,16 @@ botocore errors are translated here (:func:`translate`) into :class:`StorageErro
 :class:`RetryableStorageError` for throttling (503 SlowDown), 5xx, timeouts and
 connection resets, with the cause chained.
 
+Writes: :meth:`ObjectStore.put` is atomic; with ``exclusive=True`` it is a conditional
+create that fails with :class:`ObjectExistsError` when the object exists (local POSIX:
+a hard link of the written temporary file, which the OS creates only if the name is
+free; S3: ``PUT`` with ``If-None-Match: *``, s3fs's ``pipe_file(mode="create")``, on
+AWS S3, MinIO and moto; ``memory://``: fsspec's exclusive mode; other stores: a check
+then a write, which is not safe against a simultaneous writer). Durability: on a local
+POSIX filesystem the object and its directory (and directories the write created) are
+fsynced before :meth:`ObjectStore.put` returns; on S3 an object is durable when its
+``PUT`` completes; ``memory://`` is never durable.
+
 Retries: every store operation is retried with tenacity, only on
 RetryableStorageError, with exponential backoff and full jitter, up to
 :attr:`RetryPolicy.max_attempts` attempts (default 3); any other error is raised at
@@ -18,12 +28,14 @@ botocore's share to this layer.
 from __future__ import annotations
 
 import errno
+import os
 import posixpath
 import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 import fsspec
@@ -50,6 +62,83 @@ SNAPSHOT_SUFFIX = ".snap"
 CHECKPOINT_DIR = "checkpoints"
 
 T = TypeVar("T")
+
+
+class ObjectExistsError(StorageError):
+    """An exclusive :meth:`ObjectStore.put` found the object already there."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object: ``url``, ``size`` in bytes, ``mtime`` in epoch seconds (the
+    store's clock: local mtime, S3 ``LastModified``; None when the store gives none)."""
+
+    url: str
+    size: int
+    mtime: float | None
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    """Modification time (epoch seconds) of an fsspec info dict, None if it has none."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a local directory (makes a rename or link in it durable). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK}
+
+
+def _link_exclusive(tmp: str, path: str) -> None:
+    """Give the written ``tmp`` the name ``path`` only if it is free (FileExistsError
+    otherwise): a hard link; on a filesystem without hard links, ``O_EXCL`` create and
+    a copy of the bytes (readers may then see a partial object for a moment)."""
+    try:
+        os.link(tmp, path)
+        return
+    except OSError as e:
+        if isinstance(e, FileExistsError) or e.errno not in _NO_LINKS:
+            raise
+    with open(tmp, "rb") as src, open(path, "xb") as dst:
+        dst.write(src.read())
+        dst.flush()
+        os.fsync(dst.fileno())
+
+
+def _makedirs_durable(parent: str) -> None:
+    """Create ``parent`` and its missing ancestors, fsyncing the directory each new one
+    was created in (a new directory entry is durable only once its parent is synced)."""
+    missing: list[str] = []
+    cur = parent
+    while cur and not os.path.isdir(cur):
+        missing.append(cur)
+        nxt = os.path.dirname(cur)
+        if nxt == cur:
+            break
+        cur = nxt
+    if not missing:
+        return
+    os.makedirs(parent, exist_ok=True)
+    for d in reversed(missing):
+        fsync_dir(os.path.dirname(d) or "/")
+
 
 # OS error numbers of transient failures. s3fs maps S3 "SlowDown"/"ServiceUnavailable"/
 # 503 to EBUSY and "InternalError"/500 to EREMOTEIO (s3fs/errors.py).
@@ -183,6 +272,8 @@ def translate(op: str, path: str, e: BaseException) -> StorageError:
         return e
     retryable, code = classify(e)
     text = f"{type(e).__name__}: {e}" + (f" [{code}]" if code else "")
+    if not retryable and (isinstance(e, FileExistsError) or code == "PreconditionFailed"):
+        return ObjectExistsError(op, path, text)
     cls = RetryableStorageError if retryable else StorageError
     return cls(op, path, text)
 
@@ -342,34 +433,65 @@ class ObjectStore:
         parts: Sequence[Buffer] | Buffer,
         *,
         on_retry: Callable[[BaseException], None] | None = None,
+        exclusive: bool = False,
     ) -> int:
         """Write a whole object atomically (readers see all of it or nothing).
         Returns its size in bytes. Transient failures are retried (``on_retry`` is
-        called with the error before each retry). Raises StorageError."""
+        called with the error before each retry). On a local filesystem the object and
+        its directory are fsynced before this returns. ``exclusive``: create only if
+        absent, else raise :class:`ObjectExistsError` (see the module docstring for
+        which stores guarantee it; a fault-injection wrapper is bypassed for it).
+        A retried exclusive write whose first attempt landed also raises
+        ObjectExistsError: callers tell it apart by reading the object back.
+        Raises StorageError."""
         chunks = [parts] if isinstance(parts, bytes | bytearray | memoryview) else list(parts)
         path = self._path(url)
 
         def once() -> int:
-            if self._bare_local:
-                return self._put_local(path, chunks)
+            if self._local and (exclusive or self._bare_local):
+                return self._put_local(path, chunks, exclusive)
             data = b"".join(chunks)
-            self.fs.pipe_file(path, data)
+            if exclusive:
+                self._create(path, data)
+            else:
+                self.fs.pipe_file(path, data)
             return len(data)
 
         return self._call("put", url, once, on_retry)
 
-    def _put_local(self, path: str, chunks: list[Buffer]) -> int:
+    def _create(self, path: str, data: bytes) -> None:
+        """Conditional create on the innermost filesystem; a check then a write where
+        the filesystem has no exclusive mode."""
+        fs = _innermost(self.fs)
+        try:
+            fs.pipe_file(path, data, mode="create")
+        except (TypeError, NotImplementedError, ValueError):
+            if fs.exists(path):
+                raise FileExistsError(path) from None
+            fs.pipe_file(path, data)
+
+    def _put_local(self, path: str, chunks: list[Buffer], exclusive: bool = False) -> int:
+        """Temporary file, fsync, then rename (or hard link when ``exclusive``: fails
+        with FileExistsError if the name is taken), then fsync of the directory."""
         parent = posixpath.dirname(path)
-        self.fs.makedirs(parent, exist_ok=True)
+        _makedirs_durable(parent)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         size = 0
         try:
             with open(tmp, "wb") as f:
                 for c in chunks:
                     size += f.write(c)
-            self.fs.mv(tmp, path)
+                f.flush()
+                os.fsync(f.fileno())
+            if exclusive:
+                _link_exclusive(tmp, path)
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+            fsync_dir(parent)
         except BaseException:
-            self.fs.rm(tmp) if self.fs.exists(tmp) else None
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
             raise
         return size
 
@@ -429,6 +551,24 @@ class ObjectStore:
 
         found = self._call("list", prefix_url, once)
         return sorted(self.url(p) for p in found if p.endswith(suffix))
+
+    def list_info(self, prefix_url: str) -> list[ObjectInfo]:
+        """Every file below ``prefix_url`` with its size and modification time (sorted
+        by URL); an absent prefix lists nothing. Raises StorageError."""
+        path = self._path(prefix_url)
+
+        def once() -> dict[str, Any]:
+            if not self.fs.exists(path):
+                return {}
+            return dict(self.fs.find(path, detail=True))
+
+        found = self._call("list", prefix_url, once)
+        out = [
+            ObjectInfo(self.url(p), int(i.get("size") or 0), _mtime(i))
+            for p, i in found.items()
+            if i.get("type", "file") != "directory"
+        ]
+        return sorted(out, key=lambda o: o.url)
 
     def list_objects(self) -> list[str]:
         """Every changelog object under the base path."""

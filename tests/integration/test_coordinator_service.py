@@ -169,7 +169,7 @@ def test_orphans_and_stale_metadata_deleted_on_start(tmp_path: Path) -> None:
     cs = CheckpointStore(store)
     cs.add(completed(1, {0: [keep[0]], 1: [keep[1]]}))
     store.put(cs.metadata_path(2), b"{}")  # written but never committed
-    coord = Coordinator(store, 2)
+    coord = Coordinator(store, 2, orphan_grace=0)
     coord.start()
     try:
         s = coord.statistics()

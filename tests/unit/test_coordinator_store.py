@@ -8,8 +8,9 @@ import pytest
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
 from dstltree.coordinator.errors import CorruptCheckpointError
-from dstltree.coordinator.store import CheckpointStore
+from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.coordinator.testing import completed
+from dstltree.storage.errors import StorageError
 from dstltree.storage.store import ObjectStore
 
 
@@ -70,3 +71,114 @@ def test_corrupt_metadata_names_the_file(tmp_path: Path) -> None:
     store.put(cs.latest_path, b"garbage")
     with pytest.raises(CorruptCheckpointError, match="LATEST"):
         cs.latest_id()
+
+
+# -- fencing: one driver per job ---------------------------------------------------------
+
+
+def _pointers(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if "LATEST" in p.name)
+
+
+def fence_two_stores(first: CheckpointStore, second: CheckpointStore) -> None:
+    """The checks of two drivers on one job prefix (also run on S3)."""
+    first.claim()
+    first.add(completed(1, {0: ["a"]}))
+    assert second.claim() == first.version + 1  # type: ignore[operator]
+    assert second.latest_id() == 1
+    with pytest.raises(JobFencedError, match="another driver"):
+        first.add(completed(2, {0: ["b"]}))
+    assert first.fenced is not None
+    with pytest.raises(JobFencedError):
+        first.delete(1)  # a fenced driver deletes nothing, not even metadata
+    with pytest.raises(JobFencedError):
+        first.verify_owner()
+    assert first.load(1) == completed(1, {0: ["a"]})
+    # The first's metadata of checkpoint 2 is there, but no pointer names it: the
+    # second writes the next id, and cleans the stale file.
+    assert first.metadata_path(2) in second.stale_files()
+    with pytest.raises(StorageError, match="different metadata"):
+        second.add(completed(2, {0: ["c"]}))
+    second.add(completed(3, {0: ["c"]}), retained=[1])
+    second.verify_owner()
+    assert second.retained_ids() == [1, 3]
+    assert CheckpointStore(second.store).load_latest() == completed(3, {0: ["c"]})
+
+
+def test_a_second_driver_fences_the_first(tmp_path: Path) -> None:
+    fence_two_stores(
+        CheckpointStore(ObjectStore(str(tmp_path))), CheckpointStore(ObjectStore(str(tmp_path)))
+    )
+    assert len(_pointers(tmp_path)) == 2  # old pointer versions are deleted
+
+
+def test_a_stale_driver_is_fenced_even_after_its_next_version_was_deleted(
+    tmp_path: Path,
+) -> None:
+    old, new = (
+        CheckpointStore(ObjectStore(str(tmp_path))),
+        CheckpointStore(ObjectStore(str(tmp_path))),
+    )
+    old.add(completed(1, {0: ["a"]}))  # claims version 1, writes version 2
+    new.claim()
+    for i in range(2, 6):
+        new.add(completed(i, {0: [f"x{i}"]}))
+    assert old.version == 2 and not (tmp_path / "checkpoints" / "LATEST-0000000003").exists()
+    # Version 3 is free again, but a listing after the create shows newer ones.
+    with pytest.raises(JobFencedError, match="newer"):
+        old.add(completed(6, {0: ["y"]}))
+    assert new.latest_id() == 5 and new.retained_ids() == [1, 2, 3, 4, 5]
+
+
+def test_a_retried_create_of_our_own_pointer_is_no_fencing(tmp_path: Path) -> None:
+    store = ObjectStore(str(tmp_path))
+    cs = CheckpointStore(store, owner="driver-a")
+    cs.claim()
+    # The create landed but its answer was lost: the retry finds our own bytes.
+    store.put(cs.pointer_path(2), cs._body(1, [1]))
+    cs.add(completed(1, {0: ["a"]}))
+    assert cs.version == 2 and cs.fenced is None
+    # Another driver's bytes in the same version are fencing.
+    store.put(cs.pointer_path(3), CheckpointStore(store, owner="driver-b")._body(2, [1, 2]))
+    with pytest.raises(JobFencedError):
+        cs.add(completed(2, {0: ["b"]}))
+
+
+def test_the_old_single_latest_file_is_read_and_replaced(tmp_path: Path) -> None:
+    import json
+
+    store = ObjectStore(str(tmp_path))
+    cp = completed(4, {0: ["a"]})
+    store.put(store.join("checkpoints", "chk-0000000004.json"), json.dumps(cp.to_dict()).encode())
+    store.put(store.join("checkpoints", "LATEST"), b'{"latest": 4, "retained": [4]}')
+    cs = CheckpointStore(store)
+    assert cs.load_latest() == cp and cs.latest_path.endswith("/LATEST")
+    assert cs.claim() == 1
+    cs.add(completed(5, {0: ["b"]}))
+    assert cs.retained_ids() == [4, 5]
+    assert _pointers(tmp_path) == ["LATEST-0000000001", "LATEST-0000000002"]
+
+
+def test_an_empty_job_pointer_and_deleting_the_last_checkpoint(tmp_path: Path) -> None:
+    cs = CheckpointStore(ObjectStore(str(tmp_path)))
+    assert cs.claim() == 1 and cs.latest_id() is None and cs.retained_ids() == []
+    cs.add(completed(1, {0: ["a"]}))
+    cs.delete(1)
+    assert cs.latest_id() is None and cs.stale_files() == []
+    assert cs.claim() == 4  # a restarted driver continues the versions
+
+
+def test_stale_files_younger_than_the_cutoff_are_spared(tmp_path: Path) -> None:
+    import os
+    import time
+
+    store = ObjectStore(str(tmp_path))
+    cs = CheckpointStore(store)
+    cs.add(completed(1, {0: ["a"]}))
+    old, young = cs.metadata_path(5), cs.pointer_path(9) + ".tmp-1234"  # a claim under way
+    store.put(old, b"{}")
+    store.put(young, b"{}")
+    t = time.time() - 120
+    os.utime(old, (t, t))
+    assert cs.stale_files(cutoff=time.time() - 60) == [old]
+    assert sorted(cs.stale_files()) == sorted([old, young])

@@ -5,13 +5,21 @@ and the client's errors and the storage errors share one base."""
 from __future__ import annotations
 
 import ast
+import errno
+import os
+import time
+import uuid
 from pathlib import Path
+
+import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 import dstltree.client as client_api
 from dstltree.client import errors as client_errors
 from dstltree.coordinator.errors import CoordinatorError
 from dstltree.storage import errors as storage_errors
-from dstltree.storage.store import ObjectStore
+from dstltree.storage.faults import FaultSpec
+from dstltree.storage.store import ObjectExistsError, ObjectStore, translate
 
 STORAGE = Path(__file__).resolve().parents[2] / "storage"
 ALLOWED = {"dstltree.storage", "dstltree.topology"}
@@ -100,3 +108,91 @@ def test_client_public_api_is_unchanged() -> None:
         "StorageError",
         "WireError",
     ]
+
+
+# -- conditional create, fsync, listings with modification times -----------------------
+
+
+def test_exclusive_put_creates_once_on_a_local_store(tmp_path: Path) -> None:
+    store = ObjectStore(str(tmp_path))
+    url = store.join("checkpoints", "LATEST-0000000001")
+    assert store.put(url, b"first", exclusive=True) == 5
+    with pytest.raises(ObjectExistsError):
+        store.put(url, b"second", exclusive=True)
+    assert store.read(url) == b"first"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["LATEST-0000000001"]
+
+
+def test_exclusive_put_on_memory_and_under_a_wrapper(tmp_path: Path) -> None:
+    mem = ObjectStore(f"memory://excl-{uuid.uuid4().hex}")
+    url = mem.join("x")
+    mem.put(url, b"1", exclusive=True)
+    with pytest.raises(ObjectExistsError):
+        mem.put(url, b"2", exclusive=True)
+    wrapped = ObjectStore(str(tmp_path), fs=FaultSpec().wrap(LocalFileSystem()))
+    url = wrapped.join("y")
+    wrapped.put(url, b"1", exclusive=True)
+    with pytest.raises(ObjectExistsError):
+        wrapped.put(url, b"2", exclusive=True)
+
+
+def test_local_put_fsyncs_the_object_and_the_directories_it_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    store = ObjectStore(str(tmp_path))
+    url = store.join("changelog", "ab", "obj.dstl")
+    store.put(url, [b"a", b"b"])
+    # the parents of the new directories, the data before the rename, then the
+    # object's directory after the rename
+    assert synced[:2] == [str(tmp_path), str(tmp_path / "changelog")]
+    assert synced[2].startswith(url + ".tmp-")
+    assert synced[3:] == [str(tmp_path / "changelog" / "ab")]
+    synced.clear()
+    store.put(store.join("changelog", "ab", "two.dstl"), b"x")
+    assert len(synced) == 2 and synced[1] == str(tmp_path / "changelog" / "ab")
+
+
+def test_list_info_gives_sizes_and_modification_times(tmp_path: Path) -> None:
+    for store in (ObjectStore(str(tmp_path)), ObjectStore(f"memory://li-{uuid.uuid4().hex}")):
+        before = time.time() - 5
+        store.put(store.join("changelog", "a.dstl"), b"abc")
+        store.put(store.join("changelog", "b", "c.dstl"), b"")
+        infos = store.list_info(store.join("changelog"))
+        assert [(i.url.rsplit("/", 1)[-1], i.size) for i in infos] == [("a.dstl", 3), ("c.dstl", 0)]
+        assert all(i.mtime is not None and before < i.mtime < time.time() + 5 for i in infos)
+        assert store.list_info(store.join("nothing")) == []
+
+
+def test_precondition_failed_translates_to_object_exists() -> None:
+    from botocore.exceptions import ClientError
+
+    err = ClientError(
+        {"Error": {"Code": "PreconditionFailed"}, "ResponseMetadata": {"HTTPStatusCode": 412}},
+        "PutObject",
+    )
+    assert isinstance(translate("put", "s3://b/k", err), ObjectExistsError)
+    assert isinstance(translate("put", "/x", FileExistsError("x")), ObjectExistsError)
+    assert not isinstance(translate("put", "/x", FileNotFoundError("x")), ObjectExistsError)
+
+
+def test_exclusive_put_without_hard_links_falls_back_to_o_excl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_link(src: str, dst: str) -> None:
+        raise OSError(errno.EPERM, "no hard links here")
+
+    monkeypatch.setattr(os, "link", no_link)
+    store = ObjectStore(str(tmp_path))
+    url = store.join("p")
+    store.put(url, b"one", exclusive=True)
+    with pytest.raises(ObjectExistsError):
+        store.put(url, b"two", exclusive=True)
+    assert store.read(url) == b"one" and os.listdir(tmp_path) == ["p"]
