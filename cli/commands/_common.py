@@ -85,3 +85,15 @@ def wide_console(width: int) -> Console:
 def echo_json(doc: Any) -> None:
     """``doc`` as indented JSON on stdout."""
     typer.echo(json.dumps(doc, indent=2))
+
+
+def check_topology(path: Path) -> None:
+    """Load the topology file at ``path`` once before anything starts, so that a
+    malformed one ends in one error line naming the field (exit 2), not in a traceback
+    from inside Spark. Raises typer.Exit(2)."""
+    from dstltree.topology.config import TopologyError, load_topology
+
+    try:
+        load_topology(path)
+    except TopologyError as e:
+        exit_topology_error(e, "--topology")

@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from dstltree.cli.commands._common import check_topology
+
 __all__ = ["register"]
 
 
@@ -39,6 +41,7 @@ def bench_job(
 
     if not topology.exists():
         raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")
+    check_topology(topology)
     records = write_input(workdir / "in", files, per_file, keys)
     spark = spark_session(master, app="dstl-bench-job")
     results = []

@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from dstltree.cli.commands._common import check_topology
+
 DEFAULT_TOPOLOGY = Path("deploy/local.yaml")
 
 
@@ -100,6 +102,7 @@ def demo(
     console = Console(stderr=True)
     if not topology.exists():
         raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")
+    check_topology(topology)
     opts_json = _storage_options(storage_options)
     if dfs_faults:
         from dstltree.storage.targets import with_faults
