@@ -43,14 +43,15 @@ def test_demo_recovery_and_cleanup_on_local_s3(tmp_path: Path, s3) -> None:  # t
     assert r["sink_duplicate_rows"] == 0 and r["sink_matches_batch"] is True
     assert r["base_path"].startswith("s3://")
     summary = inspect_base(base, opts)
-    assert summary["missing"] == []
+    assert summary["missing"] == [] and summary["orphans"] == []
     assert set(summary["referenced"]) <= set(summary["present"])
     assert _every_retained_checkpoint_readable(base, opts) >= 1
-    # a crash leaves an unreferenced object behind: the next start deletes it
+    # a crash leaves an unreferenced object behind: the next start deletes it (here with
+    # no grace period, so that the object just written counts as old)
     store = ObjectStore(base, opts)
     orphan = store.new_object_path()
     store.put(orphan, b"left by a crashed writer node")
-    with Coordinator(store, TASKS) as coord:
+    with Coordinator(store, TASKS, orphan_grace=0.0) as coord:
         assert coord.statistics().orphans_deleted >= 1
     assert not store.exists(orphan)
     assert inspect_base(base, opts)["missing"] == []

@@ -96,6 +96,7 @@ class _Chaos(threading.Thread):
             self.tree.workdir,
             bind=old.address,
             exit_with_pid=os.getpid(),
+            keys_dir=None if self.tree.keys is None else self.tree.keys.directory,
         )
 
 
@@ -107,7 +108,12 @@ def test_killing_and_restarting_random_nodes_loses_and_duplicates_nothing(
     order = [n["id"] for n in SEVEN_NODES]
     with start(tmp_path, SEVEN_NODES, parent_timeout=1.0) as tree:
         clients = [
-            ChangelogClient.open(base, node=tree.address(order[i % 7]), ack_timeout=2.0)
+            ChangelogClient.open(
+                base,
+                node=tree.address(order[i % 7]),
+                ack_timeout=2.0,
+                security=tree.client_security,
+            )
             for i in range(WRITERS)
         ]
         writers = [_Writer(i, c) for i, c in enumerate(clients)]

@@ -40,6 +40,7 @@ from dstltree.client.wire import (
     Unregister,
     dump,
 )
+from dstltree.security.curve import configure_client
 from tests.support.tree_fixtures import metric, start
 from tests.support.waiting import wait_until
 
@@ -227,7 +228,9 @@ def test_a_node_survives_100k_hostile_messages_while_a_writer_persists(tmp_path:
         url = node.metrics_url
         assert url is not None
         proc = psutil.Process(node.pid)
-        client = ChangelogClient.open(str(base), node=node.address, ack_timeout=15.0)
+        client = ChangelogClient.open(
+            str(base), node=node.address, ack_timeout=15.0, security=tree.client_security
+        )
         legit = _LegitWriter(client)
         legit.start()
         # the job's writer is there first (the first checkpoint seen starts the horizon)
@@ -237,6 +240,9 @@ def test_a_node_survives_100k_hostile_messages_while_a_writer_persists(tmp_path:
         for s in socks:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, 2000)
+            # insiders: the hostile peers hold the writers' key (CURVE is on), so every
+            # message reaches the node's own checks
+            configure_client(s, tree.client_security)
             s.connect(node.address)
         try:
             t0 = time.monotonic()

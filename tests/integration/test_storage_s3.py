@@ -56,7 +56,9 @@ def test_object_store_round_trip(s3_any: S3Target) -> None:
     assert whole == b"".join(bytes(p) for p in parts)
     e = entries[1]
     assert store.read_range(urls[0], e.offset, e.length) == bytes(parts[1])
-    assert read_index(store, urls[1]) == [replace(e, path=urls[1]) for e in entries]
+    # opaque payloads, not segments: the index alone, without the cross-check
+    indexed = read_index(store, urls[1], verify=False)
+    assert indexed == [replace(e, path=urls[1]) for e in entries]
     assert store.read_range(urls[0], len(whole) - 4, 10) == whole[-4:], "a short read"
     with pytest.raises(CorruptObjectError, match="truncated") as info:
         read_exact(store, urls[0], len(whole) - 4, 10)

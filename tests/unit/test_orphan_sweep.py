@@ -112,7 +112,7 @@ def test_a_fenced_worker_deletes_nothing(tmp_path: Path) -> None:
 
 # -- what the state lets a sweep delete --------------------------------------------------
 
-CFG = CoordinatorConfig(1.0, 1000.0, 5.0, 2)
+CFG = CoordinatorConfig(1.0, 1000.0, 5.0, 2, object_prefixes=("o/",))
 
 
 def _ack(now: float, cid: int, paths: list[str]) -> object:
@@ -121,27 +121,27 @@ def _ack(now: float, cid: int, paths: list[str]) -> object:
 
 
 def test_sweep_scope_follows_the_latest_trigger_and_ends_with_the_run() -> None:
-    s = CoordinatorState(CFG, [completed(1, {0: ["old"]})], validate=True)
+    s = CoordinatorState(CFG, [completed(1, {0: ["o/old"]})], validate=True)
     feed(s, Started(0.0), AttemptStarted(0.0, 0, 1), hello(0.0, 0, 0))
     s.handle(Tick(0.5, 1000.5))
     restored = s.sweep_scope()  # the restored checkpoint's trigger (epoch 0 in tests)
-    assert restored is not None and restored[0] == {"old"} and restored[1] == 0.0
+    assert restored is not None and restored[0] == {"o/old"} and restored[1] == 0.0
     feed(s, Tick(1.0, 1001.0))  # triggers checkpoint 2 at wall 1001
-    out = s.handle(_ack(1.5, 2, ["a"]))  # type: ignore[arg-type]
+    out = s.handle(_ack(1.5, 2, ["o/a"]))  # type: ignore[arg-type]
     assert of_type(out, PersistCheckpoint)
     scope = s.sweep_scope()
-    assert scope is not None and scope[0] == {"old", "a"}  # being written: still spared
+    assert scope is not None and scope[0] == {"o/old", "o/a"}  # being written: still spared
     feed(s, CheckpointWritten(2.0, 2), Tick(3.0, 1003.0))  # triggers checkpoint 3
-    s.handle(_ack(3.5, 3, ["a", "b"]))  # type: ignore[arg-type]
+    s.handle(_ack(3.5, 3, ["o/a", "o/b"]))  # type: ignore[arg-type]
     scope = s.sweep_scope()
     assert scope is not None
-    assert scope[0] == {"old", "a", "b"}  # the pending acknowledgement's paths too
+    assert scope[0] == {"o/old", "o/a", "o/b"}  # the pending acknowledgement's paths too
     assert 1000.0 <= scope[1] <= 1001.0  # checkpoint 2's trigger (wall clock)
     feed(s, CheckpointWritten(4.0, 3), StopRequested(4.0))  # the final checkpoint 4
-    s.handle(_ack(4.5, 4, ["b"]))  # type: ignore[arg-type]
+    s.handle(_ack(4.5, 4, ["o/a", "o/b"]))  # type: ignore[arg-type]
     feed(s, CheckpointWritten(5.0, 4))
     assert s.finished is not None
-    assert s.sweep_scope() == (frozenset({"a", "b"}), None)  # the end: any age
+    assert s.sweep_scope() == (frozenset({"o/a", "o/b"}), None)  # the end: any age
 
 
 def test_sweeper_sweeps_every_interval_and_once_at_the_end() -> None:
@@ -150,16 +150,16 @@ def test_sweeper_sweeps_every_interval_and_once_at_the_end() -> None:
     feed(s, Started(0.0), AttemptStarted(0.0, 0, 1), hello(0.0, 0, 0))
     assert sweeper.next(s, 0.0) is None  # no checkpoint yet
     feed(s, Tick(1.0, 1001.0))
-    s.handle(_ack(1.5, 1, ["a"]))  # type: ignore[arg-type]
+    s.handle(_ack(1.5, 1, ["o/a"]))  # type: ignore[arg-type]
     feed(s, CheckpointWritten(2.0, 1))
     first = sweeper.next(s, 2.0)
     assert first is not None and not first.final and first.cutoff is not None
-    assert first.cutoff <= 1001.0 - 30.0 and first.referenced == {"a"}
+    assert first.cutoff <= 1001.0 - 30.0 and first.referenced == {"o/a"}
     assert sweeper.next(s, 5.0) is None  # not due yet
     assert sweeper.next(s, 12.5) is not None
     assert sweeper.next(s, 30.0, final_only=True) is None
     feed(s, StopRequested(31.0))
-    s.handle(_ack(31.5, 2, ["b"]))  # type: ignore[arg-type]
+    s.handle(_ack(31.5, 2, ["o/b"]))  # type: ignore[arg-type]
     feed(s, CheckpointWritten(32.0, 2))
     final = sweeper.next(s, 32.0, final_only=True)
     assert final is not None and final.final and final.cutoff is None
