@@ -24,7 +24,7 @@ demo: $(STAMP) java
 	$(BIN)/dstl demo $(DEMO_ARGS)
 
 test: $(STAMP) java
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
