@@ -25,7 +25,13 @@ DEFAULT_TOPOLOGY = Path("deploy/bench.yaml")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("bench")(bench)
+    """``dstl bench`` (the designs, as before) with the sub-command ``hotpath``."""
+    from dstltree.cli.commands._hotpath import hotpath
+
+    group = typer.Typer(invoke_without_command=True, no_args_is_help=False)
+    group.callback()(bench)
+    group.command("hotpath")(hotpath)
+    app.add_typer(group, name="bench")
 
 
 def _hedge(text: str) -> tuple[int, float]:
@@ -42,6 +48,7 @@ def _hedge(text: str) -> tuple[int, float]:
 
 
 def bench(
+    ctx: typer.Context,
     topology: Annotated[
         Path, typer.Option(help="Topology YAML (executor i = node i in breadth-first order).")
     ] = DEFAULT_TOPOLOGY,
@@ -109,7 +116,10 @@ def bench(
 ) -> None:
     """Run one synthetic workload through the designs and compare objects and DFS
     requests per checkpoint, mean object size, persist latency, relayed bytes,
-    throughput and CPU (docs/design.md, "Where numbers come from")."""
+    throughput and CPU (docs/design.md, "Where numbers come from"). ``dstl bench
+    hotpath``: the hot-path suite instead."""
+    if ctx.invoked_subcommand is not None:
+        return
     from rich.console import Console
 
     from dstltree.bench.designs import BenchSettings

@@ -1,0 +1,310 @@
+"""``dstl bench hotpath``: the hot-path suite. Each figure of the changelog's hot path
+is measured side by side with its floor in one run, and the ratio printed:
+
+- the state-update loop of a keyed operator with the changelog against the same loop
+  without it (:mod:`.hotpath_local`);
+- forwarding through one in-process node (64 KiB and 1 MiB segments) and a two-node
+  chain (1 MiB) against a raw pyzmq DEALER->ROUTER hop (:mod:`.hotpath_net`);
+- persist latency of one checkpoint through one node (64 KiB, and 1 MB of 100-byte
+  changes) against one round trip plus one fsynced file write of the same bytes;
+- restore by changelog replay against snapshot-only restore of the same state.
+
+Ratios within one run are what count: the machine may be shared and noisy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dstltree.bench.hotpath_local import restore_figures, task_loop_figures
+from dstltree.bench.hotpath_net import latency_figures, node_throughput, raw_throughput
+
+KIB, MIB = 1024, 1024 * 1024
+SECTION = "Hot path"
+
+
+@dataclass(frozen=True)
+class HotpathSettings:
+    """``seconds``: wall seconds of each throughput figure (the task loop gets twice
+    that, each latency pair ``2 * seconds``); ``restore_changes``: changes logged for
+    the restore figure; ``small_change_bytes``: payload (bytes) of the small-changes
+    latency figure."""
+
+    seconds: float = 6.0
+    restore_changes: int = 300_000
+    small_change_bytes: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure next to its floor: ``value`` and ``floor`` in ``unit``;
+    ``ratio`` = value / floor for rates, value / floor ("times the floor") for
+    latencies, as ``ratio_kind`` says; ``detail`` extra numbers (CPU s/GB, p99s)."""
+
+    name: str
+    unit: str
+    value: float
+    floor: float
+    floor_name: str
+    ratio: float
+    ratio_kind: str
+    detail: dict[str, float]
+
+
+def _forwarding(root: str, s: HotpathSettings) -> list[Figure]:
+    """Node and chain forwarding against a raw hop (bytes/s; CPU s/GB in detail)."""
+    out = []
+    for size, depth, label in (
+        (64 * KIB, 1, "node 64 KiB"),
+        (MIB, 1, "node 1 MiB"),
+        (MIB, 2, "chain of 2 nodes 1 MiB"),
+    ):
+        raw = raw_throughput(size, s.seconds / 2)
+        node = node_throughput(
+            os.path.join(root, f"fwd-{depth}-{size}"), size, s.seconds / 2, depth
+        )
+        out.append(
+            Figure(
+                f"forwarding, {label}",
+                "bytes/s",
+                node["bytes_per_s"],
+                raw["bytes_per_s"],
+                "raw pyzmq hop",
+                node["bytes_per_s"] / raw["bytes_per_s"],
+                "x floor rate",
+                {"cpu_s_per_gb": node["cpu_s_per_gb"], "floor_cpu_s_per_gb": raw["cpu_s_per_gb"]},
+            )
+        )
+    return out
+
+
+def _latencies(root: str, s: HotpathSettings) -> list[Figure]:
+    """Persist latency through one node against its floor (p50 in s; p99s in detail)."""
+    floors = os.path.join(root, "floor")
+    os.makedirs(floors, exist_ok=True)
+    out = []
+    cases = (
+        (64 * KIB, 64 * KIB, "one checkpoint of 64 KiB"),
+        (s.small_change_bytes, 100, f"{s.small_change_bytes / 1e6:g} MB of 100-byte changes"),
+    )
+    for i, (payload, change, label) in enumerate(cases):
+        f = latency_figures(os.path.join(root, f"lat-{i}"), floors, payload, change, 2 * s.seconds)
+        node, floor = f["node"], f["floor"]
+        out.append(
+            Figure(
+                f"persist latency p50, {label}",
+                "s",
+                node["p50"],
+                floor["p50"],
+                "round trip + fsynced write",
+                f["ratio_p50"],
+                "x floor time",
+                {
+                    "p99": node["p99"],
+                    "floor_p99": floor["p99"],
+                    "ratio_p99": f["ratio_p99"],
+                    "samples": node["n"],
+                    "floor_samples": floor["n"],
+                },
+            )
+        )
+    return out
+
+
+def _loop_and_restore(root: str, s: HotpathSettings) -> list[Figure]:
+    """The state-update loop (records/s) and restore (changes/s) against their floors."""
+    loop = task_loop_figures(os.path.join(root, "loop"), 2 * s.seconds)
+    rest = restore_figures(os.path.join(root, "restore"), s.restore_changes)
+    return [
+        Figure(
+            "task loop with the changelog",
+            "records/s",
+            loop["with_changelog"],
+            loop["without"],
+            "same loop, no changelog",
+            loop["ratio"],
+            "x floor rate",
+            {},
+        ),
+        Figure(
+            f"restore by replay, {s.restore_changes} changes",
+            "changes/s",
+            rest["replay"],
+            rest["snapshot_only"],
+            "snapshot-only restore",
+            rest["ratio"],
+            "x floor rate",
+            {
+                "replay_seconds": rest["replay_seconds"],
+                "snapshot_seconds": rest["snapshot_seconds"],
+                "us_per_change": rest["replay_seconds"] / rest["changes"] * 1e6,
+            },
+        ),
+    ]
+
+
+def run_hotpath(
+    settings: HotpathSettings,
+    workdir: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Figure]:
+    """Measure every figure of the suite (in a fresh temporary directory under
+    ``workdir``, default the system's, deleted afterwards); ``progress(name)`` is
+    called before each group. Raises what a component raises (a failed persist,
+    StorageError)."""
+    groups: list[tuple[str, Callable[[str, HotpathSettings], list[Figure]]]] = [
+        ("task loop and restore", _loop_and_restore),
+        ("forwarding", _forwarding),
+        ("persist latency", _latencies),
+    ]
+    figures: list[Figure] = []
+    with tempfile.TemporaryDirectory(prefix="dstl-hotpath-", dir=workdir) as root:
+        for name, measure in groups:
+            if progress is not None:
+                progress(name)
+            figures.extend(measure(root, settings))
+    return figures
+
+
+def _short(x: float, unit: str) -> str:
+    """``x`` in ``unit`` for a table cell (rates with SI prefixes, seconds in ms)."""
+    if unit == "s":
+        return f"{x * 1e3:.2f} ms"
+    if unit == "bytes/s":
+        return f"{x / 1e9:.3f} GB/s" if x >= 1e9 else f"{x / 1e6:.1f} MB/s"
+    return f"{x:,.0f} {unit}"
+
+
+def _detail(f: Figure) -> str:
+    """The extra numbers of ``f`` as one short text."""
+    d = f.detail
+    if "cpu_s_per_gb" in d:
+        return f"CPU {d['cpu_s_per_gb']:.2f} s/GB (floor {d['floor_cpu_s_per_gb']:.2f})"
+    if "p99" in d:
+        return (
+            f"p99 {d['p99'] * 1e3:.2f} ms vs {d['floor_p99'] * 1e3:.2f} ms: {d['ratio_p99']:.2f}x"
+        )
+    if "replay_seconds" in d:
+        return (
+            f"{d['replay_seconds']:.3f} s vs {d['snapshot_seconds']:.4f} s; "
+            f"{d['us_per_change']:.2f} µs per change replayed"
+        )
+    return ""
+
+
+def table_rows(figures: list[Figure]) -> list[list[str]]:
+    """Rows [figure, value, floor (its name), ratio, detail] as text."""
+    return [
+        [
+            f.name,
+            _short(f.value, f.unit),
+            f"{_short(f.floor, f.unit)} ({f.floor_name})",
+            f"{f.ratio:.3f} {f.ratio_kind}",
+            _detail(f),
+        ]
+        for f in figures
+    ]
+
+
+HEADERS = ["figure", "measured", "floor", "ratio", "detail"]
+
+
+def print_figures(figures: list[Figure], title: str) -> None:
+    """The figures as a rich table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for h in HEADERS:
+        table.add_column(h, justify="left" if h in ("figure", "detail") else "right")
+    for row in table_rows(figures):
+        table.add_row(*row)
+    Console().print(table)
+
+
+def to_json(figures: list[Figure], settings: HotpathSettings, meta: dict[str, str]) -> str:
+    """The settings, ``meta`` (command, commit, date) and figures as JSON text."""
+    doc = {"meta": meta, "settings": asdict(settings), "figures": [asdict(f) for f in figures]}
+    return json.dumps(doc, indent=2)
+
+
+def run_meta(command: str, cwd: str | None = None) -> dict[str, str]:
+    """``command``, ``commit`` (``git rev-parse --short HEAD`` in ``cwd``, "unknown"
+    outside a checkout) and ``date`` (UTC, ISO 8601, seconds)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        commit = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    return {"command": command, "commit": commit, "date": now.isoformat()}
+
+
+_HOW = """How each figure is measured (all in one process, real components, security off):
+
+- task loop: per record `set_current_key` over 5,000 string keys, then a count and a
+  sum in value state read and written back (two changes per record); with the
+  changelog, the backend's writer is on a direct client (local store), persisting every
+  20,000 records with at most one persist in flight; the floor is the same loop with no
+  writer (`persist_changelog=False`). Both alternate in two halves.
+- restore: value-state sets over 5,000 keys, all logged, restored into an empty backend
+  by `restore_key_groups` from the changelog handle alone (replay), against the same
+  call from a snapshot of the same final state alone (snapshot-only; changes/s =
+  logged changes / seconds of that restore).
+- forwarding: one writer appends one change of the segment size and persists it (no
+  checkpoint id; 64 MiB in flight) through `Node` threads (root object target 4 MiB,
+  the chain's lower node forwards hop by hop) to a local store, timed until every
+  handle is durable; the floor is a pyzmq DEALER->ROUTER hop over loopback TCP sending
+  the same sizes with `copy=False`. CPU = user + system seconds of the whole process
+  (client, nodes, store) per 10^9 bytes.
+- persist latency: per checkpoint, append the bytes (one 64 KiB change, or 100-byte
+  changes: appends included), `persist_durably(after, checkpoint_id=k)` through one node
+  until the handle is durable; the floor is one raw ZeroMQ round trip carrying the same
+  bytes whose receiver writes them to a new local file and fsyncs it before answering.
+"""
+
+
+def markdown_section(figures: list[Figure], meta: dict[str, str], nproc: int) -> str:
+    """The ``## Hot path`` section of BENCHMARKS.md: command, commit, date, machine
+    (``nproc`` cores) and the table of figures with their ratios."""
+    lines = [
+        f"## {SECTION}",
+        "",
+        f"`{meta['command']}` on commit {meta['commit']}, {meta['date']}, `nproc` = {nproc} "
+        "(shared and noisy: compare the ratios of one run, not absolute numbers). Each "
+        "figure is measured next to its floor in the same run (dstltree/bench/hotpath.py). "
+        "Rates: ratio = measured / floor (1 is the floor); latencies: ratio = measured / "
+        "floor (times the floor, 1 is the floor).",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "---|" * len(HEADERS),
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(figures)]
+    return "\n".join(lines) + "\n\n" + _HOW
+
+
+def write_markdown(path: Path, section: str) -> None:
+    """Replace the ``## Hot path`` section of the markdown file ``path`` (up to the
+    next ``## `` heading) with ``section``, or append it; creates the file if absent."""
+    text = path.read_text() if path.exists() else ""
+    pattern = re.compile(rf"^## {re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1)
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + section
+    path.write_text(text)

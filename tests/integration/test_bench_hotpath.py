@@ -1,0 +1,49 @@
+"""``dstl bench hotpath`` at tiny sizes: every figure and ratio present and positive,
+the JSON and the "Hot path" section of a markdown file written (no timed assertions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dstltree.bench.hotpath import write_markdown
+from dstltree.cli.app import app
+
+EXPECTED = {
+    "task loop with the changelog",
+    "forwarding, node 64 KiB",
+    "forwarding, node 1 MiB",
+    "forwarding, chain of 2 nodes 1 MiB",
+    "persist latency p50, one checkpoint of 64 KiB",
+    "persist latency p50, 0.1 MB of 100-byte changes",
+    "restore by replay, 20000 changes",
+}
+
+
+def test_hotpath_suite_tiny(tmp_path: Path) -> None:
+    out, md = tmp_path / "hot.json", tmp_path / "BENCH.md"
+    md.write_text("# Benchmarks\n\n## 1. Other\n\nkept\n")
+    args = ["bench", "hotpath", "--seconds", "0.1", "--restore-changes", "20000"]
+    args += ["--small-change-bytes", "100000", "--json", str(out), "--markdown", str(md)]
+    args += ["--workdir", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    figures = {f["name"]: f for f in doc["figures"]}
+    assert set(figures) == EXPECTED
+    for f in figures.values():
+        assert f["value"] > 0 and f["floor"] > 0 and f["ratio"] > 0, f
+        assert all(v > 0 for v in f["detail"].values()), f
+    assert doc["meta"]["command"].startswith("dstl bench hotpath --seconds 0.1")
+    text = md.read_text()
+    assert "## 1. Other\n\nkept" in text and text.count("## Hot path") == 1
+    assert doc["meta"]["commit"] in text and "task loop with the changelog" in text
+
+
+def test_markdown_section_is_replaced_in_place(tmp_path: Path) -> None:
+    md = tmp_path / "B.md"
+    md.write_text("# B\n\n## Hot path\n\nold\n\n## Next\n\nkept\n")
+    write_markdown(md, "## Hot path\n\nnew\n")
+    assert md.read_text() == "# B\n\n## Hot path\n\nnew\n\n## Next\n\nkept\n"
