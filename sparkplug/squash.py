@@ -32,6 +32,7 @@ within each list do not.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import msgpack
 
@@ -99,94 +100,103 @@ class ChangeSquasher:
     def __init__(self) -> None:
         self.read = 0
         self._pos = 0
-        self._values: dict[tuple[int, bytes], Entry] = {}
-        # (kg, state+key) -> [last clear | None, user key -> [last remove, put run]]
-        self._maps: dict[tuple[int, bytes], list[object]] = {}
-        # (kg, state+key) -> (last clear or update | None, adds after it)
-        self._lists: dict[tuple[int, bytes], tuple[Entry | None, list[Entry]]] = {}
+        # per key group, by state+key bytes: value state -> its last set or clear
+        self._values: dict[int, dict[bytes, Entry]] = {}
+        # map state -> [last clear | None, {user key: [last remove, put run]}]
+        self._maps: dict[int, dict[bytes, list[Any]]] = {}
+        # list state -> (last clear or update | None, adds after it)
+        self._lists: dict[int, dict[bytes, tuple[Entry | None, list[Entry]]]] = {}
         self._always: list[Entry] = []
 
     def feed(self, key_group: int, changes: Iterable[bytes], origin: int = 0) -> None:
         """Take the changes of ``key_group`` that come next in replay order;
         ``origin`` (an int the caller maps to, e.g., a segment) is handed back with
         each kept change. Never raises for a malformed change (it is kept)."""
-        values, maps, lists, always = self._values, self._maps, self._lists, self._always
-        pos = self._pos
+        values = self._values.setdefault(key_group, {})
+        lists = self._lists.setdefault(key_group, {})
+        maps = self._maps.setdefault(key_group, {})
+        always, size, pos = self._always, _SIZE, self._pos
+        value_ops, list_resets = _VALUE_OPS, _LIST_RESETS
         for change in changes:
             pos += 1
-            try:
-                op = change[1]
-                end = _item_end(change, _item_end(change, 2))
-                key = (key_group, change[2:end])
-            except (ValueError, IndexError, msgpack.UnpackException):
-                always.append((pos, key_group, change, origin))
-                continue
             entry = (pos, key_group, change, origin)
-            if op in _VALUE_OPS:
-                values[key] = entry
+            try:  # the state name and the key, fast paths inline
+                n = size[change[2]]
+                p = 2 + n if n else _item_end(change, 2)
+                n = size[change[p]]
+                end = p + n if n else _item_end(change, p)
+                op = change[1]
+            except (ValueError, IndexError, msgpack.UnpackException):
+                always.append(entry)
+                continue
+            if end > len(change):
+                always.append(entry)
+            elif op in value_ops:
+                values[change[2:end]] = entry
             elif op == OP_LIST_ADD:
-                lst = lists.get(key)
+                lst = lists.get(change[2:end])
                 if lst is None:
-                    lists[key] = (None, [entry])
+                    lists[change[2:end]] = (None, [entry])
                 else:
                     lst[1].append(entry)
-            elif op in _LIST_RESETS:
-                lists[key] = (entry, [])
-            elif not self._map_change(maps, key, op, entry, end):
+            elif op in list_resets:
+                lists[change[2:end]] = (entry, [])
+            elif not _map_change(maps, change[2:end], op, entry, end):
                 always.append(entry)
         self.read += pos - self._pos
         self._pos = pos
 
-    @staticmethod
-    def _map_change(
-        maps: dict[tuple[int, bytes], list[object]],
-        key: tuple[int, bytes],
-        op: int,
-        entry: Entry,
-        key_end: int,
-    ) -> bool:
-        """Record a map change; False if it is no map change or its user key does not
-        parse (the caller keeps it unconditionally)."""
-        if op == OP_MAP_CLEAR:
-            maps[key] = [entry, {}]
-            return True
-        if op != OP_MAP_PUT and op != OP_MAP_REMOVE:
-            return False
-        change = entry[2]
-        try:
-            user_key = change[key_end : _item_end(change, key_end)]
-        except (ValueError, IndexError, msgpack.UnpackException):
-            return False
-        m = maps.get(key)
-        if m is None:
-            m = maps[key] = [None, {}]
-        per_user_key: dict[bytes, list[Entry | None]] = m[1]  # type: ignore[assignment]
-        slots = per_user_key.get(user_key)
-        if slots is None:
-            slots = per_user_key[user_key] = [None, None]
-        if op == OP_MAP_REMOVE:
-            slots[0], slots[1] = entry, None
-        elif slots[1] is None:
-            slots[1] = entry
-        else:  # the run of puts keeps its first position and takes the last value
-            slots[1] = (slots[1][0], entry[1], change, entry[3])
-        return True
-
     def kept(self) -> list[Entry]:
         """The changes to apply, in replay order: (position, key group, change, origin)."""
         out: list[Entry] = list(self._always)
-        out.extend(self._values.values())
-        for reset, adds in self._lists.values():
-            if reset is not None:
-                out.append(reset)
-            out.extend(adds)
-        for clear, per_user_key in self._maps.values():
-            if clear is not None:
-                out.append(clear)  # type: ignore[arg-type]
-            for slots in per_user_key.values():  # type: ignore[attr-defined]
-                out.extend(s for s in slots if s is not None)
+        for values in self._values.values():
+            out.extend(values.values())
+        for lists in self._lists.values():
+            for reset, adds in lists.values():
+                if reset is not None:
+                    out.append(reset)
+                out.extend(adds)
+        for maps in self._maps.values():
+            for clear, per_user_key in maps.values():
+                if clear is not None:
+                    out.append(clear)
+                for slots in per_user_key.values():
+                    out.extend(s for s in slots if s is not None)
         out.sort(key=_position)
         return out
+
+
+def _map_change(maps: dict[bytes, list[Any]], key: bytes, op: int, entry: Entry, end: int) -> bool:
+    """Record in ``maps`` (one key group's) a change of the map of state+key ``key``
+    whose user key starts at offset ``end``; False if it is no map change or its user
+    key does not parse (the caller then keeps it unconditionally)."""
+    if op == OP_MAP_CLEAR:
+        maps[key] = [entry, {}]
+        return True
+    if op != OP_MAP_PUT and op != OP_MAP_REMOVE:
+        return False
+    change = entry[2]
+    try:
+        n = _SIZE[change[end]]
+        uk_end = end + n if n else _item_end(change, end)
+    except (ValueError, IndexError, msgpack.UnpackException):
+        return False
+    if uk_end > len(change):
+        return False
+    user_key = change[end:uk_end]
+    m = maps.get(key)
+    if m is None:
+        m = maps[key] = [None, {}]
+    slots = m[1].get(user_key)
+    if slots is None:
+        slots = m[1][user_key] = [None, None]
+    if op == OP_MAP_REMOVE:
+        slots[0], slots[1] = entry, None
+    elif slots[1] is None:
+        slots[1] = entry
+    else:  # the run of puts keeps its first position and takes the last value
+        slots[1] = (slots[1][0], entry[1], change, entry[3])
+    return True
 
 
 def _position(entry: Entry) -> int:
