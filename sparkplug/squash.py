@@ -26,12 +26,15 @@ keep at least one change per kind, so the kind clash is still raised. The order 
 which *different* keys are stored (the iteration order of
 ``KeyedStateBackend.items`` and thus the bytes of a later snapshot) may differ from a
 full replay; the contents, the order of user keys within each map and of values
-within each list do not.
+within each list do not. Memory: the squasher holds every change fed until
+:meth:`ChangeSquasher.kept` is consumed (the changes of one old task since its
+snapshot), plus one byte per change and a few ints per state key; a kept put that
+carries a later put's value reports the first put's origin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -86,7 +89,7 @@ def _item_end(buf: bytes, pos: int) -> int:
     return end
 
 
-# (position, key group, change, origin): position orders kept changes as replay would
+# (position, key group, change, origin): what :meth:`ChangeSquasher.kept` yields
 Entry = tuple[int, int, bytes, int]
 _VALUE_OPS = frozenset((OP_VALUE_SET, OP_VALUE_CLEAR))
 _LIST_RESETS = frozenset((OP_LIST_CLEAR, OP_LIST_SET))
@@ -94,32 +97,34 @@ _LIST_RESETS = frozenset((OP_LIST_CLEAR, OP_LIST_SET))
 
 class ChangeSquasher:
     """Collects changes in replay order (:meth:`feed`) and hands back the ones that
-    matter (:meth:`kept`). ``read`` counts the changes fed. Memory: the kept changes
-    (at most about two per value key, three per map user key, plus list adds)."""
+    matter (:meth:`kept`). ``read`` counts the changes fed. Memory: references to
+    every change fed (the lists given to :meth:`feed` are kept, not copied) plus one
+    byte and, per state key, a few ints of bookkeeping per change."""
 
     def __init__(self) -> None:
         self.read = 0
-        self._pos = 0
-        # per key group, by state+key bytes: value state -> its last set or clear
-        self._values: dict[int, dict[bytes, Entry]] = {}
-        # map state -> [last clear | None, {user key: [last remove, put run]}]
+        self._alive = bytearray()  # per position: 1 to apply, 0 superseded
+        self._batches: list[tuple[int, int, Sequence[bytes], int]] = []
+        self._moved: dict[int, bytes] = {}  # first put of a run -> the run's last put
+        # per key group, by state+key bytes: value state -> position of its last change
+        self._values: dict[int, dict[bytes, int]] = {}
+        # map state -> [last clear | -1, {user key: [last remove | -1, put run | -1]}]
         self._maps: dict[int, dict[bytes, list[Any]]] = {}
-        # list state -> (last clear or update | None, adds after it)
-        self._lists: dict[int, dict[bytes, tuple[Entry | None, list[Entry]]]] = {}
-        self._always: list[Entry] = []
+        # list state -> positions of its last clear or update and the adds after it
+        self._lists: dict[int, dict[bytes, list[int]]] = {}
 
-    def feed(self, key_group: int, changes: Iterable[bytes], origin: int = 0) -> None:
+    def feed(self, key_group: int, changes: Sequence[bytes], origin: int = 0) -> None:
         """Take the changes of ``key_group`` that come next in replay order;
         ``origin`` (an int the caller maps to, e.g., a segment) is handed back with
         each kept change. Never raises for a malformed change (it is kept)."""
         values = self._values.setdefault(key_group, {})
         lists = self._lists.setdefault(key_group, {})
         maps = self._maps.setdefault(key_group, {})
-        always, size, pos = self._always, _SIZE, self._pos
+        alive, size, pos = self._alive, _SIZE, len(self._alive)
         value_ops, list_resets = _VALUE_OPS, _LIST_RESETS
+        self._batches.append((pos, key_group, changes, origin))
+        alive.extend(b"\x01" * len(changes))
         for change in changes:
-            pos += 1
-            entry = (pos, key_group, change, origin)
             try:  # the state name and the key, fast paths inline
                 n = size[change[2]]
                 p = 2 + n if n else _item_end(change, 2)
@@ -127,77 +132,78 @@ class ChangeSquasher:
                 end = p + n if n else _item_end(change, p)
                 op = change[1]
             except (ValueError, IndexError, msgpack.UnpackException):
-                always.append(entry)
-                continue
+                end = len(change) + 1
             if end > len(change):
-                always.append(entry)
+                pass  # kept as it is
             elif op in value_ops:
-                values[change[2:end]] = entry
+                old = values.get(change[2:end])
+                if old is not None:
+                    alive[old] = 0
+                values[change[2:end]] = pos
             elif op == OP_LIST_ADD:
                 lst = lists.get(change[2:end])
                 if lst is None:
-                    lists[change[2:end]] = (None, [entry])
+                    lists[change[2:end]] = [pos]
                 else:
-                    lst[1].append(entry)
+                    lst.append(pos)
             elif op in list_resets:
-                lists[change[2:end]] = (entry, [])
-            elif not _map_change(maps, change[2:end], op, entry, end):
-                always.append(entry)
-        self.read += pos - self._pos
-        self._pos = pos
+                for old in lists.get(change[2:end], ()):
+                    alive[old] = 0
+                lists[change[2:end]] = [pos]
+            else:
+                self._map_change(maps, change[2:end], op, pos, end, change)
+            pos += 1
+        self.read += len(changes)
 
-    def kept(self) -> list[Entry]:
+    def _map_change(
+        self, maps: dict[bytes, list[Any]], key: bytes, op: int, pos: int, end: int, change: bytes
+    ) -> None:
+        """Record a change of the map of state+key ``key`` (one key group's ``maps``)
+        at ``pos`` whose user key starts at offset ``end``; a change that is no map
+        change or whose user key does not parse stays as it is."""
+        if op == OP_MAP_CLEAR:
+            old = maps.get(key)
+            if old is not None:
+                self._kill(old[0], *(p for slots in old[1].values() for p in slots))
+            maps[key] = [pos, {}]
+            return
+        if op != OP_MAP_PUT and op != OP_MAP_REMOVE:
+            return
+        try:
+            n = _SIZE[change[end]]
+            uk_end = end + n if n else _item_end(change, end)
+        except (ValueError, IndexError, msgpack.UnpackException):
+            return
+        if uk_end > len(change):
+            return
+        m = maps.get(key)
+        if m is None:
+            m = maps[key] = [-1, {}]
+        slots = m[1].get(change[end:uk_end])
+        if slots is None:
+            slots = m[1][change[end:uk_end]] = [-1, -1]
+        if op == OP_MAP_REMOVE:
+            self._kill(*slots)
+            slots[0], slots[1] = pos, -1
+        elif slots[1] < 0:
+            slots[1] = pos
+        else:  # the run of puts keeps its first position and takes the last value
+            self._alive[pos] = 0
+            self._moved[slots[1]] = change
+
+    def _kill(self, *positions: int) -> None:
+        """Mark ``positions`` superseded (negative ones are none)."""
+        for p in positions:
+            if p >= 0:
+                self._alive[p] = 0
+                self._moved.pop(p, None)
+
+    def kept(self) -> Iterator[Entry]:
         """The changes to apply, in replay order: (position, key group, change, origin)."""
-        out: list[Entry] = list(self._always)
-        for values in self._values.values():
-            out.extend(values.values())
-        for lists in self._lists.values():
-            for reset, adds in lists.values():
-                if reset is not None:
-                    out.append(reset)
-                out.extend(adds)
-        for maps in self._maps.values():
-            for clear, per_user_key in maps.values():
-                if clear is not None:
-                    out.append(clear)
-                for slots in per_user_key.values():
-                    out.extend(s for s in slots if s is not None)
-        out.sort(key=_position)
-        return out
-
-
-def _map_change(maps: dict[bytes, list[Any]], key: bytes, op: int, entry: Entry, end: int) -> bool:
-    """Record in ``maps`` (one key group's) a change of the map of state+key ``key``
-    whose user key starts at offset ``end``; False if it is no map change or its user
-    key does not parse (the caller then keeps it unconditionally)."""
-    if op == OP_MAP_CLEAR:
-        maps[key] = [entry, {}]
-        return True
-    if op != OP_MAP_PUT and op != OP_MAP_REMOVE:
-        return False
-    change = entry[2]
-    try:
-        n = _SIZE[change[end]]
-        uk_end = end + n if n else _item_end(change, end)
-    except (ValueError, IndexError, msgpack.UnpackException):
-        return False
-    if uk_end > len(change):
-        return False
-    user_key = change[end:uk_end]
-    m = maps.get(key)
-    if m is None:
-        m = maps[key] = [None, {}]
-    slots = m[1].get(user_key)
-    if slots is None:
-        slots = m[1][user_key] = [None, None]
-    if op == OP_MAP_REMOVE:
-        slots[0], slots[1] = entry, None
-    elif slots[1] is None:
-        slots[1] = entry
-    else:  # the run of puts keeps its first position and takes the last value
-        slots[1] = (slots[1][0], entry[1], change, entry[3])
-    return True
-
-
-def _position(entry: Entry) -> int:
-    return entry[0]
+        alive, moved = self._alive, self._moved
+        for start, kg, changes, origin in self._batches:
+            pos = start
+            for change in changes:
+                if alive[pos]:
+                    yield pos, kg, (moved.get(pos, change) if moved else change), origin
+                pos += 1

@@ -280,7 +280,7 @@ def test_squasher_keeps_unparsable_changes_in_order() -> None:
     sq.feed(3, [b"\x94" + set_a + b"\x01", b"\x93\x00", b"\x94" + set_a + b"\x02", b""], origin=5)
     assert sq.read == 4
     assert [(p, kg, c, o) for p, kg, c, o in sq.kept()] == [
-        (2, 3, b"\x93\x00", 5),
-        (3, 3, b"\x94" + set_a + b"\x02", 5),
-        (4, 3, b"", 5),
+        (1, 3, b"\x93\x00", 5),
+        (2, 3, b"\x94" + set_a + b"\x02", 5),
+        (3, 3, b"", 5),
     ]
