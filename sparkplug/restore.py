@@ -8,6 +8,12 @@ key-group-range restore). Key groups never move between tasks of one checkpoint,
 every key is restored from exactly the one old task that held it: none is lost or
 counted twice, whatever the old and new parallelism. ``max_parallelism`` (the number
 of key groups) must not change.
+
+By default the changes of each old task are squashed before they are applied
+(:mod:`dstltree.sparkplug.squash`: only the last change per value key, per map user
+key, and a list's changes after its last clear): the restored state is the same as
+after replaying every change, and :class:`RestoreStats` counts both the changes read
+and the changes applied.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.reader import read_segment
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, TaskCheckpoint
+from dstltree.sparkplug.squash import ChangeSquasher
 from dstltree.sparkplug.state_backend import KeyedStateBackend
 from dstltree.storage.store import ObjectStore
 
@@ -29,22 +36,34 @@ class RescaleError(ValueError):
 @dataclass
 class RestoreStats:
     """What a restore read: ``tasks`` old tasks consulted, ``snapshots`` snapshots read,
-    ``segments`` changelog segments read, ``changes`` changes replayed (of the wanted
-    key groups only), ``bytes_read`` bytes of snapshots and segments."""
+    ``segments`` changelog segments read, ``changes`` changes read (of the wanted key
+    groups only), ``changes_applied`` of those applied to the state (all of them
+    without squashing), ``bytes_read`` bytes of snapshots and segments."""
 
     tasks: int = 0
     snapshots: int = 0
     segments: int = 0
     changes: int = 0
+    changes_applied: int = 0
     bytes_read: int = 0
+
+    @property
+    def changes_squashed(self) -> int:
+        """Changes read but not applied: superseded by a later change of their key."""
+        return self.changes - self.changes_applied
 
 
 def restore_key_groups(
-    store: ObjectStore, checkpoint: CompletedCheckpoint, into: KeyedStateBackend
+    store: ObjectStore,
+    checkpoint: CompletedCheckpoint,
+    into: KeyedStateBackend,
+    squash: bool = True,
 ) -> RestoreStats:
     """Restore the state of ``into.key_groups`` from ``checkpoint`` into ``into`` (merged
     into what it holds; normally an empty backend without a writer, or whose writer's
-    changes are not wanted: replay does not log). Raises RescaleError when
+    changes are not wanted: replay does not log). ``squash`` applies only the changes
+    that are not superseded (:mod:`dstltree.sparkplug.squash`; False: every change).
+    Raises RescaleError when
     ``checkpoint.max_parallelism`` (if nonzero) differs from ``into.max_parallelism``;
     ValueError when the checkpoint's tasks leave some wanted key group uncovered or
     hold one twice, or for a corrupt snapshot or change (naming its object);
@@ -64,7 +83,7 @@ def restore_key_groups(
         if len(held) and max(held.start, wanted.start) >= min(held.stop, wanted.stop):
             continue  # no overlap (an empty range is unknown: consult the task)
         stats.tasks += 1
-        _restore_task(store, tc, into, stats)
+        _restore_task(store, tc, into, stats, squash)
     return stats
 
 
@@ -102,8 +121,14 @@ def _check_coverage(checkpoint: CompletedCheckpoint, wanted: range) -> None:
 
 
 def _restore_task(
-    store: ObjectStore, tc: TaskCheckpoint, into: KeyedStateBackend, stats: RestoreStats
+    store: ObjectStore,
+    tc: TaskCheckpoint,
+    into: KeyedStateBackend,
+    stats: RestoreStats,
+    squash: bool,
 ) -> None:
+    """Restore one old task: its snapshot, then its handles' changes (squashed first
+    when ``squash``) of ``into.key_groups``."""
     if tc.materialized is not None:
         path = tc.materialized.path
         data = store.read(path)
@@ -113,15 +138,30 @@ def _restore_task(
             into.restore_snapshot(data)
         except ValueError as e:
             raise ValueError(f"snapshot {path} of task {tc.task}: {e}") from e
+    squasher = ChangeSquasher() if squash else None
+    where: list[str] = []  # origin of a squashed change -> its segment
     for handle in tc.changelog:
-        _replay_handle(store, handle, into, stats)
+        _replay_handle(store, handle, into, stats, squasher, where)
+    if squasher is not None:
+        for _, kg, change, origin in squasher.kept():
+            try:
+                into.apply_change(kg, change)
+            except ValueError as e:
+                raise ValueError(f"segment at {where[origin]}: {e}") from e
+            stats.changes_applied += 1
 
 
 def _replay_handle(
-    store: ObjectStore, handle: ChangelogHandle, into: KeyedStateBackend, stats: RestoreStats
+    store: ObjectStore,
+    handle: ChangelogHandle,
+    into: KeyedStateBackend,
+    stats: RestoreStats,
+    squasher: ChangeSquasher | None,
+    where: list[str],
 ) -> None:
     """Replay the changes of ``into.key_groups`` in the handle's SQN range, reading only
-    segments that overlap the range and hold one of those key groups."""
+    segments that overlap the range and hold one of those key groups; with a
+    ``squasher``, feed them to it instead (``where`` gains each segment's location)."""
     lo, hi = handle.sqn_range
     wanted = into.key_groups
     for ref in handle.segments:
@@ -132,10 +172,18 @@ def _replay_handle(
         seg = read_segment(store, ref, handle.log_id)
         stats.segments += 1
         stats.bytes_read += ref.length
-        try:
-            for _, kg, change in seg.key_group_changes(lo, hi):
-                if kg in wanted:
+        location = f"{ref.path}@{ref.offset}"
+        where.append(location)
+        for (sqn, kg), changes in sorted(seg.entries.items()):
+            if not lo <= sqn < hi or kg not in wanted:
+                continue
+            stats.changes += len(changes)
+            if squasher is not None:
+                squasher.feed(kg, changes, len(where) - 1)
+                continue
+            try:
+                for change in changes:
                     into.apply_change(kg, change)
-                    stats.changes += 1
-        except ValueError as e:
-            raise ValueError(f"segment at {ref.path}@{ref.offset}: {e}") from e
+            except ValueError as e:
+                raise ValueError(f"segment at {location}: {e}") from e
+            stats.changes_applied += len(changes)
