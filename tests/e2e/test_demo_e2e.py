@@ -69,10 +69,12 @@ def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:
 
 
 def test_demo_rescaled_from_4_to_2_tasks(tmp_path: Path) -> None:
-    # the first run stops 15 s after it started (Spark start-up included); read at 400
-    # records/s per task it is still reading then, and its crash drill (after 4
-    # checkpoints) has long fired, however slowly Spark starts on a loaded machine
-    args = ("--rescale-to", "2", "--rescale-after", "15", "--source-rate", "400")
+    # the first run stops 30 s after it started (Spark start-up included, which takes
+    # well over 10 s when another Spark test starts beside it): its crash drill (after 4
+    # checkpoints) has long fired by then; read at 400 records/s per task it may still be
+    # reading, or have read everything and wait for the stop: either way its state moves
+    # from 4 tasks to 2
+    args = ("--rescale-to", "2", "--rescale-after", "30", "--source-rate", "400")
     r = _demo(tmp_path, "--tasks", "4", *args)
     assert r["rescaled_from"] == 4 and r["tasks"] == 2
     _check(r, nodes=7)
