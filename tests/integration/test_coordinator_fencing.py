@@ -67,13 +67,16 @@ def test_a_second_coordinator_fences_the_first(tmp_path: Path) -> None:
             try:
                 restored = second.begin_attempt(1)
                 assert restored is not None and restored.checkpoint_id == 1
+
                 # The first's next checkpoint fails at its pointer (or earlier, when
                 # the second's cleanup removed its temporary file: then the next one).
-                deadline = time.monotonic() + 10
-                while first.statistics().writes_fenced == 0:
-                    assert time.monotonic() < deadline, "the first was not fenced"
+                def fenced_after_an_ack() -> bool:
+                    if first.statistics().writes_fenced > 0:
+                        return True
                     _ack_next(link, [obj])
-                    time.sleep(0.02)
+                    return False
+
+                wait_until(fenced_after_an_ack, timeout=10)
                 with pytest.raises(JobFencedError, match="fenced"):
                     first.latest_checkpoint()
                 with pytest.raises(JobFencedError):
