@@ -53,7 +53,11 @@ class TaskLink:
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES)
         configure_client(self._sock, security)
         self._sock.connect(address)
-        self._send(protocol.Hello(task, attempt, node))
+        try:
+            self._send(protocol.Hello(task, attempt, node))
+        except CoordinatorError:
+            self._sock.close(0)
+            raise
 
     def poll(self, timeout: float = 0.0) -> list[Command]:
         """Commands received so far, in order; waits up to ``timeout`` seconds (default:
