@@ -90,6 +90,7 @@ from dstltree.client.wire import (
     Register,
     Stats,
     Unregister,
+    persist_messages,
 )
 from dstltree.topology.plan import ByteEstimator, decide_local, window_of
 
@@ -110,7 +111,9 @@ class NodeConfig:
     ``checkpoint_window``: checkpoint ids farther than this from the horizon are refused
     while the horizon is held; ``max_*``: peer bounds (module docstring);
     ``max_queued_bytes``: batch plus objects being written (bytes) before the node stops
-    reading from below."""
+    reading from below. ``max_forward_bytes``: segment bytes per Persist message sent
+    upstream; a flush passing on more sends several messages (a message above the
+    upstream node's size limit would be refused whole)."""
 
     node_id: str
     parent_address: str | None
@@ -129,6 +132,7 @@ class NodeConfig:
     max_children: int = 256
     max_children_per_peer: int = 1
     max_queued_bytes: int = 256 * 1024 * 1024
+    max_forward_bytes: int = 16 * 1024 * 1024
 
     @property
     def has_parent(self) -> bool:
@@ -490,13 +494,26 @@ class NodeCore:
             case Stats():
                 return self._on_stats(identity, msg, now)
             case Persist(requests, via):
-                refused = [
-                    AckEntry(r.id, error=why)
-                    for r in requests
-                    if (why := self._accept(identity, r, via is not None, now)) is not None
-                ]
-                return [ReplyBelow(identity, PersistAck(tuple(refused)))] if refused else []
+                return self._on_persist(identity, requests, via is not None, now)
         return self._reject(identity, f"unexpected {type(msg).__name__} from below")
+
+    def _on_persist(
+        self, identity: bytes, requests: tuple[PersistRequest, ...], relayed: bool, now: float
+    ) -> list[Instruction]:
+        """Batch each request (refusals answered in one error ack); the batch is cut
+        as soon as it reaches the target, so one message carrying many items still
+        makes objects of about the target size."""
+        out: list[Instruction] = []
+        refused: list[AckEntry] = []
+        target = self.config.target_bytes
+        for r in requests:
+            if (why := self._accept(identity, r, relayed, now)) is not None:
+                refused.append(AckEntry(r.id, error=why))
+            elif self.batch.nbytes >= target:
+                out += self._flush("size", now)
+        if refused:
+            out.append(ReplyBelow(identity, PersistAck(tuple(refused))))
+        return out
 
     def _on_stats(self, identity: bytes, msg: Stats, now: float) -> list[Instruction]:
         node, cp = msg.node, msg.max_checkpoint
@@ -767,16 +784,20 @@ class NodeCore:
         return self.parent
 
     def _send(self, address: str, items: list[PersistItem], now: float) -> list[Instruction]:
+        """Persist messages to ``address`` of at most ``max_forward_bytes`` segment
+        bytes each (client/wire.py ``persist_messages``)."""
         requests = []
+        deadline = now + self.config.parent_timeout
         for item in items:
             fid = next(self._ids)
             if item.data is not None:
-                self._sent[fid] = _Sent(item, address, now + self.config.parent_timeout)
+                self._sent[fid] = _Sent(item, address, deadline)
                 self._counters["bytes_forwarded"] += item.size
                 if isinstance(item.origin, RemoteOrigin) and item.origin.relayed:
                     self._counters["bytes_relayed"] += item.size
             requests.append(PersistRequest(fid, item))
-        return [SendUpstream(address, Persist(tuple(requests), self.config.node_id))]
+        messages = persist_messages(requests, self.config.max_forward_bytes, self.config.node_id)
+        return [SendUpstream(address, m) for m in messages]
 
     def _up(self, address: str, now: float) -> bool:
         return now >= self._down.get(address, float("-inf"))

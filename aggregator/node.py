@@ -125,7 +125,9 @@ class Node:
         # what other nodes connect to (sent down in plans): the bound endpoint, unless a
         # bind on every interface (tcp://0.0.0.0:port) is advertised under another name
         self.address: str = advertise or self._front.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.core = NodeCore(replace(config, address=self.address))
+        # a Persist passed on stays well under the limit the parent applies (its own)
+        forward = min(config.max_forward_bytes, max_message_bytes // 2)
+        self.core = NodeCore(replace(config, address=self.address, max_forward_bytes=forward))
         self._upstream: dict[str, zmq.Socket] = {}
         self._poller = zmq.Poller()
         self._poller.register(self._front, zmq.POLLIN)

@@ -32,13 +32,13 @@ from dstltree.client.handle import SegmentRef
 from dstltree.client.wire import (
     Error,
     Message,
-    Persist,
     PersistAck,
     PersistRequest,
     Register,
     Unregister,
     dump,
     load,
+    persist_messages,
 )
 from dstltree.security.curve import Curve, configure_client
 from dstltree.storage.hedging import UploadPolicy
@@ -92,7 +92,10 @@ class NodeUploader:
     Times in seconds: an item not acked within ``ack_timeout`` goes to DFS directly and
     marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, while
     the node stays silent; reset by its next ack); meanwhile items go to DFS at once.
-    ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext."""
+    ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext.
+    ``max_message_bytes``: segment bytes per Persist message; more items queued at once
+    go in several messages (a node refuses a message above its own limit, 64 MiB by
+    default); an item above it goes alone."""
 
     def __init__(
         self,
@@ -104,8 +107,10 @@ class NodeUploader:
         max_retry_after: float = 60.0,
         upload_policy: UploadPolicy | None = None,
         security: Curve | None = None,
+        max_message_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.address = address
+        self.max_message_bytes = max_message_bytes
         self._security = security
         self.store = store
         self.ack_timeout = ack_timeout
@@ -291,14 +296,15 @@ class NodeUploader:
             self._send_items(sock, batch)
 
     def _send_items(self, sock: zmq.Socket, batch: list[tuple[PersistItem, Future]]) -> None:
-        now = time.monotonic()
+        deadline = time.monotonic() + self.ack_timeout
         requests = []
         for item, fut in batch:
             rid = next(self._ids)
             if item.data is not None:
-                self._pending[rid] = _AwaitingAck(item, fut, now + self.ack_timeout)
+                self._pending[rid] = _AwaitingAck(item, fut, deadline)
             requests.append(PersistRequest(rid, item))
-        self._send(sock, Persist(tuple(requests)))
+        for msg in persist_messages(requests, self.max_message_bytes):
+            self._send(sock, msg)
 
     def _send(self, sock: zmq.Socket, msg: Message) -> None:
         try:

@@ -100,6 +100,24 @@ class Persist:
         return [r.item.data for r in self.requests if r.item.data is not None]
 
 
+def persist_messages(
+    requests: Sequence[PersistRequest], max_bytes: int, via: str | None = None
+) -> list[Persist]:
+    """``requests`` in order as Persist messages of at most ``max_bytes`` segment bytes
+    and MAX_ITEMS requests each (a request above ``max_bytes`` goes alone); one message
+    per call at least (an empty one for no requests)."""
+    out: list[Persist] = []
+    start, nbytes = 0, 0
+    for k, r in enumerate(requests):
+        size = r.item.size
+        if k > start and (nbytes + size > max_bytes or k - start >= MAX_ITEMS):
+            out.append(Persist(tuple(requests[start:k]), via))
+            start, nbytes = k, 0
+        nbytes += size
+    out.append(Persist(tuple(requests[start:]), via))
+    return out
+
+
 @dataclass(frozen=True)
 class PersistAck:
     items: tuple[AckEntry, ...]
