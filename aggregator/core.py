@@ -61,7 +61,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import singledispatchmethod
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dstltree.aggregator.events import (
     Event,
@@ -95,6 +95,7 @@ from dstltree.client.wire import (
 from dstltree.topology.plan import ByteEstimator, decide_local, window_of
 
 _T = TypeVar("_T")
+_K = TypeVar("_K")
 SELF = ""  # route: write here
 _PLANS_KEPT = 3  # plan windows remembered below the newest (bookkeeping bound)
 
@@ -317,7 +318,9 @@ class NodeCore:
 
     def next_deadline(self) -> float | None:
         """The earliest time a TimePassed would change something (None: nothing pending)."""
-        times = [s.deadline for s in self._sent.values()]
+        times = []
+        if self._sent:  # in send order: the first one is due first
+            times.append(next(iter(self._sent.values())).deadline)
         if (d := self.batch.deadline()) is not None:
             times.append(d)
         if self.parent is not None:
@@ -360,7 +363,9 @@ class NodeCore:
             return None
         return self._plans.get(window_of(cp, self.config.plan_window))
 
-    def statistics(self, now: float = 0.0) -> NodeStatistics:
+    def statistics(self, now: float = 0.0, **shell: Any) -> NodeStatistics:
+        """A snapshot of the counters; ``shell``: the fields the shell counts itself
+        (``undeliverable_upstream``, ``malformed_upstream``, ``backpressure_*``)."""
         c = self._counters
         window = None if self._max_cp < 0 else window_of(self._max_cp, self.config.plan_window)
         return NodeStatistics(
@@ -388,6 +393,7 @@ class NodeCore:
             c["plans_resent"],
             c["undeliverable_replies"],
             self.backlog_bytes,
+            **shell,
         )
 
     def _collects(self) -> bool:
@@ -803,8 +809,9 @@ class NodeCore:
         return now >= self._down.get(address, float("-inf"))
 
     def _expire_sent(self, now: float) -> list[Instruction]:
-        self._down = {a: until for a, until in self._down.items() if until > now}
-        late = [fid for fid, s in self._sent.items() if s.deadline <= now]
+        if self._down:
+            self._down = {a: until for a, until in self._down.items() if until > now}
+        late = _expired(self._sent.items(), lambda s: s.deadline <= now)  # in send order
         if not late:
             return []
         self._counters["parent_timeouts"] += 1
@@ -936,7 +943,7 @@ def _acks_to_origins(acks: list[tuple[PersistItem, AckEntry]]) -> list[Instructi
     return [ReplyBelow(i, PersistAck(tuple(a))) for i, a in replies.items()]
 
 
-def _expired(entries: Iterable[tuple[str, _T]], old: Callable[[_T], bool]) -> list[str]:
+def _expired(entries: Iterable[tuple[_K, _T]], old: Callable[[_T], bool]) -> list[_K]:
     """The keys of the leading ``entries`` (oldest first) that are ``old``: O(expired)."""
     out = []
     for key, value in entries:

@@ -127,6 +127,9 @@ class NodeUploader:
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)  # a full pipe already wakes the thread
+        # a wake-up byte is on its way and the I/O thread has not drained the outbox
+        # since: later posts need none (one pipe write per drain, not per item)
+        self._wake_pending = False
         self._closed = False  # close() called: no more use
         self._fds_open = True
         self._thread_done = False
@@ -236,8 +239,13 @@ class NodeUploader:
 
     # -- I/O thread ----------------------------------------------------------------------
     def _post(self, what: Message | tuple[PersistItem, Future]) -> None:
+        """Queue ``what`` for the I/O thread; wake it unless a wake-up is pending (the
+        thread clears the flag after reading the pipe and before draining the outbox,
+        so an item queued before a post that saw the flag set is always drained)."""
         self._outbox.put(what)
-        self._wake()
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wake()
 
     def _loop(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
@@ -253,6 +261,7 @@ class NodeUploader:
                 ready = dict(poller.poll(50))
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
+                    self._wake_pending = False
                 self._send_outbox(sock)
                 if sock in ready:
                     self._receive(sock)
@@ -346,7 +355,13 @@ class NodeUploader:
             p.future.set_result(ref)
 
     def _expire(self, now: float) -> None:
-        late = [r for r, p in self._pending.items() if p.deadline <= now]
+        # pending items are in send order, so their deadlines rise: stop at the first
+        # one not due (O(late), not O(pending) per loop turn)
+        late = []
+        for r, p in self._pending.items():
+            if p.deadline > now:
+                break
+            late.append(r)
         if late:
             # a node that stays silent is tried again less and less often (a dead node
             # costs its clients one ack timeout per try)
