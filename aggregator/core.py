@@ -590,7 +590,7 @@ class NodeCore:
     ) -> str | None:
         """Batch one request; the reason it is refused (an error ack), or None."""
         item = request.item.from_origin(RemoteOrigin(identity, request.id, relayed))
-        log_id, cp = item.meta.log_id, item.checkpoint_id
+        log_id, cp, size = item.meta.log_id, item.checkpoint_id, item.size
         if not self._admit_checkpoint(cp):
             return self._out_of_window(cp)
         if not relayed:  # from this executor's own writers (a persist renews the lease)
@@ -599,9 +599,9 @@ class NodeCore:
             if cp is not None and self._writer_cp.get(log_id) != cp:
                 self._writer_cp[log_id] = cp
                 self._live = None
-            self._counters["bytes_own"] += item.size
-            self._own_bytes(cp, item.size)
-        self._counters["bytes_received"] += item.size
+            self._counters["bytes_own"] += size
+            self._own_bytes(cp, size)
+        self._counters["bytes_received"] += size
         self.batch.add(item, now)
         return None
 
@@ -710,10 +710,11 @@ class NodeCore:
         items = self._writing.pop(oid, ())
         if not items:
             return []
-        self._writing_bytes -= sum(i.size for i in items)
+        nbytes = sum(i.size for i in items)
+        self._writing_bytes -= nbytes
         self._counters["objects"] += 1
         self._counters["segments_written"] += len(items)
-        self._counters["bytes_written"] += sum(i.size for i in items)
+        self._counters["bytes_written"] += nbytes
         return _acks_to_origins(
             [(i, AckEntry(0, r.path, r.offset)) for i, r in zip(items, refs, strict=True)]
         )
