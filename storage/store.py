@@ -407,6 +407,7 @@ class ObjectStore:
         self._bare_local = isinstance(fs, LocalFileSystem)
         self.root: str = str(root).rstrip("/") or "/"
         self.base_url = self.url(self.root)
+        self._changelog_url = self.join(CHANGELOG_DIR)
 
     # -- retries -----------------------------------------------------------------------
     def _call(
@@ -482,8 +483,8 @@ class ObjectStore:
     def new_object_path(self) -> str:
         """A fresh changelog object URL derived from a random id (never from user input);
         a two-hex-digit prefix spreads objects over store partitions."""
-        oid = uuid.uuid4().hex
-        return self.join(CHANGELOG_DIR, oid[:2], oid + OBJECT_SUFFIX)
+        oid = os.urandom(16).hex()
+        return f"{self._changelog_url}/{oid[:2]}/{oid}{OBJECT_SUFFIX}"
 
     def new_snapshot_path(self) -> str:
         """A fresh URL for a materialized-state snapshot (random id, like objects)."""
@@ -582,7 +583,7 @@ class ObjectStore:
         name is taken), then an fsync of the directory: the bytes are durable before
         the name exists, the name before this returns."""
         parent = posixpath.dirname(path)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp = f"{path}.tmp-{os.urandom(4).hex()}"
         fd = self._open_tmp(parent, tmp)
         try:
             try:
