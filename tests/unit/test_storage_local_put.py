@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import array
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -102,13 +103,47 @@ def test_a_directory_removed_from_outside_is_created_again(tmp_path: Path) -> No
     store = ObjectStore(str(tmp_path))
     first = store.join("changelog", "cd", "a.dstl")
     store.put(first, b"a")
-    (tmp_path / "changelog" / "cd" / "a.dstl").unlink()
-    (tmp_path / "changelog" / "cd").rmdir()
-    (tmp_path / "changelog").rmdir()
+    shutil.rmtree(tmp_path / "changelog")
     second = store.join("changelog", "cd", "b.dstl")
     assert store.put(second, b"bb") == 2
     assert store.read(second) == b"bb"
     assert store.put(store.join("changelog", "cd", "c.dstl"), b"c", exclusive=True) == 1
+
+
+def test_the_first_object_creates_every_prefix_directory_with_one_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    store = ObjectStore(str(tmp_path))
+    first = store.new_object_path()
+    store.put(first, b"1")
+    changelog = tmp_path / "changelog"
+    assert sorted(p.name for p in changelog.iterdir()) == [f"{i:02x}" for i in range(256)]
+    assert synced[:2] == [str(tmp_path), str(changelog)]
+    assert synced[3:] == [os.path.dirname(first)] and len(synced) == 4
+    for _ in range(20):  # every other prefix is there already: data and entry only
+        synced.clear()
+        url = store.new_object_path()
+        store.put(url, b"2")
+        assert len(synced) == 2 and synced[1] == os.path.dirname(url)
+    other = ObjectStore(str(tmp_path))  # a second store finds them: no fsync for them
+    synced.clear()
+    other.put(other.new_object_path(), b"3")
+    assert len(synced) == 2
+    snap = store.new_snapshot_path()
+    synced.clear()
+    store.put(snap, b"s")
+    assert len(list((tmp_path / "materialized").iterdir())) == 256
+    assert synced[:2] == [str(tmp_path), str(tmp_path / "materialized")]
+    store.put(store.join("changelog", "not-a-prefix", "x"), b"x")
+    assert len(list(changelog.iterdir())) == 257
 
 
 def test_a_failed_local_put_leaves_no_temporary(
