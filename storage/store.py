@@ -12,14 +12,18 @@ a hard link of the written temporary file, which the OS creates only if the name
 free; S3: ``PUT`` with ``If-None-Match: *``, s3fs's ``pipe_file(mode="create")``, on
 AWS S3, MinIO and moto; ``memory://``: fsspec's exclusive mode; other stores: a check
 then a write, which is not safe against a simultaneous writer). Durability: on a local
-POSIX filesystem the object and its directory (and directories the write created) are
-fsynced before :meth:`ObjectStore.put` returns; on S3 an object is durable when its
+POSIX filesystem the object's bytes are fsynced before its name exists, and its
+directory (and the parents of directories the write created) after, before
+:meth:`ObjectStore.put` returns: two fsyncs per object, a third the first time a
+directory is created (a store remembers the directories it knows, and creates the 256
+prefix directories of the object layout together); on S3 an object is durable when its
 ``PUT`` completes; ``memory://`` is never durable.
 
 Retries: every store operation is retried with tenacity, only on
 RetryableStorageError, with exponential backoff and full jitter, up to
 :attr:`RetryPolicy.max_attempts` attempts (default 3); any other error is raised at
-once. Underneath, s3fs retries SlowDown and connection errors itself (class attribute
+once. The first attempt runs without tenacity; the retries go through one
+``Retrying`` per store. Underneath, s3fs retries SlowDown and connection errors itself (class attribute
 ``S3FileSystem.retries``, 5) and so does botocore; pass
 ``config_kwargs={"retries": {"max_attempts": 1}}`` in ``storage_options`` to leave
 botocore's share to this layer.
