@@ -23,8 +23,8 @@ Retries: every store operation is retried with tenacity, only on
 RetryableStorageError, with exponential backoff and full jitter, up to
 :attr:`RetryPolicy.max_attempts` attempts (default 3); any other error is raised at
 once. The first attempt runs without tenacity; the retries go through one
-``Retrying`` per store. Underneath, s3fs retries SlowDown and connection errors itself (class attribute
-``S3FileSystem.retries``, 5) and so does botocore; pass
+``Retrying`` per store. Underneath, s3fs retries SlowDown and connection errors
+itself (class attribute ``S3FileSystem.retries``, 5) and so does botocore; pass
 ``config_kwargs={"retries": {"max_attempts": 1}}`` in ``storage_options`` to leave
 botocore's share to this layer.
 """
