@@ -249,7 +249,10 @@ class _Upload:
 
 class HedgedUploader:
     """Writes whole objects to ``store`` with request hedging per ``policy``.
-    Thread-safe; ``upload`` blocks the caller.
+    Thread-safe; ``upload`` blocks the caller while its attempts run on this
+    uploader's attempt threads (reused; a new one starts only when none is idle, so
+    the caller can return when a hedge wins or the deadline passes although an
+    attempt hangs).
 
     There is no shared instance: whoever uploads creates its own at construction (a
     node's :class:`dstltree.aggregator.object_writer.ObjectWriter`, a
