@@ -221,3 +221,20 @@ def test_prepare_joins_only_where_one_write_takes_one_buffer(tmp_path: Path) -> 
     single = b"whole"
     assert mem.prepare(single)[0] is single and mem.prepare([single])[0] is single
     assert mem.prepare(memoryview(b"mv")) == [b"mv"]
+
+
+def test_backoff_doubles_from_the_first_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first wait (before tenacity takes over) and tenacity's own follow one
+    schedule: before attempt n+1 at most initial_backoff * 2**(n-1), capped."""
+    import random
+    import time
+
+    slept: list[float] = []
+    monkeypatch.setattr(random, "uniform", lambda lo, hi: hi)
+    monkeypatch.setattr(time, "sleep", slept.append)
+    flaky = _Flaky(failures=4)
+    policy = RetryPolicy(max_attempts=5, initial_backoff=0.01, max_backoff=0.03)
+    store = ObjectStore(f"memory://b-{uuid.uuid4().hex[:8]}", fs=flaky.fs, retry=policy)
+    assert store.put(store.new_object_path(), b"x") == 1
+    assert slept == pytest.approx([0.01, 0.02, 0.03, 0.03])
+    assert store.stats.snapshot() == {"retries": {"put": 4}, "failures": {}}
