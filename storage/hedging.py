@@ -49,7 +49,9 @@ attempts                    ``upload.max-attempts`` 3        ``attempts`` 3 per 
                                                              (hedges), and 3 tries per
                                                              attempt for transient
                                                              errors (``RetryPolicy``)
-upload threads              ``upload.num-threads`` 5         one thread per attempt;
+upload threads              ``upload.num-threads`` 5         a thread per running
+                                                             attempt, reused (started
+                                                             only when none is idle);
                                                              ``max_parallel_hedges`` 8
                                                              extra attempts at once
 ==========================  ===============================  ===========================
@@ -168,6 +170,72 @@ class UploadResult:
     latency_s: float
 
 
+class _AttemptThread:
+    """One reusable daemon thread of :class:`_AttemptThreads`: it runs the task it is
+    handed, then waits (idle) for the next one."""
+
+    def __init__(self, owner: _AttemptThreads, task: Callable[[], None], name: str) -> None:
+        self.owner = owner
+        self.task: Callable[[], None] | None = task
+        self.go = threading.Lock()  # released when a task is handed over
+        self.go.acquire()
+        threading.Thread(target=self.run, name=name, daemon=True).start()
+
+    def run(self) -> None:
+        while True:
+            task, self.task = self.task, None
+            if task is not None:
+                task()
+            if not self.owner.park(self):
+                return
+
+
+class _AttemptThreads:
+    """Daemon threads that run upload attempts, reused from one upload to the next: a
+    task goes to the most recently idle thread, or to a new thread when none is idle
+    (a stalled attempt never delays another one). A thread idle for ``idle_s``
+    seconds ends. Daemon threads, like one thread per attempt: a hung store never
+    holds up the interpreter's exit."""
+
+    def __init__(self, name: str, idle_s: float = 60.0) -> None:
+        self._name = name
+        self._idle_s = idle_s
+        self._lock = threading.Lock()
+        self._idle: list[_AttemptThread] = []
+        self._started = 0
+
+    def submit(self, task: Callable[[], None]) -> None:
+        """Run ``task`` (which must not raise) on an idle thread or a new one."""
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+            self._started += worker is None
+            n = self._started
+        if worker is None:
+            _AttemptThread(self, task, f"{self._name}-{n}")
+        else:
+            worker.task = task
+            worker.go.release()
+
+    def park(self, worker: _AttemptThread) -> bool:
+        """Called by ``worker`` when its task is done: wait for the next task (True) or
+        end after ``idle_s`` without one (False)."""
+        with self._lock:
+            self._idle.append(worker)
+        if worker.go.acquire(timeout=self._idle_s):
+            return True
+        with self._lock:
+            if worker in self._idle:  # nobody took it meanwhile: end
+                self._idle.remove(worker)
+                return False
+        worker.go.acquire()  # taken just as the wait ended: its task is on the way
+        return True
+
+    def threads_started(self) -> int:
+        """Threads started so far (for tests and statistics)."""
+        with self._lock:
+            return self._started
+
+
 class _Upload:
     """The shared state of one upload's attempts."""
 
@@ -181,7 +249,10 @@ class _Upload:
 
 class HedgedUploader:
     """Writes whole objects to ``store`` with request hedging per ``policy``.
-    Thread-safe; ``upload`` blocks the caller.
+    Thread-safe; ``upload`` blocks the caller while its attempts run on this
+    uploader's attempt threads (reused; a new one starts only when none is idle, so
+    the caller can return when a hedge wins or the deadline passes although an
+    attempt hangs).
 
     There is no shared instance: whoever uploads creates its own at construction (a
     node's :class:`dstltree.aggregator.object_writer.ObjectWriter`, a
@@ -196,6 +267,7 @@ class HedgedUploader:
         self._latencies: deque[float] = deque(maxlen=self.policy.adaptive_window)
         self._hedges_in_flight = 0
         self._attempts_in_flight = 0
+        self._threads = _AttemptThreads("dstl-attempt")
 
     # -- timeout ---------------------------------------------------------------------------
     def current_timeout(self) -> float:
@@ -224,9 +296,7 @@ class HedgedUploader:
         StorageError (the failing attempt's, chained to its cause) when every attempt
         failed or one failed with a non-retryable error; RetryableStorageError when
         ``deadline`` passed."""
-        chunks: list[Buffer] = (
-            [parts] if isinstance(parts, bytes | bytearray | memoryview) else list(parts)
-        )
+        chunks = self.store.prepare(parts)  # joined once, not per attempt, where needed
         make_path = new_path or self.store.new_object_path
         p = self.policy
         self.stats.add(uploads=1)
@@ -304,13 +374,7 @@ class HedgedUploader:
             self._attempts_in_flight += 1
         with up.cond:
             up.running += 1
-        t = threading.Thread(
-            target=self._attempt,
-            args=(up, chunks, path, idx, hedged),
-            name=f"dstl-hedge-{idx}",
-            daemon=True,
-        )
-        t.start()
+        self._threads.submit(lambda: self._attempt(up, chunks, path, idx, hedged))
 
     def _attempt(
         self, up: _Upload, chunks: list[Buffer], path: str, idx: int, hedged: bool

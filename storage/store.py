@@ -12,15 +12,19 @@ a hard link of the written temporary file, which the OS creates only if the name
 free; S3: ``PUT`` with ``If-None-Match: *``, s3fs's ``pipe_file(mode="create")``, on
 AWS S3, MinIO and moto; ``memory://``: fsspec's exclusive mode; other stores: a check
 then a write, which is not safe against a simultaneous writer). Durability: on a local
-POSIX filesystem the object and its directory (and directories the write created) are
-fsynced before :meth:`ObjectStore.put` returns; on S3 an object is durable when its
+POSIX filesystem the object's bytes are fsynced before its name exists, and its
+directory (and the parents of directories the write created) after, before
+:meth:`ObjectStore.put` returns: two fsyncs per object, a third the first time a
+directory is created (a store remembers the directories it knows, and creates the 256
+prefix directories of the object layout together); on S3 an object is durable when its
 ``PUT`` completes; ``memory://`` is never durable.
 
 Retries: every store operation is retried with tenacity, only on
 RetryableStorageError, with exponential backoff and full jitter, up to
 :attr:`RetryPolicy.max_attempts` attempts (default 3); any other error is raised at
-once. Underneath, s3fs retries SlowDown and connection errors itself (class attribute
-``S3FileSystem.retries``, 5) and so does botocore; pass
+once. The first attempt runs without tenacity; the retries go through one
+``Retrying`` per store. Underneath, s3fs retries SlowDown and connection errors
+itself (class attribute ``S3FileSystem.retries``, 5) and so does botocore; pass
 ``config_kwargs={"retries": {"max_attempts": 1}}`` in ``storage_options`` to leave
 botocore's share to this layer.
 """
@@ -30,8 +34,10 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import random
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -138,6 +144,39 @@ def _makedirs_durable(parent: str) -> None:
     os.makedirs(parent, exist_ok=True)
     for d in reversed(missing):
         fsync_dir(os.path.dirname(d) or "/")
+
+
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+_MAX_KNOWN_DIRS = 65536  # directories an ObjectStore remembers (then it forgets them all)
+_PREFIX_RE = re.compile(r"[0-9a-f]{2}")  # the directory level of new_object_path
+
+
+def _bytes_view(buf: Buffer) -> memoryview:
+    """A flat byte view of ``buf`` (no copy). Raises TypeError if not contiguous."""
+    m = memoryview(buf)
+    return m if m.ndim == 1 and m.format == "B" else m.cast("B")
+
+
+def _write_all(fd: int, chunks: Sequence[Buffer]) -> int:
+    """Write ``chunks`` back to back to ``fd`` without joining them: ``os.writev`` with
+    up to IOV_MAX buffers per call, a partial write resumed where it stopped. Returns
+    the bytes written. Raises OSError."""
+    views = [v for v in map(_bytes_view, chunks) if v.nbytes]
+    size = sum(v.nbytes for v in views)
+    i = 0
+    while i < len(views):
+        n = os.writev(fd, views[i : i + _IOV_MAX])
+        if n <= 0:
+            raise OSError(errno.EIO, "writev wrote nothing")
+        while n:
+            head = views[i]
+            if n < head.nbytes:
+                views[i] = head[n:]
+                break
+            n -= head.nbytes
+            i += 1
+    return size
 
 
 # OS error numbers of transient failures. s3fs maps S3 "SlowDown"/"ServiceUnavailable"/
@@ -328,6 +367,14 @@ def _innermost(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
     return fs
 
 
+def _attempt(op: str, url: str, fn: Callable[[], T], *_: object) -> T:
+    """One try of ``fn``; any error leaves translated (:func:`translate`) ``from`` it."""
+    try:
+        return fn()
+    except Exception as e:
+        raise translate(op, url, e) from e
+
+
 class ObjectStore:
     """Objects under one base path. Paths handed out and accepted are full URLs
     (plain absolute paths for the local filesystem).
@@ -355,12 +402,21 @@ class ObjectStore:
         self.storage_options = opts
         self.retry_policy = retry or RetryPolicy()
         self.stats = StoreStats()
+        self._retrying = self._make_retrying()
+        # local directories known to exist durably (created here or found): no stat
+        # or mkdir per object once a directory is known
+        self._dirs: set[str] = set()
         # Local paths stay plain also under a wrapper; only a bare local fs writes
         # through a temporary file (wrappers keep writes atomic themselves).
         self._local = isinstance(_innermost(fs), LocalFileSystem)
         self._bare_local = isinstance(fs, LocalFileSystem)
         self.root: str = str(root).rstrip("/") or "/"
         self.base_url = self.url(self.root)
+        self._changelog_url = self.join(CHANGELOG_DIR)
+        self._prefix_groups = {
+            posixpath.join(self.root, CHANGELOG_DIR),
+            posixpath.join(self.root, SNAPSHOT_DIR),
+        }
 
     # -- retries -----------------------------------------------------------------------
     def _call(
@@ -371,33 +427,54 @@ class ObjectStore:
         on_retry: Callable[[BaseException], None] | None = None,
     ) -> T:
         """Run ``fn`` with the retry policy; errors leave as StorageError ``from`` the
-        original (tenacity re-raises the last attempt's error)."""
-
-        def attempt() -> T:
-            try:
-                return fn()
-            except Exception as e:
-                raise translate(op, url, e) from e
-
-        def before_sleep(state: RetryCallState) -> None:
-            self.stats.count("retry", op)
-            exc = state.outcome.exception() if state.outcome is not None else None
-            if on_retry is not None and exc is not None:
-                on_retry(exc)
-
-        p = self.retry_policy
-        retrying = Retrying(
-            stop=stop_after_attempt(p.max_attempts),
-            wait=wait_random_exponential(multiplier=p.initial_backoff, max=p.max_backoff),
-            retry=retry_if_exception_type(RetryableStorageError),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
+        original. The first attempt runs directly; only after a retryable failure do
+        the remaining attempts go through the store's one tenacity ``Retrying`` (built
+        once in the constructor), which re-raises the last attempt's error."""
         try:
-            return retrying(attempt)
+            return _attempt(op, url, fn)
+        except RetryableStorageError as e:
+            if self.retry_policy.max_attempts == 1:
+                self.stats.count("failure", op)
+                raise
+            self._before_retry(op, e, on_retry)
         except StorageError:
             self.stats.count("failure", op)
             raise
+        p = self.retry_policy
+        time.sleep(random.uniform(0, min(p.max_backoff, p.initial_backoff)))
+        try:
+            return self._retrying(_attempt, op, url, fn, on_retry)
+        except StorageError:
+            self.stats.count("failure", op)
+            raise
+
+    def _before_retry(
+        self, op: str, exc: BaseException, on_retry: Callable[[BaseException], None] | None
+    ) -> None:
+        self.stats.count("retry", op)
+        if on_retry is not None:
+            on_retry(exc)
+
+    def _before_sleep(self, state: RetryCallState) -> None:
+        """tenacity's hook before a retry: the call's ``op`` and ``on_retry`` are its
+        arguments (see :meth:`_call`)."""
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if exc is not None:
+            self._before_retry(state.args[0], exc, state.args[3])
+
+    def _make_retrying(self) -> Retrying:
+        """Attempts 2..max_attempts of every operation (thread-safe: tenacity keeps its
+        per-call state in thread-locals). Before attempt n+1 it waits a random time in
+        [0, min(max_backoff, initial_backoff * 2**(n-1))] seconds, the first of these
+        waits being :meth:`_call`'s own."""
+        p = self.retry_policy
+        return Retrying(
+            stop=stop_after_attempt(max(p.max_attempts - 1, 1)),
+            wait=wait_random_exponential(multiplier=2 * p.initial_backoff, max=p.max_backoff),
+            retry=retry_if_exception_type(RetryableStorageError),
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
 
     # -- paths -------------------------------------------------------------------------
     def url(self, path: str) -> str:
@@ -415,8 +492,8 @@ class ObjectStore:
     def new_object_path(self) -> str:
         """A fresh changelog object URL derived from a random id (never from user input);
         a two-hex-digit prefix spreads objects over store partitions."""
-        oid = uuid.uuid4().hex
-        return self.join(CHANGELOG_DIR, oid[:2], oid + OBJECT_SUFFIX)
+        oid = os.urandom(16).hex()
+        return f"{self._changelog_url}/{oid[:2]}/{oid}{OBJECT_SUFFIX}"
 
     def new_snapshot_path(self) -> str:
         """A fresh URL for a materialized-state snapshot (random id, like objects)."""
@@ -427,6 +504,23 @@ class ObjectStore:
         return self.join(CHANGELOG_DIR)
 
     # -- writes ------------------------------------------------------------------------
+    def writes_parts(self, exclusive: bool = False) -> bool:
+        """Whether :meth:`put` writes the parts one after the other as given (a local
+        filesystem, through a temporary file); otherwise it joins them into one bytes
+        object for a single write (``PUT``)."""
+        return self._local and (exclusive or self._bare_local)
+
+    def prepare(self, parts: Sequence[Buffer] | Buffer, exclusive: bool = False) -> list[Buffer]:
+        """``parts`` as :meth:`put` writes them: the buffers themselves (not copied)
+        where it writes parts (:meth:`writes_parts`), else ONE bytes object. A caller
+        that writes the same bytes several times (hedged attempts) prepares them once;
+        :meth:`put` then copies nothing more (a single bytes part is never joined)."""
+        if isinstance(parts, bytes | bytearray | memoryview):
+            parts = [parts]
+        if self.writes_parts(exclusive) or (len(parts) == 1 and type(parts[0]) is bytes):
+            return list(parts)
+        return [b"".join(parts)]
+
     def put(
         self,
         url: str,
@@ -437,20 +531,21 @@ class ObjectStore:
     ) -> int:
         """Write a whole object atomically (readers see all of it or nothing).
         Returns its size in bytes. Transient failures are retried (``on_retry`` is
-        called with the error before each retry). On a local filesystem the object and
-        its directory are fsynced before this returns. ``exclusive``: create only if
-        absent, else raise :class:`ObjectExistsError` (see the module docstring for
+        called with the error before each retry). On a local filesystem the object's
+        bytes and then its directory entry are fsynced before this returns (and the
+        entries of directories this store creates for it). ``exclusive``: create only
+        if absent, else raise :class:`ObjectExistsError` (see the module docstring for
         which stores guarantee it; a fault-injection wrapper is bypassed for it).
         A retried exclusive write whose first attempt landed also raises
         ObjectExistsError: callers tell it apart by reading the object back.
         Raises StorageError."""
-        chunks = [parts] if isinstance(parts, bytes | bytearray | memoryview) else list(parts)
+        chunks = self.prepare(parts, exclusive)
         path = self._path(url)
 
         def once() -> int:
-            if self._local and (exclusive or self._bare_local):
+            if self.writes_parts(exclusive):
                 return self._put_local(path, chunks, exclusive)
-            data = b"".join(chunks)
+            data = chunks[0]
             if exclusive:
                 self._create(path, data)
             else:
@@ -459,7 +554,7 @@ class ObjectStore:
 
         return self._call("put", url, once, on_retry)
 
-    def _create(self, path: str, data: bytes) -> None:
+    def _create(self, path: str, data: Buffer) -> None:
         """Conditional create on the innermost filesystem; a check then a write where
         the filesystem has no exclusive mode."""
         fs = _innermost(self.fs)
@@ -470,19 +565,64 @@ class ObjectStore:
                 raise FileExistsError(path) from None
             fs.pipe_file(path, data)
 
-    def _put_local(self, path: str, chunks: list[Buffer], exclusive: bool = False) -> int:
-        """Temporary file, fsync, then rename (or hard link when ``exclusive``: fails
-        with FileExistsError if the name is taken), then fsync of the directory."""
-        parent = posixpath.dirname(path)
-        _makedirs_durable(parent)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        size = 0
+    def _ensure_dir(self, parent: str) -> None:
+        """Create ``parent`` durably (:func:`_makedirs_durable`) unless this store
+        already knows it exists: no ``stat`` or ``mkdir`` per object. A two-hex-digit
+        directory of the changelog or snapshot layout comes with its 255 siblings
+        (:meth:`_make_prefix_dirs`)."""
+        if parent in self._dirs:
+            return
+        if len(self._dirs) >= _MAX_KNOWN_DIRS:
+            self._dirs.clear()
+        group, prefix = posixpath.split(parent)
+        if group in self._prefix_groups and _PREFIX_RE.fullmatch(prefix):
+            self._make_prefix_dirs(group)
+        else:
+            _makedirs_durable(parent)
+        self._dirs.add(parent)
+
+    def _make_prefix_dirs(self, group: str) -> None:
+        """Create all 256 prefix directories of ``group`` (where new object and
+        snapshot paths land) in one go, with ONE fsync of ``group`` for all those
+        created, instead of a directory creation and an fsync of ``group`` for each
+        of the first objects of a store. Raises OSError."""
+        _makedirs_durable(group)
+        created = False
+        for i in range(256):
+            try:
+                os.mkdir(f"{group}/{i:02x}")
+                created = True
+            except FileExistsError:
+                pass
+        if created:
+            fsync_dir(group)
+        self._dirs.update(f"{group}/{i:02x}" for i in range(256))
+
+    def _open_tmp(self, parent: str, tmp: str) -> int:
+        """Create ``tmp`` in ``parent`` for writing; a directory that vanished since
+        this store saw it (deleted from outside) is created again."""
+        self._ensure_dir(parent)
         try:
-            with open(tmp, "wb") as f:
-                for c in chunks:
-                    size += f.write(c)
-                f.flush()
-                os.fsync(f.fileno())
+            return os.open(tmp, _TMP_FLAGS, 0o666)
+        except FileNotFoundError:
+            self._dirs.discard(parent)
+            self._ensure_dir(parent)
+            return os.open(tmp, _TMP_FLAGS, 0o666)
+
+    def _put_local(self, path: str, chunks: list[Buffer], exclusive: bool = False) -> int:
+        """A temporary file written unbuffered (:func:`_write_all`) and fsynced, then
+        renamed to ``path`` (or hard-linked when ``exclusive``: FileExistsError if the
+        name is taken), then an fsync of the directory: the bytes are durable before
+        the name exists, the name before this returns."""
+        parent = posixpath.dirname(path)
+        tmp = f"{path}.tmp-{os.urandom(4).hex()}"
+        fd = self._open_tmp(parent, tmp)
+        try:
+            try:
+                size = _write_all(fd, chunks)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             if exclusive:
                 _link_exclusive(tmp, path)
                 os.unlink(tmp)
