@@ -106,7 +106,7 @@ class ChangelogWriter:
         uploader.register(log_id)
 
     # -- FLIP-158 API ------------------------------------------------------------------
-    def append(self, key_group: int, change: bytes) -> None:
+    def append(self, key_group: int, change: bytes | bytearray | memoryview) -> None:
         """Append ``change`` (bytes, bytearray or memoryview; copied unless bytes) for
         ``key_group`` to the active changeset. Raises ValueError for a key group outside
         this writer's range, TypeError for other types, DstlError if closed."""
