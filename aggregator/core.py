@@ -61,7 +61,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import singledispatchmethod
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dstltree.aggregator.events import (
     Event,
@@ -90,10 +90,12 @@ from dstltree.client.wire import (
     Register,
     Stats,
     Unregister,
+    persist_messages,
 )
 from dstltree.topology.plan import ByteEstimator, decide_local, window_of
 
 _T = TypeVar("_T")
+_K = TypeVar("_K")
 SELF = ""  # route: write here
 _PLANS_KEPT = 3  # plan windows remembered below the newest (bookkeeping bound)
 
@@ -110,7 +112,9 @@ class NodeConfig:
     ``checkpoint_window``: checkpoint ids farther than this from the horizon are refused
     while the horizon is held; ``max_*``: peer bounds (module docstring);
     ``max_queued_bytes``: batch plus objects being written (bytes) before the node stops
-    reading from below."""
+    reading from below. ``max_forward_bytes``: segment bytes per Persist message sent
+    upstream; a flush passing on more sends several messages (a message above the
+    upstream node's size limit would be refused whole)."""
 
     node_id: str
     parent_address: str | None
@@ -129,6 +133,7 @@ class NodeConfig:
     max_children: int = 256
     max_children_per_peer: int = 1
     max_queued_bytes: int = 256 * 1024 * 1024
+    max_forward_bytes: int = 16 * 1024 * 1024
 
     @property
     def has_parent(self) -> bool:
@@ -313,7 +318,9 @@ class NodeCore:
 
     def next_deadline(self) -> float | None:
         """The earliest time a TimePassed would change something (None: nothing pending)."""
-        times = [s.deadline for s in self._sent.values()]
+        times = []
+        if self._sent:  # in send order: the first one is due first
+            times.append(next(iter(self._sent.values())).deadline)
         if (d := self.batch.deadline()) is not None:
             times.append(d)
         if self.parent is not None:
@@ -356,7 +363,9 @@ class NodeCore:
             return None
         return self._plans.get(window_of(cp, self.config.plan_window))
 
-    def statistics(self, now: float = 0.0) -> NodeStatistics:
+    def statistics(self, now: float = 0.0, **shell: Any) -> NodeStatistics:
+        """A snapshot of the counters; ``shell``: the fields the shell counts itself
+        (``undeliverable_upstream``, ``malformed_upstream``, ``backpressure_*``)."""
         c = self._counters
         window = None if self._max_cp < 0 else window_of(self._max_cp, self.config.plan_window)
         return NodeStatistics(
@@ -384,6 +393,7 @@ class NodeCore:
             c["plans_resent"],
             c["undeliverable_replies"],
             self.backlog_bytes,
+            **shell,
         )
 
     def _collects(self) -> bool:
@@ -490,13 +500,26 @@ class NodeCore:
             case Stats():
                 return self._on_stats(identity, msg, now)
             case Persist(requests, via):
-                refused = [
-                    AckEntry(r.id, error=why)
-                    for r in requests
-                    if (why := self._accept(identity, r, via is not None, now)) is not None
-                ]
-                return [ReplyBelow(identity, PersistAck(tuple(refused)))] if refused else []
+                return self._on_persist(identity, requests, via is not None, now)
         return self._reject(identity, f"unexpected {type(msg).__name__} from below")
+
+    def _on_persist(
+        self, identity: bytes, requests: tuple[PersistRequest, ...], relayed: bool, now: float
+    ) -> list[Instruction]:
+        """Batch each request (refusals answered in one error ack); the batch is cut
+        as soon as it reaches the target, so one message carrying many items still
+        makes objects of about the target size."""
+        out: list[Instruction] = []
+        refused: list[AckEntry] = []
+        target = self.config.target_bytes
+        for r in requests:
+            if (why := self._accept(identity, r, relayed, now)) is not None:
+                refused.append(AckEntry(r.id, error=why))
+            elif self.batch.nbytes >= target:
+                out += self._flush("size", now)
+        if refused:
+            out.append(ReplyBelow(identity, PersistAck(tuple(refused))))
+        return out
 
     def _on_stats(self, identity: bytes, msg: Stats, now: float) -> list[Instruction]:
         node, cp = msg.node, msg.max_checkpoint
@@ -567,7 +590,7 @@ class NodeCore:
     ) -> str | None:
         """Batch one request; the reason it is refused (an error ack), or None."""
         item = request.item.from_origin(RemoteOrigin(identity, request.id, relayed))
-        log_id, cp = item.meta.log_id, item.checkpoint_id
+        log_id, cp, size = item.meta.log_id, item.checkpoint_id, item.size
         if not self._admit_checkpoint(cp):
             return self._out_of_window(cp)
         if not relayed:  # from this executor's own writers (a persist renews the lease)
@@ -576,9 +599,9 @@ class NodeCore:
             if cp is not None and self._writer_cp.get(log_id) != cp:
                 self._writer_cp[log_id] = cp
                 self._live = None
-            self._counters["bytes_own"] += item.size
-            self._own_bytes(cp, item.size)
-        self._counters["bytes_received"] += item.size
+            self._counters["bytes_own"] += size
+            self._own_bytes(cp, size)
+        self._counters["bytes_received"] += size
         self.batch.add(item, now)
         return None
 
@@ -687,10 +710,11 @@ class NodeCore:
         items = self._writing.pop(oid, ())
         if not items:
             return []
-        self._writing_bytes -= sum(i.size for i in items)
+        nbytes = sum(i.size for i in items)
+        self._writing_bytes -= nbytes
         self._counters["objects"] += 1
         self._counters["segments_written"] += len(items)
-        self._counters["bytes_written"] += sum(i.size for i in items)
+        self._counters["bytes_written"] += nbytes
         return _acks_to_origins(
             [(i, AckEntry(0, r.path, r.offset)) for i, r in zip(items, refs, strict=True)]
         )
@@ -767,23 +791,28 @@ class NodeCore:
         return self.parent
 
     def _send(self, address: str, items: list[PersistItem], now: float) -> list[Instruction]:
+        """Persist messages to ``address`` of at most ``max_forward_bytes`` segment
+        bytes each (client/wire.py ``persist_messages``)."""
         requests = []
+        deadline = now + self.config.parent_timeout
         for item in items:
             fid = next(self._ids)
             if item.data is not None:
-                self._sent[fid] = _Sent(item, address, now + self.config.parent_timeout)
+                self._sent[fid] = _Sent(item, address, deadline)
                 self._counters["bytes_forwarded"] += item.size
                 if isinstance(item.origin, RemoteOrigin) and item.origin.relayed:
                     self._counters["bytes_relayed"] += item.size
             requests.append(PersistRequest(fid, item))
-        return [SendUpstream(address, Persist(tuple(requests), self.config.node_id))]
+        messages = persist_messages(requests, self.config.max_forward_bytes, self.config.node_id)
+        return [SendUpstream(address, m) for m in messages]
 
     def _up(self, address: str, now: float) -> bool:
         return now >= self._down.get(address, float("-inf"))
 
     def _expire_sent(self, now: float) -> list[Instruction]:
-        self._down = {a: until for a, until in self._down.items() if until > now}
-        late = [fid for fid, s in self._sent.items() if s.deadline <= now]
+        if self._down:
+            self._down = {a: until for a, until in self._down.items() if until > now}
+        late = _expired(self._sent.items(), lambda s: s.deadline <= now)  # in send order
         if not late:
             return []
         self._counters["parent_timeouts"] += 1
@@ -915,7 +944,7 @@ def _acks_to_origins(acks: list[tuple[PersistItem, AckEntry]]) -> list[Instructi
     return [ReplyBelow(i, PersistAck(tuple(a))) for i, a in replies.items()]
 
 
-def _expired(entries: Iterable[tuple[str, _T]], old: Callable[[_T], bool]) -> list[str]:
+def _expired(entries: Iterable[tuple[_K, _T]], old: Callable[[_T], bool]) -> list[_K]:
     """The keys of the leading ``entries`` (oldest first) that are ``old``: O(expired)."""
     out = []
     for key, value in entries:

@@ -82,6 +82,12 @@ def _configure_dealer(sock: zmq.Socket, max_message_bytes: int, hwm: int) -> Non
     sock.setsockopt(zmq.SNDHWM, hwm)
 
 
+def _readable(sock: zmq.Socket) -> bool:
+    """A message can be received now (``EVENTS``: cheaper than a NOBLOCK receive that
+    raises zmq.Again)."""
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
 class Node:
     """One aggregator node. ``bind`` is a ZeroMQ endpoint; ``tcp://HOST:0`` picks a free
     port (see :attr:`address`). The parent's endpoint is ``config.parent_address``.
@@ -125,7 +131,9 @@ class Node:
         # what other nodes connect to (sent down in plans): the bound endpoint, unless a
         # bind on every interface (tcp://0.0.0.0:port) is advertised under another name
         self.address: str = advertise or self._front.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.core = NodeCore(replace(config, address=self.address))
+        # a Persist passed on stays well under the limit the parent applies (its own)
+        forward = min(config.max_forward_bytes, max_message_bytes // 2)
+        self.core = NodeCore(replace(config, address=self.address, max_forward_bytes=forward))
         self._upstream: dict[str, zmq.Socket] = {}
         self._poller = zmq.Poller()
         self._poller.register(self._front, zmq.POLLIN)
@@ -169,15 +177,17 @@ class Node:
             self._front_polled = False
         ready = dict(self._poller.poll(self._poll_ms()))
         now = time.monotonic()
+        handled = False  # the core's time-driven rules ran after an event of this turn
         if self._front in ready and self._front_polled:
-            self._drain_front(now)
+            handled = self._drain_front(now)
         for address, sock in list(self._upstream.items()):
             if sock in ready:
-                self._drain_up(address, sock, now)
+                handled = self._drain_up(address, sock, now) or handled
         if self._wake_r in ready:
             os.read(self._wake_r, 4096)
-        self._drain_results()
-        self._run(self.core.handle(TimePassed(time.monotonic())))
+        handled = self._drain_results() or handled
+        if not handled:
+            self._run(self.core.handle(TimePassed(time.monotonic())))
         with self._lock:
             self._stats = self._statistics(now)
         if self.metrics is not None and now >= self._metrics_due:
@@ -202,14 +212,7 @@ class Node:
         paused = self._paused_s
         if self._paused_since is not None:
             paused += now - self._paused_since
-        c = self._shell_counts
-        return replace(
-            self.core.statistics(now),
-            undeliverable_upstream=c["undeliverable_upstream"],
-            malformed_upstream=c["malformed_upstream"],
-            backpressure_pauses=c["backpressure_pauses"],
-            backpressure_seconds=paused,
-        )
+        return self.core.statistics(now, backpressure_seconds=paused, **self._shell_counts)
 
     def _finish(self) -> None:
         """At stop: the batch is written here; writes and upstream acks get
@@ -252,22 +255,23 @@ class Node:
             return _MAX_POLL_MS
         return max(0, min(_MAX_POLL_MS, int((deadline - time.monotonic()) * 1000) + 1))
 
-    def _drain_front(self, now: float) -> None:
+    def _drain_front(self, now: float) -> bool:
         """Read up to 1000 messages in bursts of ``_BURST``, each burst handled at once
-        (:meth:`NodeCore.handle_many`); stop early while the core accepts no more."""
+        (:meth:`NodeCore.handle_many`); stop early while the core accepts no more.
+        True if a burst was handled (the core's time-driven rules ran)."""
+        front, handled = self._front, False
         for _ in range(1000 // _BURST):
             if not self.core.accepting():
-                return
+                return handled
             events: list[Event] = []
-            for _ in range(_BURST):
-                try:
-                    frames = self._front.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                events.append(self._event_below(now, frames))
-            self._run(self.core.handle_many(events))
+            while len(events) < _BURST and _readable(front):
+                events.append(self._event_below(now, front.recv_multipart(copy=False)))
+            if events:
+                self._run(self.core.handle_many(events))
+                handled = True
             if len(events) < _BURST:
-                return
+                return handled
+        return handled
 
     def _event_below(self, now: float, frames: list[zmq.Frame]) -> Event:
         identity = frames[0].bytes
@@ -277,12 +281,13 @@ class Node:
             log.debug("rejected message: %s", e)
             return MalformedFromBelow(now, identity, str(e))
 
-    def _drain_up(self, address: str, sock: zmq.Socket, now: float) -> None:
+    def _drain_up(self, address: str, sock: zmq.Socket, now: float) -> bool:
+        """Handle up to 1000 messages from ``address``; True if any reached the core."""
+        handled = False
         for _ in range(1000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+            if not _readable(sock):
+                return handled
+            frames = sock.recv_multipart(copy=False)
             try:
                 msg = load(frames)
             except WireError as e:
@@ -290,6 +295,8 @@ class Node:
                 self._shell_counts["malformed_upstream"] += 1
                 continue
             self._run(self.core.handle(MessageFromUpstream(now, address, msg)))
+            handled = True
+        return handled
 
     def _socket_to(self, address: str) -> zmq.Socket:
         """The DEALER to an upstream node, opened on first use (one per address)."""
@@ -303,13 +310,16 @@ class Node:
             self._poller.register(sock, zmq.POLLIN)
         return sock
 
-    def _drain_results(self) -> None:
+    def _drain_results(self) -> bool:
+        """Feed finished writes to the core; True if there were any."""
+        handled = False
         while True:
             try:
                 event = self._results.get_nowait()
             except queue.Empty:
-                return
+                return handled
             self._run(self.core.handle(event))
+            handled = True
 
     def _run(self, instructions: list[Instruction]) -> None:
         """Execute ``instructions`` in order; a reply that cannot be delivered goes back

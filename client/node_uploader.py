@@ -32,13 +32,13 @@ from dstltree.client.handle import SegmentRef
 from dstltree.client.wire import (
     Error,
     Message,
-    Persist,
     PersistAck,
     PersistRequest,
     Register,
     Unregister,
     dump,
     load,
+    persist_messages,
 )
 from dstltree.security.curve import Curve, configure_client
 from dstltree.storage.hedging import UploadPolicy
@@ -58,6 +58,8 @@ class _AwaitingAck:
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 #: messages queued per direction before sends fail (counted) or receives stall
 HIGH_WATER_MARK = 1024
+_IDLE_POLL_MS = 50  # the I/O thread's poll timeout with nothing awaiting an ack
+_BUSY_POLL_MS = 1  # ... while items await acks: the longest a post waits unwoken
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,10 @@ class NodeUploader:
     Times in seconds: an item not acked within ``ack_timeout`` goes to DFS directly and
     marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, while
     the node stays silent; reset by its next ack); meanwhile items go to DFS at once.
-    ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext."""
+    ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext.
+    ``max_message_bytes``: segment bytes per Persist message; more items queued at once
+    go in several messages (a node refuses a message above its own limit, 64 MiB by
+    default); an item above it goes alone."""
 
     def __init__(
         self,
@@ -104,8 +109,10 @@ class NodeUploader:
         max_retry_after: float = 60.0,
         upload_policy: UploadPolicy | None = None,
         security: Curve | None = None,
+        max_message_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.address = address
+        self.max_message_bytes = max_message_bytes
         self._security = security
         self.store = store
         self.ack_timeout = ack_timeout
@@ -122,6 +129,12 @@ class NodeUploader:
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)  # a full pipe already wakes the thread
+        # a wake-up byte is on its way and the I/O thread has not drained the outbox
+        # since: later posts need none (one pipe write per drain, not per item)
+        self._wake_pending = False
+        # items await acks: the I/O thread polls every _BUSY_POLL_MS and posts write no
+        # wake-up byte (a syscall that hands the GIL away on the writer's thread)
+        self._busy = False
         self._closed = False  # close() called: no more use
         self._fds_open = True
         self._thread_done = False
@@ -231,8 +244,14 @@ class NodeUploader:
 
     # -- I/O thread ----------------------------------------------------------------------
     def _post(self, what: Message | tuple[PersistItem, Future]) -> None:
+        """Queue ``what`` for the I/O thread; wake it unless a wake-up is pending (the
+        thread clears the flag after reading the pipe and before draining the outbox,
+        so an item queued before a post that saw the flag set is always drained) or
+        the thread polls briefly anyway (:meth:`_poll_ms`)."""
         self._outbox.put(what)
-        self._wake()
+        if not (self._busy or self._wake_pending):
+            self._wake_pending = True
+            self._wake()
 
     def _loop(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
@@ -245,9 +264,10 @@ class NodeUploader:
         next_renewal = time.monotonic() + self._renewal
         try:
             while not self._stop.is_set():
-                ready = dict(poller.poll(50))
+                ready = dict(poller.poll(self._poll_ms()))
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
+                    self._wake_pending = False
                 self._send_outbox(sock)
                 if sock in ready:
                     self._receive(sock)
@@ -262,6 +282,16 @@ class NodeUploader:
             sock.close(0)
             self._fall_back_all()
             self._thread_exit()
+
+    def _poll_ms(self) -> int:
+        """The next poll's timeout: _BUSY_POLL_MS while items await acks (posts skip
+        the wake-up pipe then), else _IDLE_POLL_MS, or 0 if the outbox already holds
+        something. The flag is cleared before the outbox is checked and posts queue
+        before they read it, so a post never waits out an idle poll unwoken."""
+        self._busy = bool(self._pending)
+        if not self._busy and not self._outbox.empty():
+            return 0
+        return _BUSY_POLL_MS if self._busy else _IDLE_POLL_MS
 
     def _fall_back_all(self) -> None:
         """The thread is stopping: items pending or never sent go to DFS directly."""
@@ -291,14 +321,15 @@ class NodeUploader:
             self._send_items(sock, batch)
 
     def _send_items(self, sock: zmq.Socket, batch: list[tuple[PersistItem, Future]]) -> None:
-        now = time.monotonic()
+        deadline = time.monotonic() + self.ack_timeout
         requests = []
         for item, fut in batch:
             rid = next(self._ids)
             if item.data is not None:
-                self._pending[rid] = _AwaitingAck(item, fut, now + self.ack_timeout)
+                self._pending[rid] = _AwaitingAck(item, fut, deadline)
             requests.append(PersistRequest(rid, item))
-        self._send(sock, Persist(tuple(requests)))
+        for msg in persist_messages(requests, self.max_message_bytes):
+            self._send(sock, msg)
 
     def _send(self, sock: zmq.Socket, msg: Message) -> None:
         try:
@@ -340,7 +371,13 @@ class NodeUploader:
             p.future.set_result(ref)
 
     def _expire(self, now: float) -> None:
-        late = [r for r, p in self._pending.items() if p.deadline <= now]
+        # pending items are in send order, so their deadlines rise: stop at the first
+        # one not due (O(late), not O(pending) per loop turn)
+        late = []
+        for r, p in self._pending.items():
+            if p.deadline > now:
+                break
+            late.append(r)
         if late:
             # a node that stays silent is tried again less and less often (a dead node
             # costs its clients one ack timeout per try)

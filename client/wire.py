@@ -100,6 +100,24 @@ class Persist:
         return [r.item.data for r in self.requests if r.item.data is not None]
 
 
+def persist_messages(
+    requests: Sequence[PersistRequest], max_bytes: int, via: str | None = None
+) -> list[Persist]:
+    """``requests`` in order as Persist messages of at most ``max_bytes`` segment bytes
+    and MAX_ITEMS requests each (a request above ``max_bytes`` goes alone); one message
+    per call at least (an empty one for no requests)."""
+    out: list[Persist] = []
+    start, nbytes = 0, 0
+    for k, r in enumerate(requests):
+        size = r.item.size
+        if k > start and (nbytes + size > max_bytes or k - start >= MAX_ITEMS):
+            out.append(Persist(tuple(requests[start:k]), via))
+            start, nbytes = k, 0
+        nbytes += size
+    out.append(Persist(tuple(requests[start:]), via))
+    return out
+
+
 @dataclass(frozen=True)
 class PersistAck:
     items: tuple[AckEntry, ...]
@@ -171,8 +189,9 @@ def dump(msg: Message) -> list[Any]:
 
 
 def _buf_len(frame: Any) -> int:
-    buf = getattr(frame, "buffer", frame)
-    return len(buf)
+    """Bytes of a frame: bytes, bytearray, memoryview or zmq.Frame (its ``len``, no
+    buffer view made)."""
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
 
 
 def load(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
@@ -258,14 +277,19 @@ def _request(d: Any, frame: Any) -> PersistRequest:
     if not isinstance(d, dict):
         raise WireError("persist item must be a map")
     rid = _int(d["id"])
-    lo, hi = (_int(x) for x in _list(d["sqn"]))
+    sqn = _list(d["sqn"])
+    if len(sqn) != 2:
+        raise WireError(f"item {rid}: SQN range needs 2 numbers, got {len(sqn)}")
+    lo, hi = _int(sqn[0]), _int(sqn[1])
     if hi < lo:
         raise WireError(f"SQN range [{lo}, {hi}) is reversed")
     size = _int(d["size"])
     if frame is not None and _buf_len(frame) != size:
         raise WireError(f"item {rid}: payload of {_buf_len(frame)} bytes, header says {size}")
     cp = d.get("cp")
-    kgs = tuple(_int(k) for k in _list(d.get("kgs", [])))
+    kgs = tuple(_list(d.get("kgs", ())))
+    for k in kgs:
+        _int(k)
     meta = SegmentMeta(_log_id(d["log"]), lo, hi, kgs, size, _int(d.get("crc", 0)))
     return PersistRequest(rid, PersistItem(meta, None if cp is None else _int(cp), frame))
 
@@ -279,7 +303,7 @@ def _ack_entry(d: Any) -> AckEntry:
 
 
 def _int(x: Any) -> int:
-    if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+    if type(x) is not int or x < 0:  # exactly int: bool (a subclass) is refused
         raise WireError(f"expected a non-negative integer, got {x!r}")
     return x
 
@@ -297,7 +321,7 @@ def _log_id(x: Any) -> str:
     return s
 
 
-def _list(x: Any) -> list[Any]:
+def _list(x: Any) -> list[Any] | tuple[Any, ...]:
     if not isinstance(x, list | tuple):
         raise WireError(f"expected a list, got {type(x).__name__}")
-    return list(x)
+    return x

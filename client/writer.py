@@ -182,14 +182,15 @@ class ChangelogWriter:
                     f"persist after {after}: changes before {self._truncated} were truncated"
                 )
             to = self._next_sqn()
-            self._reupload_failed(after, to, checkpoint_id)
+            first = self._first_upload_after(after)
+            self._reupload_failed(first, to, checkpoint_id)
             if self._uploaded_to < to and self._has_changes(self._uploaded_to, to):
                 self._start_upload(self._uploaded_to, to, checkpoint_id)
             elif checkpoint_id is not None:
                 self._uploader.submit(PersistItem.marker(self.log_id, to, checkpoint_id))
             self._uploaded_to = max(self._uploaded_to, to)
             self._not_uploaded = 0  # everything before ``to`` is uploaded; ``to`` is empty
-            relevant = [u for u in self._uploads if u.sqn_to > after and u.sqn_from < to]
+            relevant = [u for u in self._uploads[first:] if u.sqn_to > after and u.sqn_from < to]
         return _combine(self.log_id, (after, to), relevant)
 
     def truncate(self, before: int) -> None:
@@ -272,7 +273,26 @@ class ChangelogWriter:
         return closed + self._active_bytes
 
     def _has_changes(self, lo: int, hi: int) -> bool:
-        return any(lo <= s < hi for s in self._changesets)
+        return bool(self._changes_in(lo, hi))
+
+    def _changes_in(self, lo: int, hi: int) -> dict[int, dict[int, list[bytes]]]:
+        """The changesets with ``lo <= sqn < hi``, scanned from the newest (SQNs rise in
+        insertion order): O(changesets from ``lo`` on), not O(all kept)."""
+        out = {}
+        for s in reversed(self._changesets):
+            if s < lo:
+                break
+            if s < hi:
+                out[s] = self._changesets[s]
+        return dict(reversed(out.items()))
+
+    def _first_upload_after(self, after: int) -> int:
+        """Index of the first upload ending above ``after`` (uploads are in SQN order):
+        scanned from the newest, O(uploads after it)."""
+        i = len(self._uploads)
+        while i and self._uploads[i - 1].sqn_to > after:
+            i -= 1
+        return i
 
     def _preemptive_upload(self) -> None:
         to = self._next_sqn()
@@ -281,9 +301,10 @@ class ChangelogWriter:
         self._uploaded_to = to
         self._not_uploaded = 0
 
-    def _reupload_failed(self, after: int, to: int, checkpoint_id: int | None) -> None:
-        for i, u in enumerate(self._uploads):
-            if u.sqn_to > after and u.sqn_from < to and u.failed():
+    def _reupload_failed(self, first: int, to: int, checkpoint_id: int | None) -> None:
+        for i in range(first, len(self._uploads)):
+            u = self._uploads[i]
+            if u.sqn_from < to and u.failed():
                 lo = max(u.sqn_from, self._truncated)
                 self._uploads[i] = self._make_upload(lo, u.sqn_to, checkpoint_id)
 
@@ -291,7 +312,7 @@ class ChangelogWriter:
         self._uploads.append(self._make_upload(lo, hi, checkpoint_id))
 
     def _make_upload(self, lo: int, hi: int, checkpoint_id: int | None) -> _SegmentUpload:
-        changes = {s: cs for s, cs in self._changesets.items() if lo <= s < hi}
+        changes = self._changes_in(lo, hi)
         data = encode_segment(self.log_id, lo, hi, changes)
         kgs = segment_key_groups(changes)
         meta = SegmentMeta(self.log_id, lo, hi, kgs, len(data), segment_crc(data))

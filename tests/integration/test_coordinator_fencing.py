@@ -15,9 +15,9 @@ from dstltree.coordinator.cleanup import list_data_files, scan_orphans, within_j
 from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.coordinator.testing import task_checkpoint
 from dstltree.storage.store import ObjectExistsError, ObjectStore
+from tests.support.fencing import fence_two_stores
 from tests.support.s3_server import S3Target
 from tests.support.waiting import wait_until
-from tests.unit.test_coordinator_store import fence_two_stores
 
 
 def _ack_next(link: TaskLink, paths: list[str], timeout: float = 5.0) -> TriggerCheckpoint:

@@ -10,8 +10,8 @@ from dstltree.coordinator.checkpoint import CompletedCheckpoint
 from dstltree.coordinator.errors import CorruptCheckpointError
 from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.coordinator.testing import completed
-from dstltree.storage.errors import StorageError
 from dstltree.storage.store import ObjectStore
+from tests.support.fencing import fence_two_stores
 
 
 def test_round_trip_and_latest(tmp_path: Path) -> None:
@@ -78,31 +78,6 @@ def test_corrupt_metadata_names_the_file(tmp_path: Path) -> None:
 
 def _pointers(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if "LATEST" in p.name)
-
-
-def fence_two_stores(first: CheckpointStore, second: CheckpointStore) -> None:
-    """The checks of two drivers on one job prefix (also run on S3)."""
-    first.claim()
-    first.add(completed(1, {0: ["a"]}))
-    assert second.claim() == first.version + 1  # type: ignore[operator]
-    assert second.latest_id() == 1
-    with pytest.raises(JobFencedError, match="another driver"):
-        first.add(completed(2, {0: ["b"]}))
-    assert first.fenced is not None
-    with pytest.raises(JobFencedError):
-        first.delete(1)  # a fenced driver deletes nothing, not even metadata
-    with pytest.raises(JobFencedError):
-        first.verify_owner()
-    assert first.load(1) == completed(1, {0: ["a"]})
-    # The first's metadata of checkpoint 2 is there, but no pointer names it: the
-    # second writes the next id, and cleans the stale file.
-    assert first.metadata_path(2) in second.stale_files()
-    with pytest.raises(StorageError, match="different metadata"):
-        second.add(completed(2, {0: ["c"]}))
-    second.add(completed(3, {0: ["c"]}), retained=[1])
-    second.verify_owner()
-    assert second.retained_ids() == [1, 3]
-    assert CheckpointStore(second.store).load_latest() == completed(3, {0: ["c"]})
 
 
 def test_a_second_driver_fences_the_first(tmp_path: Path) -> None:

@@ -305,3 +305,48 @@ def test_validate_names_an_ack_before_the_write() -> None:
     core._last = (ObjectWritten(0.1, 1, "/o", ()), {}, [ack])
     with pytest.raises(NodeInvariantError, match="ack-to-sender"):
         core.validate()
+
+
+# -- many items per message ----------------------------------------------------------------
+def _many(n: int, size: int, via: str | None = None) -> Persist:
+    """One message with ``n`` pre-emptive items of writer ``w1``, request ids 1..n."""
+    requests = tuple(
+        PersistRequest(k, PersistItem(SegmentMeta("w1", k, k + 1, (0,), size), None, b"x" * size))
+        for k in range(1, n + 1)
+    )
+    return Persist(requests, via)
+
+
+def test_one_message_with_many_items_is_cut_into_objects_of_about_the_target() -> None:
+    core = _core(parent=None, target=100)
+    out = _below(core, _many(10, 40), 0.0)
+    writes = _of(out, WriteObject)
+    assert [len(w.items) for w in writes] == [3, 3, 3], "cut at 120 bytes, 40 stay batched"
+    assert core.batch.nbytes == 40
+    acked = [
+        e.id
+        for w in writes
+        for a in _of(_written(core, w, 0.1), ReplyBelow)
+        for e in a.message.items
+    ]
+    assert sorted(acked) == list(range(1, 10))
+
+
+def test_a_flush_passed_on_is_split_into_messages_within_max_forward_bytes() -> None:
+    core = _core(target=10**9, max_forward_bytes=100)
+    _below(core, _many(7, 40), 0.0)
+    sends = _of(core.handle(TimePassed(0.06)), SendUpstream, Persist)
+    assert [len(s.message.requests) for s in sends] == [2, 2, 2, 1]
+    assert all(sum(len(p) for p in s.message.payloads()) <= 100 for s in sends)
+    assert all(s.address == PARENT and s.message.via == "n" for s in sends)
+    entries = tuple(AckEntry(r.id, "/up", 0) for s in sends for r in s.message.requests)
+    (ack,) = _of(core.handle(MessageFromUpstream(0.1, PARENT, PersistAck(entries))), ReplyBelow)
+    assert sorted(e.id for e in ack.message.items) == list(range(1, 8))
+    assert core.idle()
+
+
+def test_an_item_above_max_forward_bytes_goes_alone() -> None:
+    core = _core(target=10**9, max_forward_bytes=100)
+    _below(core, _many(3, 150), 0.0)
+    sends = _of(core.handle(TimePassed(0.06)), SendUpstream, Persist)
+    assert [len(s.message.requests) for s in sends] == [1, 1, 1]
