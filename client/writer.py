@@ -13,8 +13,12 @@ SQN rules (the off-by-one contract):
 - A failed upload keeps its changes: the next ``persist_durably`` covering them uploads
   them again.
 - Back-pressure: with an ``InFlightLimit`` shared by the client's writers, starting an
-  upload (pre-emptive from ``append``, or from ``persist_durably``) blocks while the
-  bytes sent but not yet durable would exceed the limit (Flink: 100 MB).
+  upload (pre-emptive from ``append`` or ``flush_staged``, or from ``persist_durably``)
+  blocks while the bytes sent but not yet durable would exceed the limit (Flink: 100 MB).
+- Batched appends (``staging(key_group)``: a list the task thread appends change bytes
+  to, no lock, no call per change) follow the same rules: ``next_sqn`` and
+  ``persist_durably`` fold every staged change into the active changeset first, so a
+  change staged before ``next_sqn()`` returns ``s`` has an SQN below ``s``.
 """
 
 from __future__ import annotations
