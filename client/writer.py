@@ -13,14 +13,17 @@ SQN rules (the off-by-one contract):
 - A failed upload keeps its changes: the next ``persist_durably`` covering them uploads
   them again.
 - Back-pressure: with an ``InFlightLimit`` shared by the client's writers, starting an
-  upload (pre-emptive from ``append``, or from ``persist_durably``) blocks while the
-  bytes sent but not yet durable would exceed the limit (Flink: 100 MB).
+  upload (pre-emptive from ``append`` or ``flush_staged``, or from ``persist_durably``)
+  blocks while the bytes sent but not yet durable would exceed the limit (Flink: 100 MB).
+- Batched appends (``staging(key_group)``: a list the task thread appends change bytes
+  to, no lock, no call per change) follow the same rules: ``next_sqn`` and
+  ``persist_durably`` fold every staged change into the active changeset first, so a
+  change staged before ``next_sqn()`` returns ``s`` has an SQN below ``s``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -36,6 +39,8 @@ from dstltree.client.segment import (
     segment_key_groups,
 )
 from dstltree.client.uploader import SegmentUploader
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 @dataclass
@@ -64,7 +69,13 @@ class WriterStatistics:
 class ChangelogWriter:
     """Appends changes of ``key_groups`` and makes them durable through an uploader.
 
-    Thread-safe: ``append`` from the task thread, futures resolved by upload threads.
+    Thread-safe: ``append`` from the task thread, futures resolved by upload threads;
+    every method may be called from any thread. Batched appends go through
+    :meth:`staging`: lists of change bytes, one per key group, that ONE producer thread
+    appends to without a lock and that the writer folds into the active changeset at
+    :meth:`flush_staged`, ``append`` (of that key group), ``next_sqn``,
+    ``persist_durably`` and ``statistics``: a staged change takes the active SQN of the
+    fold that sees it, so every change staged before ``next_sqn()`` has a lower SQN.
     """
 
     def __init__(
@@ -83,12 +94,15 @@ class ChangelogWriter:
         self._uploader = uploader
         self._preemptive = preemptive_bytes
         self._in_flight = in_flight
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._sqn = initial_sqn
         self._truncated = initial_sqn
         self._uploaded_to = initial_sqn
-        self._changesets: dict[int, dict[int, list[bytes]]] = {}
-        self._sizes: dict[int, int] = defaultdict(int)
+        self._active: dict[int, list[bytes]] = {}  # the changeset of SQN _sqn
+        self._active_bytes = 0
+        self._changesets: dict[int, dict[int, list[bytes]]] = {}  # closed, SQN < _sqn
+        self._sizes: dict[int, int] = {}  # bytes per closed changeset
+        self._staged: dict[int, list[bytes]] = {}  # key group -> staging list
         self._not_uploaded = 0  # bytes with SQN >= _uploaded_to (kept, not summed per append)
         self._uploads: list[_SegmentUpload] = []
         self._uploads_started = 0
@@ -96,29 +110,65 @@ class ChangelogWriter:
         uploader.register(log_id)
 
     # -- FLIP-158 API ------------------------------------------------------------------
-    def append(self, key_group: int, change: bytes) -> None:
-        """Append ``change`` (bytes) for ``key_group`` to the active changeset.
-        Raises ValueError for a key group outside this writer's range, DstlError if closed."""
+    def append(self, key_group: int, change: bytes | bytearray | memoryview) -> None:
+        """Append ``change`` (bytes, bytearray or memoryview; copied unless bytes) for
+        ``key_group`` to the active changeset. Raises ValueError for a key group outside
+        this writer's range, TypeError for other types, DstlError if closed."""
         if key_group not in self.key_groups:
             raise ValueError(f"key group {key_group} outside {self.key_groups}")
-        if not isinstance(change, bytes | bytearray | memoryview):
-            raise TypeError("change must be bytes")
+        if type(change) is not bytes:
+            if not isinstance(change, _BYTES_LIKE):
+                raise TypeError("change must be bytes")
+            change = bytes(change)
         with self._lock:
-            self._check_open()
-            self._changesets.setdefault(self._sqn, {}).setdefault(key_group, []).append(
-                bytes(change)
-            )
-            self._sizes[self._sqn] += len(change)
-            self._not_uploaded += len(change)
+            if self._closed:
+                raise DstlError(f"writer {self.log_id} is closed")
+            if self._staged.get(key_group):
+                self._fold()  # staged changes of this key group go first
+            changes = self._active.get(key_group)
+            if changes is None:
+                self._active[key_group] = [change]
+            else:
+                changes.append(change)
+            n = len(change)
+            self._active_bytes += n
+            self._not_uploaded += n
+            if self._not_uploaded >= self._preemptive:
+                self._preemptive_upload()
+
+    def staging(self, key_group: int) -> list[bytes]:
+        """The staging list of ``key_group`` (the same list on every call): one producer
+        thread may append change ``bytes`` (bytes objects only, never mutated later) to
+        it without a lock; they join the active changeset at the next fold (class
+        docstring), in order. Call :meth:`flush_staged` now and then (every few
+        hundred records) so that pre-emptive uploads and back-pressure see the bytes.
+        Raises ValueError for a key group outside this writer's range."""
+        changes = self._staged.get(key_group)
+        if changes is None:
+            if key_group not in self.key_groups:
+                raise ValueError(f"key group {key_group} outside {self.key_groups}")
+            with self._lock:
+                changes = self._staged.setdefault(key_group, [])
+        return changes
+
+    def flush_staged(self) -> None:
+        """Fold the staged changes into the active changeset; start a pre-emptive upload
+        once enough bytes are not uploaded (blocks under back-pressure, as ``append``).
+        Raises DstlError if closed (staged changes are then dropped)."""
+        with self._lock:
+            if self._closed:
+                for changes in self._staged.values():
+                    del changes[:]
+                raise DstlError(f"writer {self.log_id} is closed")
+            self._fold()
             if self._not_uploaded >= self._preemptive:
                 self._preemptive_upload()
 
     def next_sqn(self) -> int:
-        """Close the active changeset (if it holds changes); return the new active SQN."""
+        """Close the active changeset (if it holds changes, staged ones included);
+        return the new active SQN."""
         with self._lock:
-            if self._sqn in self._changesets:
-                self._sqn += 1
-            return self._sqn
+            return self._next_sqn()
 
     def persist_durably(
         self, after: int, *, checkpoint_id: int | None = None
@@ -135,7 +185,7 @@ class ChangelogWriter:
                 raise ValueError(
                     f"persist after {after}: changes before {self._truncated} were truncated"
                 )
-            to = self.next_sqn()
+            to = self._next_sqn()
             first = self._first_upload_after(after)
             self._reupload_failed(first, to, checkpoint_id)
             if self._uploaded_to < to and self._has_changes(self._uploaded_to, to):
@@ -155,7 +205,7 @@ class ChangelogWriter:
                 return
             for sqn in [s for s in self._changesets if s < before]:
                 del self._changesets[sqn]
-                self._sizes.pop(sqn, None)
+                del self._sizes[sqn]
             self._uploads = [u for u in self._uploads if u.sqn_to > before]
             self._truncated = before
             self._uploaded_to = max(self._uploaded_to, before)
@@ -176,24 +226,55 @@ class ChangelogWriter:
         return self._truncated
 
     def statistics(self) -> WriterStatistics:
+        """A snapshot (staged changes folded first); bytes are change bytes."""
         with self._lock:
+            self._fold()
             return WriterStatistics(
                 self.log_id,
                 self._sqn,
                 self._truncated,
-                sum(self._sizes.values()),
+                sum(self._sizes.values()) + self._active_bytes,
                 self._not_uploaded,
                 len(self._uploads),
                 self._uploads_started,
             )
 
-    # -- internals ---------------------------------------------------------------------
+    # -- internals (the lock held) -----------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
             raise DstlError(f"writer {self.log_id} is closed")
 
+    def _fold(self) -> None:
+        """Move the staged changes into the active changeset. A change a producer
+        appends meanwhile stays staged (only the first ``n`` are taken, atomically)."""
+        added = 0
+        active = self._active
+        for kg, staged in self._staged.items():
+            n = len(staged)
+            if n:
+                chunk = staged[:n]
+                del staged[:n]
+                changes = active.get(kg)
+                if changes is None:
+                    active[kg] = chunk
+                else:
+                    changes += chunk
+                added += len(b"".join(chunk))  # cheaper than sum(map(len, ...))
+        self._active_bytes += added
+        self._not_uploaded += added
+
+    def _next_sqn(self) -> int:
+        self._fold()
+        if self._active:
+            self._changesets[self._sqn] = self._active
+            self._sizes[self._sqn] = self._active_bytes
+            self._active, self._active_bytes = {}, 0
+            self._sqn += 1
+        return self._sqn
+
     def _count_not_uploaded(self) -> int:
-        return sum(n for s, n in self._sizes.items() if s >= self._uploaded_to)
+        closed = sum(n for s, n in self._sizes.items() if s >= self._uploaded_to)
+        return closed + self._active_bytes
 
     def _has_changes(self, lo: int, hi: int) -> bool:
         return bool(self._changes_in(lo, hi))
@@ -218,8 +299,9 @@ class ChangelogWriter:
         return i
 
     def _preemptive_upload(self) -> None:
-        to = self.next_sqn()
-        self._start_upload(self._uploaded_to, to, None)
+        to = self._next_sqn()
+        if self._has_changes(self._uploaded_to, to):
+            self._start_upload(self._uploaded_to, to, None)
         self._uploaded_to = to
         self._not_uploaded = 0
 

@@ -19,6 +19,7 @@ import msgpack
 DEFAULT_MAX_PARALLELISM = 128
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack encodes
+_SCALAR_KEYS = (str, bytes, bool)  # built once, not per call
 # CRC32 of the msgpack header of a str of n < 32 UTF-8 bytes (fixstr 0xa0 | n): the
 # common short-str key hashes without building its encoding.
 _FIXSTR_CRC = tuple(zlib.crc32(bytes([0xA0 | n])) for n in range(32))
@@ -27,7 +28,7 @@ _FIXSTR_CRC = tuple(zlib.crc32(bytes([0xA0 | n])) for n in range(32))
 def check_key(key: Any) -> None:
     """Raise TypeError (naming the type) unless ``key`` is None, bool, int, str, bytes
     or a tuple of keys; ValueError for an int outside [-2**63, 2**64 - 1]."""
-    if isinstance(key, str | bytes | bool) or key is None:
+    if type(key) is str or isinstance(key, _SCALAR_KEYS) or key is None:
         return
     if isinstance(key, int):
         if not _INT_MIN <= key <= _INT_MAX:
@@ -66,6 +67,18 @@ def key_group_of(key: Any, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> in
         if len(data) < 32:
             return zlib.crc32(data, _FIXSTR_CRC[len(data)]) % max_parallelism
     return zlib.crc32(encode_key(key)) % max_parallelism
+
+
+def task_of_key(key: Any, parallelism: int, max_parallelism: int = DEFAULT_MAX_PARALLELISM) -> int:
+    """The task (of ``parallelism``) owning ``key``'s key group. With one task the key
+    is only checked (:func:`check_key`): its key group is computed once, where its state
+    is kept (``KeyedStateBackend.set_current_key``). Raises TypeError / ValueError as
+    :func:`key_group_of`."""
+    if parallelism == 1:
+        check_key(key)
+        return 0
+    kg = key_group_of(key, max_parallelism)
+    return kg * parallelism // max_parallelism
 
 
 def canonical_key(obj: Any) -> Any:

@@ -60,6 +60,7 @@ _OP_KIND = {
     OP_LIST_SET: LIST,
 }
 SNAPSHOT_VERSION = 2
+FOLD_RECORDS = 1024  # records between two hand-overs of staged changes to the writer
 _DECODE_ERRORS = (KeyError, TypeError, ValueError, IndexError, msgpack.UnpackException)
 _EMPTY: dict[bytes, Any] = {}  # read-only stand-in for an absent key group bucket
 
@@ -80,7 +81,14 @@ class KeyedStateBackend:
     """Value, map and list state of the key groups ``key_groups`` (a step-1 range in
     [0, max_parallelism)); every mutation appends one change to ``writer`` (None: no
     changelog, e.g. when only restoring). Not thread-safe: one task thread uses it.
-    Raises ValueError for a bad ``key_groups``."""
+    Raises ValueError for a bad ``key_groups``.
+
+    With a :class:`~dstltree.client.writer.ChangelogWriter`, changes go to the writer's
+    staging list of the current key group (no lock, no call per change); the writer
+    folds them in before any SQN call, and the backend hands them over every
+    ``FOLD_RECORDS`` records (``set_current_key``) so that pre-emptive uploads and
+    back-pressure keep working. Any other writer object gets ``append(key_group,
+    change)`` per change."""
 
     def __init__(
         self,
@@ -91,7 +99,6 @@ class KeyedStateBackend:
         if key_groups.step != 1 or not 0 <= key_groups.start <= key_groups.stop <= max_parallelism:
             raise ValueError(f"key groups {key_groups} are not a range in [0, {max_parallelism})")
         self.key_groups = key_groups
-        self.writer = writer
         self.max_parallelism = max_parallelism
         packer = msgpack.Packer()
         self._pack = packer.pack
@@ -102,6 +109,23 @@ class KeyedStateBackend:
         self._key: Any = None
         self._kb = b""  # the current key's encoding
         self._kg = -1  # the current key's group; -1: no current key
+        self._out: list[bytes] | None = None  # the current key group's staging list
+        self.writer = writer
+
+    @property
+    def writer(self) -> ChangelogWriter | None:
+        """The changelog writer (None: no changelog); may be replaced between records."""
+        return self._writer
+
+    @writer.setter
+    def writer(self, writer: ChangelogWriter | None) -> None:
+        self._writer = writer
+        # per key group: its staging list (None: not looked up yet); None: no staging
+        self._outs: list[list[bytes] | None] | None = (
+            [None] * self.max_parallelism if isinstance(writer, ChangelogWriter) else None
+        )
+        self._out = None
+        self._left = FOLD_RECORDS
 
     # -- current key ---------------------------------------------------------------------
     def set_current_key(self, key: Any) -> None:
@@ -115,6 +139,23 @@ class KeyedStateBackend:
         if kg not in self.key_groups:
             raise KeyError(f"key {key!r} is in key group {kg}, not owned here ({self.key_groups})")
         self._key, self._kb, self._kg = key, kb, kg
+        outs = self._outs
+        if outs is not None:
+            out = outs[kg]
+            self._out = out if out is not None else self._staging(kg)
+            self._left -= 1
+            if self._left <= 0:
+                self.flush_changes()
+
+    def flush_changes(self) -> None:
+        """Hand the staged changes to the writer now (pre-emptive upload and
+        back-pressure included: may block). ``set_current_key`` does it every
+        ``FOLD_RECORDS`` records and the writer before any SQN call, so a task never
+        needs to. Raises DstlError if the writer is closed."""
+        self._left = FOLD_RECORDS
+        if self._outs is not None:
+            assert self._writer is not None
+            self._writer.flush_staged()
 
     @property
     def current_key(self) -> Any:
@@ -231,6 +272,24 @@ class KeyedStateBackend:
             raise ValueError(f"bad state change in key group {key_group}: {e}") from e
 
     # -- internals -----------------------------------------------------------------------
+    def _staging(self, kg: int) -> list[bytes] | None:
+        """The writer's staging list of ``kg``, kept for the next records; None if ``kg``
+        is outside the writer's range (its ``append`` then raises ValueError per change,
+        as without staging)."""
+        assert self._outs is not None and self._writer is not None
+        if kg not in self._writer.key_groups:
+            return None
+        out = self._outs[kg] = self._writer.staging(kg)
+        return out
+
+    def _emit(self, change: bytes) -> None:
+        """Log ``change`` of the current key group (staged, or appended)."""
+        out = self._out
+        if out is not None:
+            out.append(change)
+        elif self._writer is not None:
+            self._writer.append(self._kg, change)
+
     def _handle(self, name: str, kind: str) -> _KeyedState:
         self._declare(name, kind)
         h = self._handles.get(name)
@@ -356,8 +415,8 @@ class _KeyedState:
 
     def _log(self, *parts: bytes) -> None:
         b = self._b
-        if b.writer is not None:
-            b.writer.append(b._kg, b"".join(parts))
+        if b._writer is not None:
+            b._emit(b"".join(parts))
 
 
 class ValueState(_KeyedState):
@@ -384,8 +443,11 @@ class ValueState(_KeyedState):
         bucket = b._write_bucket(self._groups)
         vb = b._pack(value)
         bucket[b._kb] = vb
-        if b.writer is not None:
-            b.writer.append(b._kg, b"".join((self._p_set, b._kb, vb)))
+        out = b._out
+        if out is not None:
+            out.append(self._p_set + b._kb + vb)
+        elif b._writer is not None:
+            b._writer.append(b._kg, self._p_set + b._kb + vb)
 
     def clear(self) -> None:
         """Remove the current key's value."""
@@ -431,8 +493,11 @@ class MapState(_KeyedState):
         if m is None:
             m = bucket[b._kb] = {}
         m[ukb] = vb
-        if b.writer is not None:
-            b.writer.append(b._kg, b"".join((self._p_put, b._kb, ukb, vb)))
+        out = b._out
+        if out is not None:
+            out.append(b"".join((self._p_put, b._kb, ukb, vb)))
+        elif b._writer is not None:
+            b._writer.append(b._kg, b"".join((self._p_put, b._kb, ukb, vb)))
 
     def remove(self, user_key: Any) -> None:
         """Remove ``user_key`` (absent: no effect, still one change)."""
@@ -491,8 +556,11 @@ class ListState(_KeyedState):
             bucket[b._kb] = [vb]
         else:
             stored.append(vb)
-        if b.writer is not None:
-            b.writer.append(b._kg, b"".join((self._p_add, b._kb, vb)))
+        out = b._out
+        if out is not None:
+            out.append(self._p_add + b._kb + vb)
+        elif b._writer is not None:
+            b._writer.append(b._kg, self._p_add + b._kb + vb)
 
     def update(self, values: Iterable[Any]) -> None:
         """Replace the current key's values by ``values`` (one change)."""

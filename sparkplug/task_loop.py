@@ -24,7 +24,7 @@ from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.task_link import TaskLink
 from dstltree.sparkplug.exchange import Aligned, Exchange
-from dstltree.sparkplug.keygroups import key_group_of, task_of_key_group
+from dstltree.sparkplug.keygroups import task_of_key
 from dstltree.sparkplug.pipeline import apply_steps, key_of
 from dstltree.sparkplug.reading import SplitQueue, record_error
 from dstltree.sparkplug.sinks.layout import Committable
@@ -182,10 +182,9 @@ class TaskLoop:
                 return
             assert self._key is not None
             key = key_of(self._key, rec)
-            kg = key_group_of(key, self.cfg.max_parallelism)
+            target = task_of_key(key, self.cfg.parallelism, self.cfg.max_parallelism)
         except Exception as e:  # noqa: BLE001 - named by file and row, then raised
             raise record_error(location, row, e) from e
-        target = task_of_key_group(kg, self.cfg.parallelism, self.cfg.max_parallelism)
         self.exchange.send(target, key, rec)
 
     # -- operator ----------------------------------------------------------------------

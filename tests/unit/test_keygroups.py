@@ -21,6 +21,7 @@ from dstltree.sparkplug.keygroups import (
     key_group_of,
     key_group_of_encoded,
     key_group_range,
+    task_of_key,
     task_of_key_group,
 )
 
@@ -143,3 +144,22 @@ def test_key_group_ranges_partition_all_key_groups() -> None:
         key_group_range(0, 129)
     with pytest.raises(ValueError):
         key_group_range(3, 3)
+
+
+@given(keys, st.integers(min_value=1, max_value=8), st.sampled_from([8, 128, 32768]))
+@settings(max_examples=300, deadline=None)
+def test_task_of_key_is_the_owner_of_its_key_group(key: Any, p: int, m: int) -> None:
+    """The task loop routes with task_of_key: the owner of the key's group, and with one
+    task task 0 without computing the group (the backend computes it once)."""
+    assert task_of_key(key, p, m) == task_of_key_group(key_group_of(key, m), p, m)
+    assert key_group_of(key, m) in key_group_range(task_of_key(key, p, m), p, m)
+
+
+@pytest.mark.parametrize("p", [1, 4])
+def test_task_of_key_refuses_non_keys_with_any_parallelism(p: int) -> None:
+    with pytest.raises(TypeError, match="float"):
+        task_of_key(1.5, p)
+    with pytest.raises(TypeError, match="list"):
+        task_of_key(("a", [1]), p)
+    with pytest.raises(ValueError, match="64-bit"):
+        task_of_key(2**64, p)
