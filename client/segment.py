@@ -4,19 +4,22 @@ Layout (all integers big-endian)::
 
     u32 header_length | header (msgpack) | body | u32 crc32(everything before)
 
-The header is ``{"v": 1, "log": log_id, "sqn": [from, to], "entries": [[sqn, key_group,
-count, body_offset, body_length], ...]}``; the body holds each entry's changes as
-``u32 length | raw change bytes``, entries in SQN order, then key-group order. Change
-payloads stay raw bytes (never msgpack-encoded).
+The header is ``{"v": 2, "log": log_id, "sqn": [from, to], "entries": [[sqn, key_group,
+count, body_offset, body_length], ...]}``, entries in SQN order, then key-group order;
+in version 2 (written by default) each entry's part of the body is a table of its
+``count`` change lengths (``u32`` each) followed by the raw changes back to back, so a
+reader slices them without a step per change. Version 1 (still read, and written with
+``version=1``) holds each change as ``u32 length | raw change bytes``. Change payloads
+stay raw bytes (never msgpack-encoded).
 
-Version 2 (written only when compression is asked for and saves bytes) adds
-``"codec": "zstd"`` and ``"size": body_bytes`` to the header, and the stored body is
-one zstd frame (with its content size) of the version-1 body; entry offsets refer to
-the decompressed body. Readers need no configuration: the header names the codec. A
-reader refuses (CorruptObjectError) a body that claims or decompresses to more than
-``max_body_bytes`` (:data:`MAX_BODY_BYTES` by default) or other than its ``size``, so a
-hostile segment cannot make it allocate unbounded memory. The trailer's CRC32 covers
-the stored (compressed) bytes.
+Compression (version 2 only, off by default): the header gains ``"codec": "zstd"``
+and ``"size": body_bytes``, and the stored body is one zstd frame (declaring its
+content size) of the body above; entry offsets refer to the decompressed body.
+Readers need no configuration: the header names the codec. A reader refuses
+(CorruptObjectError) a body that claims or decompresses to more than
+``max_body_bytes`` (:data:`MAX_BODY_BYTES` by default) or to other than its ``size``,
+so a hostile segment cannot make it allocate unbounded memory. The trailer's CRC32
+covers the stored (compressed) bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import msgpack
@@ -32,8 +36,8 @@ import zstandard
 
 from dstltree.client.errors import CorruptObjectError
 
-SEGMENT_VERSION = 1
-COMPRESSED_SEGMENT_VERSION = 2
+SEGMENT_VERSION = 2  # what encode_segment writes by default
+SEGMENT_VERSIONS = (1, 2)  # what decode_segment reads
 ZSTD = "zstd"
 CODECS = (ZSTD,)
 MAX_BODY_BYTES = 256 * 1024 * 1024  # the largest (decompressed) body a reader accepts
@@ -101,44 +105,50 @@ def encode_segment(
     *,
     compression: str | None = None,
     level: int = 3,
+    version: int = SEGMENT_VERSION,
 ) -> bytes:
     """Encode the changesets with SQN in [sqn_from, sqn_to) of one writer: bytes of the
-    layout above, each change copied once (straight into the result). ``compression``
-    None (default) writes version 1; ``"zstd"`` compresses the body at ``level`` and
-    writes version 2 when that saves bytes and the body is at most
-    :data:`MAX_BODY_BYTES` (else version 1). Raises ValueError for a changeset SQN
-    outside the range or an unknown codec."""
-    if compression is not None and compression not in CODECS:
-        raise ValueError(f"unknown segment compression {compression!r} (known: {CODECS})")
+    layout above (``version`` 2, or 1), each change copied once, straight into the
+    result. ``compression`` ``"zstd"`` compresses the body at ``level`` when that
+    saves bytes and the body is at most :data:`MAX_BODY_BYTES` (else it is stored as
+    it is); None (default): no compression. Raises ValueError for a changeset SQN
+    outside the range, an unknown codec or version, or compression with version 1."""
+    if compression is not None and (compression not in CODECS or version != 2):
+        raise ValueError(f"segment compression {compression!r}: known {CODECS}, version 2")
+    if version not in SEGMENT_VERSIONS:
+        raise ValueError(f"unknown segment version {version}")
     parts: list[bytes] = []
     entries = []
-    pack_len, start = _U32.pack, 0
+    start = 0
     for sqn in sorted(changesets):
         if not sqn_from <= sqn < sqn_to:
             raise ValueError(f"changeset SQN {sqn} outside [{sqn_from}, {sqn_to})")
         per_kg = changesets[sqn]
         for kg in sorted(per_kg):
             values = per_kg[kg]
-            length = 4 * len(values)
-            for v in values:
-                parts.append(pack_len(len(v)))
-                parts.append(v)
-                length += len(v)
+            lengths = list(map(len, values))
+            if version == 2:
+                parts.append(struct.pack(f"!{len(values)}I", *lengths))
+                parts.extend(values)
+            else:
+                for n, v in zip(lengths, values, strict=True):
+                    parts += (_U32.pack(n), v)
+            length = 4 * len(values) + sum(lengths)
             entries.append([sqn, kg, len(values), start, length])
             start += length
-    header: dict[str, object] = {"v": SEGMENT_VERSION, "log": log_id, "sqn": [sqn_from, sqn_to]}
+    header: dict[str, object] = {"v": version, "log": log_id, "sqn": [sqn_from, sqn_to]}
     if compression is not None and 0 < start <= MAX_BODY_BYTES:
         packed = zstandard.ZstdCompressor(level=level).compress(b"".join(parts))
         if len(packed) < start:
-            header.update(v=COMPRESSED_SEGMENT_VERSION, codec=compression, size=start)
+            header.update(codec=compression, size=start)
             parts = [packed]
     header["entries"] = entries
     head = msgpack.packb(header)
-    parts[:0] = (pack_len(len(head)), head)
+    parts[:0] = (_U32.pack(len(head)), head)
     crc = 0
     for p in parts:
         crc = zlib.crc32(p, crc)
-    parts.append(pack_len(crc))
+    parts.append(_U32.pack(crc))
     return b"".join(parts)
 
 
@@ -183,11 +193,11 @@ def decode_segment(
     if 4 + hlen > len(buf) - 4:
         raise CorruptObjectError(path, offset, "segment header length exceeds segment")
     try:
-        log_id, sqn_from, sqn_to, raw_entries, size = _parse_header(buf[4 : 4 + hlen])
+        log_id, sqn_from, sqn_to, raw_entries, size, version = _parse_header(buf[4 : 4 + hlen])
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
         raise CorruptObjectError(path, offset + 4, f"bad segment header: {e}") from e
     body_start = 4 + hlen
-    if size is None:  # version 1: the changes are slices of data itself
+    if size is None:  # uncompressed: the changes are slices of data itself
         src: bytes | memoryview = buf if not copy or type(data) is not bytes else data
         if copy and src is buf:
             src = bytes(buf)
@@ -205,6 +215,7 @@ def decode_segment(
         (sqn_from, sqn_to),
         path,
         (where, size is None, offset + 4),
+        _read_changes if version == 1 else _read_table,
     )
     return DecodedSegment(log_id, sqn_from, sqn_to, entries, len(buf), stored)
 
@@ -246,11 +257,13 @@ def _read_entries(
     sqn_range: tuple[int, int],
     path: str,
     where: tuple[int, bool, int],
+    read: Any,
 ) -> dict[tuple[int, int], list[Any]]:
     """The changes of every entry, sliced from ``src`` whose body starts at ``base``
     and holds ``body_len`` bytes; ``where`` is (the body's offset in ``path``, whether
     positions inside the body are offsets in ``path`` too, the header's offset in
-    ``path``). Raises CorruptObjectError."""
+    ``path``); ``read`` reads one entry's changes (:func:`_read_changes` for version
+    1, :func:`_read_table` for version 2). Raises CorruptObjectError."""
     sqn_from, sqn_to = sqn_range
     entries: dict[tuple[int, int], list[Any]] = {}
     expected_start, last = 0, (-1, -1)
@@ -273,7 +286,7 @@ def _read_entries(
             raise CorruptObjectError(
                 path, body_offset + (start if exact else 0), "segment entry exceeds body"
             )
-        entries[(sqn, kg)] = _read_changes(src, base, start, length, count, path, where)
+        entries[(sqn, kg)] = read(src, base, start, length, count, path, where)
         expected_start, last = start + length, (sqn, kg)
     if expected_start != body_len:
         raise CorruptObjectError(
@@ -286,21 +299,21 @@ def _read_entries(
 
 def _parse_header(
     raw: memoryview,
-) -> tuple[str, int, int, list[tuple[int, int, int, int, int]], int | None]:
+) -> tuple[str, int, int, list[tuple[int, int, int, int, int]], int | None, int]:
     """(log_id, sqn_from, sqn_to, entries, decompressed body size or None for an
-    uncompressed body) of a msgpack segment header, every integer checked to be a
+    uncompressed body, version) of a msgpack segment header, every integer checked to be a
     non-negative int. Raises ValueError, TypeError or KeyError."""
     header = msgpack.unpackb(raw)
     if not isinstance(header, dict):
         raise TypeError(f"header is a {type(header).__name__}, not a map")
     version = header.get("v")
+    if version not in SEGMENT_VERSIONS or type(version) is not int:
+        raise ValueError(f"unsupported segment version {version!r}")
     size = None
-    if version == COMPRESSED_SEGMENT_VERSION:
+    if "codec" in header and version == 2:
         if header["codec"] not in CODECS:
             raise ValueError(f"unknown codec {header['codec']!r}")
         size = _uint(header["size"], "size")
-    elif version != SEGMENT_VERSION:
-        raise ValueError(f"unsupported segment version {version!r}")
     log_id = header["log"]
     if not isinstance(log_id, str):
         raise TypeError(f"log id {log_id!r} is not a string")
@@ -319,7 +332,7 @@ def _parse_header(
             raise ValueError(f"entry {i} is not [sqn, key_group, count, offset, length]")
         sqn_, kg, count, start, length = (_uint(x, f"entry {i}") for x in e)
         entries.append((sqn_, kg, count, start, length))
-    return log_id, sqn_from, sqn_to, entries, size
+    return log_id, sqn_from, sqn_to, entries, size, version
 
 
 def _uint(x: object, what: str) -> int:
@@ -383,3 +396,32 @@ def _read_changes(
             f"{end - pos} bytes after the entry's changes",
         )
     return out
+
+
+def _read_table(
+    src: bytes | memoryview,
+    base: int,
+    start: int,
+    length: int,
+    count: int,
+    path: str,
+    where: tuple[int, bool, int],
+) -> list[Any]:
+    """The ``count`` changes of a version-2 entry filling body bytes [start, start +
+    length) (the body starts at ``base`` of ``src``): its table of lengths, then the
+    changes, sliced from ``src`` without a Python step per change. Raises
+    CorruptObjectError."""
+    body_offset, exact, _ = where
+    at = body_offset + (start if exact else 0)
+    if count > length // 4:
+        raise CorruptObjectError(path, at, f"{count} changes cannot fit {length} bytes")
+    pos = base + start
+    offsets = list(accumulate(struct.unpack_from(f"!{count}I", src, pos), initial=pos + 4 * count))
+    if offsets[-1] != pos + length:
+        raise CorruptObjectError(
+            path,
+            at,
+            f"entry of {length} bytes holds a table of {count} lengths and "
+            f"{offsets[-1] - pos - 4 * count} bytes of changes",
+        )
+    return list(map(src.__getitem__, map(slice, offsets, offsets[1:])))
