@@ -13,6 +13,8 @@ from typing import Any
 from dstltree.bench.replay_baseline import as_written_by_9a5af1e, baseline_replay
 from dstltree.client.api import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
+from dstltree.client.reader import read_segment
+from dstltree.client.segment import decode_segment, encode_segment
 from dstltree.client.writer import ChangelogWriter
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM
@@ -244,10 +246,13 @@ def replay_against_baseline(store: ObjectStore, handle: ChangelogHandle) -> dict
     }
 
 
-def replay_figures(base_path: str, changes: int, demo_records: int) -> dict[str, dict[str, float]]:
+def replay_figures(
+    base_path: str, changes: int, demo_records: int
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """:func:`replay_against_baseline` for three shapes logged under ``base_path``:
     "value sets" and "list adds" (``changes`` changes over 5,000 keys each) and "the
-    demo" (its first ``demo_records`` flights, :func:`demo_changelog`)."""
+    demo" (its first ``demo_records`` flights, :func:`demo_changelog`); then
+    :func:`compression_figures` of the demo's changes."""
     store = ObjectStore(base_path)
     with ChangelogClient.open(base_path) as client:
         handles = {
@@ -255,4 +260,49 @@ def replay_figures(base_path: str, changes: int, demo_records: int) -> dict[str,
             "the demo": demo_changelog(client, demo_records),
             "list adds": shape_changelog(client, "list adds", changes),
         }
-    return {shape: replay_against_baseline(store, h) for shape, h in handles.items()}
+    replay = {shape: replay_against_baseline(store, h) for shape, h in handles.items()}
+    return replay, compression_figures(store, handles["the demo"])
+
+
+def compression_figures(
+    store: ObjectStore, handle: ChangelogHandle, rounds: int = 3
+) -> dict[str, float]:
+    """Bytes and CPU of zstd segment compression on the changes of ``handle`` (each
+    segment's changes re-encoded as written: uncompressed, then compressed at the
+    default level), ``rounds`` times each. Keys ``raw_bytes``, ``compressed_bytes``,
+    ``ratio`` (compressed / raw), ``compress_us_per_mb`` and ``decompress_us_per_mb``
+    (CPU µs per 10^6 uncompressed body bytes, beyond encoding / decoding uncompressed),
+    ``encode_us_per_mb`` and ``decode_us_per_mb`` (uncompressed, for scale)."""
+    sets = []
+    for ref in handle.segments:
+        if not ref.meta.is_marker:
+            seg = read_segment(store, ref, handle.log_id)
+            cs: dict[int, dict[int, list[bytes]]] = {}
+            for (sqn, kg), changes in seg.entries.items():
+                cs.setdefault(sqn, {})[kg] = changes
+            sets.append((seg.log_id, seg.sqn_from, seg.sqn_to, cs))
+    cpu: dict[str, float] = {"plain": 0.0, "zstd": 0.0, "dplain": 0.0, "dzstd": 0.0}
+    size = {"plain": 0, "zstd": 0}
+    for _ in range(rounds):
+        for codec in ("plain", "zstd"):
+            t0 = time.process_time()
+            blobs = [
+                encode_segment(*s, compression=None if codec == "plain" else codec) for s in sets
+            ]
+            t1 = time.process_time()
+            for blob in blobs:
+                decode_segment(blob)
+            t2 = time.process_time()
+            cpu[codec] += t1 - t0
+            cpu["d" + codec] += t2 - t1
+            size[codec] = sum(map(len, blobs))
+    mb = rounds * size["plain"] / 1e6
+    return {
+        "raw_bytes": size["plain"],
+        "compressed_bytes": size["zstd"],
+        "ratio": size["zstd"] / size["plain"],
+        "compress_us_per_mb": max(cpu["zstd"] - cpu["plain"], 1e-9) / mb * 1e6,
+        "decompress_us_per_mb": max(cpu["dzstd"] - cpu["dplain"], 1e-9) / mb * 1e6,
+        "encode_us_per_mb": max(cpu["plain"], 1e-9) / mb * 1e6,
+        "decode_us_per_mb": max(cpu["dplain"], 1e-9) / mb * 1e6,
+    }
