@@ -67,6 +67,8 @@ class ChangelogWriter:
     Thread-safe: ``append`` from the task thread, futures resolved by upload threads.
     """
 
+    compression: str | None = None  # segment codec (client/segment.py CODECS); None: off
+
     def __init__(
         self,
         log_id: str,
@@ -214,7 +216,7 @@ class ChangelogWriter:
 
     def _make_upload(self, lo: int, hi: int, checkpoint_id: int | None) -> _SegmentUpload:
         changes = {s: cs for s, cs in self._changesets.items() if lo <= s < hi}
-        data = encode_segment(self.log_id, lo, hi, changes)
+        data = encode_segment(self.log_id, lo, hi, changes, compression=self.compression)
         kgs = segment_key_groups(changes)
         meta = SegmentMeta(self.log_id, lo, hi, kgs, len(data), segment_crc(data))
         item = PersistItem(meta, checkpoint_id, data)
