@@ -28,7 +28,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Any
 
 import msgpack
@@ -409,7 +409,7 @@ def _read_table(
 ) -> list[Any]:
     """The ``count`` changes of a version-2 entry filling body bytes [start, start +
     length) (the body starts at ``base`` of ``src``): its table of lengths, then the
-    changes, sliced from ``src`` without a Python step per change. Raises
+    changes, sliced from ``src`` with no length read per change. Raises
     CorruptObjectError."""
     body_offset, exact, _ = where
     at = body_offset + (start if exact else 0)
@@ -424,4 +424,4 @@ def _read_table(
             f"entry of {length} bytes holds a table of {count} lengths and "
             f"{offsets[-1] - pos - 4 * count} bytes of changes",
         )
-    return list(map(src.__getitem__, map(slice, offsets, offsets[1:])))
+    return [src[a:b] for a, b in pairwise(offsets)]

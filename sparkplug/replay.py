@@ -116,6 +116,8 @@ class BulkReplay:
         self._mputs: dict[int, dict[Any, Any]] = {}
         # ... state+key bytes -> the list's last clear or update and the adds after it
         self._lists: dict[int, dict[Any, list[Any]]] = {}
+        self._kinds: dict[str, str] = {}  # while planning: state name -> kind
+        self._names: dict[Any, str] = {}  # while planning: name bytes -> name
 
     def feed(self, key_group: int, changes: Sequence[Any], origin: int = 0) -> None:
         """Take the changes (bytes-like, each a whole change) of ``key_group`` that come
@@ -207,8 +209,8 @@ class BulkReplay:
         remove is the user key bytes, of a put (user key bytes, change, raw user key
         length). Raises _Irregular; changes nothing."""
         b = self._b
-        kinds = {name: b.state_kind(name) for name in b.state_names()}
-        names: dict[Any, str] = {}
+        self._kinds = {name: b.state_kind(name) for name in b.state_names()}
+        self._names = {}
         user_keys: dict[Any, bytes] = {}
         plan: list[tuple[int, int, Any, Any]] = []
         steps = (
@@ -218,24 +220,51 @@ class BulkReplay:
             (_MPUT, MAP, self._mputs),
             (_LIST, LIST, self._lists),
         )
+        head_of, append = _HEAD_OF, plan.append
         for step, kind, per_kg in steps:
             for kg, kept in per_kg.items():
-                keys: dict[Any, tuple[str, bytes, int]] = {}
+                keys: dict[Any, tuple[str, bytes, int, tuple[str, int]]] = {}
+                if step in (_MPUT, _MREMOVE):
+                    self._plan_user_keys(step, kg, kind, kept, plan, keys, user_keys)
+                    continue
                 for sk, item in kept.items():
-                    for c in item if step == _LIST else (item,):
-                        if c[0] != _HEAD_OF[c[1]]:
-                            raise _Irregular
-                    if step in (_MREMOVE, _MPUT):
-                        sk, uk = _split_user_key(sk)
-                        ukb = user_keys.get(uk)
-                        if ukb is None:
-                            ukb = user_keys[uk] = self._canonical(uk)
-                        item = ukb if step == _MREMOVE else (ukb, item, len(uk))
-                    resolved = keys.get(sk)
-                    if resolved is None:
-                        resolved = keys[sk] = self._resolve(sk, kg, kind, kinds, names)
-                    plan.append((step, kg, resolved, item))
+                    if step == _LIST:
+                        for c in item:
+                            if c[0] != head_of[c[1]]:
+                                raise _Irregular
+                    elif item[0] != head_of[item[1]]:
+                        raise _Irregular
+                    append((step, kg, keys.get(sk) or self._resolve(keys, sk, kg, kind), item))
         return plan
+
+    def _plan_user_keys(
+        self,
+        step: int,
+        kg: int,
+        kind: str,
+        kept: dict[Any, Any],
+        plan: list[tuple[int, int, Any, Any]],
+        keys: dict[Any, tuple[str, bytes, int, tuple[str, int]]],
+        user_keys: dict[Any, bytes],
+    ) -> None:
+        """The plan of one key group's kept map removes or puts (``step``): by state+key+
+        user key bytes, the last remove or put; ``keys`` and ``user_keys`` cache what
+        is resolved. Raises _Irregular."""
+        size, head_of, append = _SIZE, _HEAD_OF, plan.append
+        for skuk, c in kept.items():
+            if c[0] != head_of[c[1]]:
+                raise _Irregular
+            n = size[skuk[0]]
+            p = n if n else _item_end(skuk, 0)
+            n = size[skuk[p]]
+            end = p + n if n else _item_end(skuk, p)
+            uk = skuk[end:]
+            ukb = user_keys.get(uk)
+            if ukb is None:
+                ukb = user_keys[uk] = self._canonical(uk)
+            sk = skuk[:end]
+            resolved = keys.get(sk) or self._resolve(keys, sk, kg, kind)
+            append((step, kg, resolved, ukb if step == _MREMOVE else (ukb, c, len(uk))))
 
     def _canonical(self, item: Any) -> bytes:
         """The msgpack item ``item`` as bytes; raises _Irregular unless canonical."""
@@ -245,35 +274,37 @@ class BulkReplay:
         return data
 
     def _resolve(
-        self, sk: Any, kg: int, kind: str, kinds: dict[str, str], names: dict[Any, str]
-    ) -> tuple[str, bytes, int]:
-        """(state name, key bytes, length of state+key bytes) of the state+key bytes
-        ``sk``; raises _Irregular unless both are canonical, the key hashes to ``kg`` and
-        the state has one kind (``kinds``: state name -> kind, updated)."""
+        self, keys: dict[Any, tuple[str, bytes, int, tuple[str, int]]], sk: Any, kg: int, kind: str
+    ) -> tuple[str, bytes, int, tuple[str, int]]:
+        """(state name, key bytes, length of state+key bytes, (state name, ``kg``)) of
+        the state+key bytes ``sk``, also stored in ``keys``; raises _Irregular unless
+        both are canonical, the key hashes to ``kg`` and the state has one kind (the
+        backend's kinds and those planned so far)."""
         n = _SIZE[sk[0]]
         p = n if n else _item_end(sk, 0)
-        name = names.get(sk[:p])
+        name = self._names.get(sk[:p])
         if name is None:
             name = unpackb(sk[:p])
             if type(name) is not str or self._pack(name) != sk[:p]:
                 raise _Irregular
-            names[sk[:p]] = name
-        if kinds.setdefault(name, kind) != kind:
+            self._names[sk[:p]] = name
+        if self._kinds.setdefault(name, kind) != kind:
             raise _Irregular
         kb = self._canonical(sk[p:])
         if zlib.crc32(kb) % self._b.max_parallelism != kg:
             raise _Irregular
-        return name, kb, len(sk)
+        resolved = keys[sk] = (name, kb, len(sk), (name, kg))
+        return resolved
 
     def _write(self, plan: list[tuple[int, int, Any, Any]], where: Sequence[str]) -> int:
         """Write the planned states into the backend; returns the changes applied."""
         b, pack = self._b, self._pack
         buckets: dict[tuple[str, int], dict[bytes, Any]] = {}
         applied = 0
-        for step, kg, (name, kb, skl), item in plan:
-            bucket = buckets.get((name, kg))
+        for step, kg, (name, kb, skl, bucket_key), item in plan:
+            bucket = buckets.get(bucket_key)
             if bucket is None:
-                bucket = buckets[(name, kg)] = b.replay_bucket(name, _KINDS[step], kg)
+                bucket = buckets[bucket_key] = b.replay_bucket(name, _KINDS[step], kg)
             try:
                 applied += 1
                 if step == _MPUT:
@@ -332,15 +363,6 @@ class BulkReplay:
                 raise ValueError(f"segment at {where[origin]}: {e}") from e
             applied += len(changes)
         return applied
-
-
-def _split_user_key(skuk: Any) -> tuple[Any, Any]:
-    """(state+key bytes, user key bytes) of a map change's state+key+user key bytes."""
-    n = _SIZE[skuk[0]]
-    p = n if n else _item_end(skuk, 0)
-    n = _SIZE[skuk[p]]
-    end = p + n if n else _item_end(skuk, p)
-    return skuk[:end], skuk[end:]
 
 
 def _write_list(
