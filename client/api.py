@@ -80,6 +80,8 @@ class ChangelogClient:
         bytes (recorded in the segment header: readers need no option); None (default)
         = off. Raises ValueError for an unknown codec.
         """
+        if compression is not None and compression not in CODECS:
+            raise ValueError(f"unknown segment compression {compression!r} (known: {CODECS})")
         store = ObjectStore(base_path, storage_options, fs=fs)
         uploader: SegmentUploader
         if node is None:
