@@ -45,6 +45,7 @@ _U32 = struct.Struct("!I")
 # mean bytes per body part below which encode_segment joins the body first (one more copy
 # in C) rather than computing the CRC32 part by part (one Python call per change)
 _JOIN_BELOW = 4096
+_INT = {int}
 
 # changesets: SQN -> key group -> changes, in append order
 Changesets = Mapping[int, Mapping[int, Sequence[bytes]]]
@@ -341,8 +342,10 @@ def _parse_header(
     for i, e in enumerate(raw_entries):
         if not isinstance(e, list) or len(e) != 5:
             raise ValueError(f"entry {i} is not [sqn, key_group, count, offset, length]")
-        sqn_, kg, count, start, length = (_uint(x, f"entry {i}") for x in e)
-        entries.append((sqn_, kg, count, start, length))
+        if not (set(map(type, e)) == _INT and min(e) >= 0):  # the common case in C
+            for x in e:
+                _uint(x, f"entry {i}")
+        entries.append((e[0], e[1], e[2], e[3], e[4]))
     return log_id, sqn_from, sqn_to, entries, size, version
 
 

@@ -149,6 +149,12 @@ HOSTILE = {
         {"v": 2, "log": "w", "sqn": [0, 1], "entries": [[0, 1, 1, 0, 6]]},
         struct.pack("!I", 3) + b"ab",
     ),
+    "an entry field that is a bool": _craft(
+        {"v": 2, "log": "w", "sqn": [0, 1], "entries": [[0, True, 0, 0, 0]]}, b""
+    ),
+    "a negative entry field": _craft(
+        {"v": 2, "log": "w", "sqn": [0, 1], "entries": [[0, 1, 0, 0, -1]]}, b""
+    ),
     "unknown version": _craft({"v": 3, "log": "w", "sqn": [0, 1], "entries": []}, b""),
 }
 
