@@ -118,6 +118,7 @@ class BulkReplay:
         self._lists: dict[int, dict[Any, list[Any]]] = {}
         self._kinds: dict[str, str] = {}  # while planning: state name -> kind
         self._names: dict[Any, str] = {}  # while planning: name bytes -> name
+        self._user_keys: dict[Any, bytes] = {}  # user key bytes checked canonical
 
     def feed(self, key_group: int, changes: Sequence[Any], origin: int = 0) -> None:
         """Take the changes (bytes-like, each a whole change) of ``key_group`` that come
@@ -144,7 +145,7 @@ class BulkReplay:
         name_end, size = _NAME_END, _SIZE
         for c in changes:
             p = name_end[c[2]]
-            end = p + size[c[p]] if p else 0
+            end = p + size[c[p]]  # p 0 (no fixstr name): c[0], an array header, sizes 0
             if end <= p:
                 end = _key_end(c)
             op = c[1]
@@ -199,19 +200,20 @@ class BulkReplay:
                 plan = None
         if plan is None:
             return self._one_by_one(where)
-        return self._write(plan, where)
+        return sum(self._write(*step, where) for step in plan)
 
     def _plan(self) -> list[tuple[int, int, Any, Any]]:
-        """(step, key group, (name, key bytes, length of state+key bytes), kept) per
-        kept state key or map user key, in the order to write them (values, map clears,
-        map removes, map puts, lists); every state name, key and user key checked:
-        canonical, hashing to its key group, one kind per state; the kept of a map
-        remove is the user key bytes, of a put (user key bytes, change, raw user key
-        length). Raises _Irregular; changes nothing."""
+        """(step, key group, resolved keys, kept) per step and key group, in the order
+        to write them (values, map clears, map removes, map puts, lists), after
+        checking every kept change's array header and every state name, key and user
+        key: canonical, hashing to its key group, one kind per state. Resolved keys
+        map state+key bytes to (name, key bytes, length, (name, key group)); user keys
+        are resolved in ``_user_keys``. Nothing is allocated per kept change (no
+        garbage-collector passes over the state). Raises _Irregular; changes
+        nothing."""
         b = self._b
         self._kinds = {name: b.state_kind(name) for name in b.state_names()}
         self._names = {}
-        user_keys: dict[Any, bytes] = {}
         plan: list[tuple[int, int, Any, Any]] = []
         steps = (
             (_VALUE, VALUE, self._values),
@@ -220,12 +222,13 @@ class BulkReplay:
             (_MPUT, MAP, self._mputs),
             (_LIST, LIST, self._lists),
         )
-        head_of, append = _HEAD_OF, plan.append
+        head_of = _HEAD_OF
         for step, kind, per_kg in steps:
             for kg, kept in per_kg.items():
                 keys: dict[Any, tuple[str, bytes, int, tuple[str, int]]] = {}
+                plan.append((step, kg, keys, kept))
                 if step in (_MPUT, _MREMOVE):
-                    self._plan_user_keys(step, kg, kind, kept, plan, keys, user_keys)
+                    self._plan_user_keys(kg, kind, kept, keys)
                     continue
                 for sk, item in kept.items():
                     if step == _LIST:
@@ -234,37 +237,29 @@ class BulkReplay:
                                 raise _Irregular
                     elif item[0] != head_of[item[1]]:
                         raise _Irregular
-                    append((step, kg, keys.get(sk) or self._resolve(keys, sk, kg, kind), item))
+                    if sk not in keys:
+                        self._resolve(keys, sk, kg, kind)
         return plan
 
     def _plan_user_keys(
         self,
-        step: int,
         kg: int,
         kind: str,
         kept: dict[Any, Any],
-        plan: list[tuple[int, int, Any, Any]],
         keys: dict[Any, tuple[str, bytes, int, tuple[str, int]]],
-        user_keys: dict[Any, bytes],
     ) -> None:
-        """The plan of one key group's kept map removes or puts (``step``): by state+key+
-        user key bytes, the last remove or put; ``keys`` and ``user_keys`` cache what
-        is resolved. Raises _Irregular."""
-        size, head_of, append = _SIZE, _HEAD_OF, plan.append
+        """Check one key group's kept map removes or puts (by state+key+user key
+        bytes) and resolve their keys into ``keys`` and user keys into ``_user_keys``.
+        Raises _Irregular."""
+        head_of, user_keys = _HEAD_OF, self._user_keys
         for skuk, c in kept.items():
             if c[0] != head_of[c[1]]:
                 raise _Irregular
-            n = size[skuk[0]]
-            p = n if n else _item_end(skuk, 0)
-            n = size[skuk[p]]
-            end = p + n if n else _item_end(skuk, p)
-            uk = skuk[end:]
-            ukb = user_keys.get(uk)
-            if ukb is None:
-                ukb = user_keys[uk] = self._canonical(uk)
-            sk = skuk[:end]
-            resolved = keys.get(sk) or self._resolve(keys, sk, kg, kind)
-            append((step, kg, resolved, ukb if step == _MREMOVE else (ukb, c, len(uk))))
+            end = _user_key_at(skuk)
+            if skuk[end:] not in user_keys:
+                user_keys[skuk[end:]] = self._canonical(skuk[end:])
+            if skuk[:end] not in keys:
+                self._resolve(keys, skuk[:end], kg, kind)
 
     def _canonical(self, item: Any) -> bytes:
         """The msgpack item ``item`` as bytes; raises _Irregular unless canonical."""
@@ -296,23 +291,32 @@ class BulkReplay:
         resolved = keys[sk] = (name, kb, len(sk), (name, kg))
         return resolved
 
-    def _write(self, plan: list[tuple[int, int, Any, Any]], where: Sequence[str]) -> int:
-        """Write the planned states into the backend; returns the changes applied."""
-        b, pack = self._b, self._pack
+    def _write(
+        self, step: int, kg: int, keys: dict[Any, Any], kept: dict[Any, Any], where: Sequence[str]
+    ) -> int:
+        """Write one planned step of key group ``kg`` into the backend; returns the
+        changes applied."""
+        b, pack, user_keys = self._b, self._pack, self._user_keys
         buckets: dict[tuple[str, int], dict[bytes, Any]] = {}
         applied = 0
-        for step, kg, (name, kb, skl, bucket_key), item in plan:
+        kind, by_user_key = _KINDS[step], step in (_MPUT, _MREMOVE)
+        for sk_or_skuk, item in kept.items():
+            if by_user_key:
+                end = _user_key_at(sk_or_skuk)
+                ukb = user_keys[sk_or_skuk[end:]]
+                name, kb, skl, bucket_key = keys[sk_or_skuk[:end]]
+            else:
+                name, kb, skl, bucket_key = keys[sk_or_skuk]
             bucket = buckets.get(bucket_key)
             if bucket is None:
-                bucket = buckets[bucket_key] = b.replay_bucket(name, _KINDS[step], kg)
+                bucket = buckets[bucket_key] = b.replay_bucket(name, kind, kg)
             try:
                 applied += 1
                 if step == _MPUT:
-                    ukb, c, ukl = item
                     m = bucket.get(kb)
                     if m is None:
                         m = bucket[kb] = {}
-                    m[ukb] = pack(unpackb(c[2 + skl + ukl :], strict_map_key=False))
+                    m[ukb] = pack(unpackb(item[2 + skl + len(ukb) :], strict_map_key=False))
                 elif step == _VALUE:
                     if item[1] == OP_VALUE_SET:
                         bucket[kb] = pack(unpackb(item[2 + skl :], strict_map_key=False))
@@ -321,7 +325,7 @@ class BulkReplay:
                 elif step == _MREMOVE:
                     m = bucket.get(kb)
                     if m is not None:
-                        m.pop(item, None)
+                        m.pop(ukb, None)
                         if not m:
                             del bucket[kb]
                 elif step == _MCLEAR:
@@ -335,7 +339,7 @@ class BulkReplay:
     def _raise_for(self, step: int, kg: int, item: Any, where: Sequence[str]) -> None:
         """Raise the error of a full replay for the kept change(s) ``item`` of which one
         failed to decode: each is applied change by change until one raises."""
-        changes = item if step == _LIST else [item[1] if step == _MPUT else item]
+        changes = item if step == _LIST else [item]
         for c in changes:
             try:
                 self._b.apply_change(kg, c)
@@ -363,6 +367,14 @@ class BulkReplay:
                 raise ValueError(f"segment at {where[origin]}: {e}") from e
             applied += len(changes)
         return applied
+
+
+def _user_key_at(skuk: Any) -> int:
+    """The offset of the user key in a map change's state+key+user key bytes."""
+    n = _SIZE[skuk[0]]
+    p = n if n else _item_end(skuk, 0)
+    n = _SIZE[skuk[p]]
+    return p + n if n else _item_end(skuk, p)
 
 
 def _write_list(
