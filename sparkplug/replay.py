@@ -19,13 +19,14 @@ each value decoded and re-encoded once (so a malformed kept value raises as in a
 replay).
 
 Exactness: anything a change-by-change replay would treat differently is handed to it
-instead: when a change does not have the shape the backend writes (array length for
-its operation, a string state name, an unknown operation, an unparsable key), or a
-kept state name, key or user key is not canonically encoded (two encodings of one
-key), or hashes to another key group, or a state is used with two kinds, the whole
-task is replayed change by change with :meth:`KeyedStateBackend.apply_change`, which
-raises exactly the errors of a full replay. As with squashing, a corrupt value inside
-a superseded change goes unnoticed, and the order in which different keys are stored
+instead: when a change's operation is unknown or its state name or key does not parse,
+or a kept change does not have the array length the backend writes for its operation,
+or a kept state name, key or user key is not canonically encoded (two encodings of one
+key), or hashes to another key group, or a state is used with two kinds, or map clears
+would scan more than ``_SCAN_BUDGET`` squash entries, the whole task is replayed
+change by change with :meth:`KeyedStateBackend.apply_change`, which raises exactly the
+errors of a full replay. As with squashing, a corrupt value (or array length) inside a
+superseded change goes unnoticed, and the order in which different keys are stored
 may differ from a full replay (contents, map and list orders do not).
 
 Memory: references to every change fed (one list per feed) plus one dictionary entry
