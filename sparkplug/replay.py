@@ -68,9 +68,10 @@ _HEAD = {
     OP_LIST_CLEAR: 0x93,
     OP_LIST_SET: 0x94,
 }
-_HEAD_OF = bytes(_HEAD.get(op, 0) for op in range(256))
+_HEAD_OF = [_HEAD.get(op, 0) for op in range(256)]
 # per first byte of a state name: the offset in a change just past a fixstr name, else 0
-_NAME_END = bytes(3 + (b & 0x1F) if 0xA0 <= b <= 0xBF else 0 for b in range(256))
+# (lists, not bytes: indexing a list by an int is the specialized fast path)
+_NAME_END = [3 + (b & 0x1F) if 0xA0 <= b <= 0xBF else 0 for b in range(256)]
 _PARSE_ERRORS = (ValueError, IndexError, TypeError, msgpack.UnpackException)
 _DECODE_ERRORS = (*_PARSE_ERRORS, KeyError)
 unpackb = msgpack.unpackb
