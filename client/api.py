@@ -16,6 +16,7 @@ from dstltree.client.direct import DirectUploader
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.inflight import DEFAULT_MAX_IN_FLIGHT, InFlightLimit
 from dstltree.client.reader import iter_changes, read_changes
+from dstltree.client.segment import CODECS
 from dstltree.client.uploader import SegmentUploader
 from dstltree.client.writer import ChangelogWriter
 from dstltree.storage.hedging import UploadPolicy
@@ -36,8 +37,12 @@ class ChangelogClient:
         uploader: SegmentUploader,
         preemptive_bytes: int,
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT,
+        compression: str | None = None,
     ) -> None:
+        if compression is not None and compression not in CODECS:
+            raise ValueError(f"unknown segment compression {compression!r} (known: {CODECS})")
         self.store = store
+        self.compression = compression
         self.uploader = uploader
         self._preemptive = preemptive_bytes
         self.in_flight = InFlightLimit(max_in_flight_bytes)
@@ -58,6 +63,7 @@ class ChangelogClient:
         upload_policy: UploadPolicy | None = None,
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT,
         security: Curve | None = None,
+        compression: str | None = None,
     ) -> ChangelogClient:
         """Open a client on ``base_path`` (fsspec URL).
 
@@ -70,7 +76,12 @@ class ChangelogClient:
         more than ``max_in_flight_bytes`` of this client's segments are not yet durable
         (back-pressure on ``append``; Flink's default, 100 MB). ``security``: CURVE to
         the node (``dstltree.security.Curve.for_writer``); None = plaintext.
+        ``compression``: ``"zstd"`` compresses each segment's body where that saves
+        bytes (recorded in the segment header: readers need no option); None (default)
+        = off. Raises ValueError for an unknown codec.
         """
+        if compression is not None and compression not in CODECS:
+            raise ValueError(f"unknown segment compression {compression!r} (known: {CODECS})")
         store = ObjectStore(base_path, storage_options, fs=fs)
         uploader: SegmentUploader
         if node is None:
@@ -83,7 +94,7 @@ class ChangelogClient:
             uploader = NodeUploader(
                 node, store, ack_timeout=ack_timeout, upload_policy=upload_policy, security=security
             )
-        return cls(store, uploader, preemptive_bytes, max_in_flight_bytes)
+        return cls(store, uploader, preemptive_bytes, max_in_flight_bytes, compression)
 
     def create_writer(
         self, log_id: str, key_groups: range, *, initial_sqn: int = 0
@@ -92,6 +103,7 @@ class ChangelogClient:
         w = ChangelogWriter(
             log_id, key_groups, self.uploader, initial_sqn, self._preemptive, self.in_flight
         )
+        w.compression = self.compression
         self._writers.append(w)
         return w
 

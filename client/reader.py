@@ -50,12 +50,15 @@ def read_index(store: ObjectStore, url: str, verify: bool = True) -> list[Segmen
     return refs
 
 
-def read_segment(store: ObjectStore, ref: SegmentRef, log_id: str | None = None) -> DecodedSegment:
+def read_segment(
+    store: ObjectStore, ref: SegmentRef, log_id: str | None = None, *, copy: bool = True
+) -> DecodedSegment:
     """Range-read and verify one segment, and check it is the segment ``ref`` describes
     (log id, SQN range, key groups, length, CRC32) and belongs to ``log_id`` when given.
+    ``copy`` False: changes are read-only memoryview slices (:func:`decode_segment`).
     Raises CorruptObjectError (path, offset) or StorageError."""
     data = read_exact(store, ref.path, ref.offset, ref.length)
-    seg = decode_segment(data, ref.path, ref.offset)
+    seg = decode_segment(data, ref.path, ref.offset, copy=copy)
     if log_id is not None and seg.log_id != log_id:
         raise CorruptObjectError(
             ref.path, ref.offset, f"segment belongs to log {seg.log_id!r}, not {log_id!r}"

@@ -4,10 +4,22 @@ Layout (all integers big-endian)::
 
     u32 header_length | header (msgpack) | body | u32 crc32(everything before)
 
-The header is ``{"v": 1, "log": log_id, "sqn": [from, to], "entries": [[sqn, key_group,
-count, body_offset, body_length], ...]}``; the body holds each entry's changes as
-``u32 length | raw change bytes``, entries in SQN order, then key-group order. Change
-payloads stay raw bytes (never msgpack-encoded).
+The header is ``{"v": 2, "log": log_id, "sqn": [from, to], "entries": [[sqn, key_group,
+count, body_offset, body_length], ...]}``, entries in SQN order, then key-group order;
+in version 2 (written by default) each entry's part of the body is a table of its
+``count`` change lengths (``u32`` each) followed by the raw changes back to back, so a
+reader slices them without a step per change. Version 1 (still read, and written with
+``version=1``) holds each change as ``u32 length | raw change bytes``. Change payloads
+stay raw bytes (never msgpack-encoded).
+
+Compression (version 2 only, off by default): the header gains ``"codec": "zstd"``
+and ``"size": body_bytes``, and the stored body is one zstd frame (declaring its
+content size) of the body above; entry offsets refer to the decompressed body.
+Readers need no configuration: the header names the codec. A reader refuses
+(CorruptObjectError) a body that claims or decompresses to more than
+``max_body_bytes`` (:data:`MAX_BODY_BYTES` by default) or to other than its ``size``,
+so a hostile segment cannot make it allocate unbounded memory. The trailer's CRC32
+covers the stored (compressed) bytes.
 """
 
 from __future__ import annotations
@@ -16,13 +28,24 @@ import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
+from typing import Any
 
 import msgpack
+import zstandard
 
 from dstltree.client.errors import CorruptObjectError
 
-SEGMENT_VERSION = 1
+SEGMENT_VERSION = 2  # what encode_segment writes by default
+SEGMENT_VERSIONS = (1, 2)  # what decode_segment reads
+ZSTD = "zstd"
+CODECS = (ZSTD,)
+MAX_BODY_BYTES = 256 * 1024 * 1024  # the largest (decompressed) body a reader accepts
 _U32 = struct.Struct("!I")
+# mean bytes per body part below which encode_segment joins the body first (one more copy
+# in C) rather than computing the CRC32 part by part (one Python call per change)
+_JOIN_BELOW = 4096
+_INT = {int}
 
 # changesets: SQN -> key group -> changes, in append order
 Changesets = Mapping[int, Mapping[int, Sequence[bytes]]]
@@ -78,28 +101,67 @@ class DecodedSegment:
                     yield sqn, kg, v
 
 
-def encode_segment(log_id: str, sqn_from: int, sqn_to: int, changesets: Changesets) -> bytes:
-    """Encode the changesets with SQN in [sqn_from, sqn_to) of one writer."""
-    body = bytearray()
+def encode_segment(
+    log_id: str,
+    sqn_from: int,
+    sqn_to: int,
+    changesets: Changesets,
+    *,
+    compression: str | None = None,
+    level: int = 3,
+    version: int = SEGMENT_VERSION,
+) -> bytes:
+    """Encode the changesets with SQN in [sqn_from, sqn_to) of one writer: bytes of the
+    layout above (``version`` 2, or 1). Each change is copied once, straight into the
+    result, when changes are large (4 KiB on average or more); smaller ones are joined
+    into the body first and the body copied once more (two copies in C are cheaper
+    than a CRC32 call per change). ``compression`` ``"zstd"`` compresses the body at
+    ``level`` when that saves bytes and the body is at most :data:`MAX_BODY_BYTES`
+    (else it is stored as it is); None (default): no compression. Raises ValueError
+    for a changeset SQN outside the range, an unknown codec or version, or
+    compression with version 1."""
+    if compression is not None and (compression not in CODECS or version != 2):
+        raise ValueError(f"segment compression {compression!r}: known {CODECS}, version 2")
+    if version not in SEGMENT_VERSIONS:
+        raise ValueError(f"unknown segment version {version}")
+    parts: list[bytes] = []
     entries = []
+    start = 0
     for sqn in sorted(changesets):
         if not sqn_from <= sqn < sqn_to:
             raise ValueError(f"changeset SQN {sqn} outside [{sqn_from}, {sqn_to})")
-        for kg in sorted(changesets[sqn]):
-            start = len(body)
-            values = changesets[sqn][kg]
-            for v in values:
-                body += _U32.pack(len(v))
-                body += v
-            entries.append([sqn, kg, len(values), start, len(body) - start])
-    header = msgpack.packb(
-        {"v": SEGMENT_VERSION, "log": log_id, "sqn": [sqn_from, sqn_to], "entries": entries}
-    )
-    out = bytearray(_U32.pack(len(header)))
-    out += header
-    out += body
-    out += _U32.pack(zlib.crc32(out))
-    return bytes(out)
+        per_kg = changesets[sqn]
+        for kg in sorted(per_kg):
+            values = per_kg[kg]
+            lengths = list(map(len, values))
+            if version == 2:
+                parts.append(struct.pack(f"!{len(values)}I", *lengths))
+                parts.extend(values)
+            else:
+                for n, v in zip(lengths, values, strict=True):
+                    parts += (_U32.pack(n), v)
+            length = 4 * len(values) + sum(lengths)
+            entries.append([sqn, kg, len(values), start, length])
+            start += length
+    header: dict[str, object] = {"v": version, "log": log_id, "sqn": [sqn_from, sqn_to]}
+    if compression is not None and 0 < start <= MAX_BODY_BYTES:
+        packed = zstandard.ZstdCompressor(level=level).compress(b"".join(parts))
+        if len(packed) < start:
+            header.update(codec=compression, size=start)
+            parts = [packed]
+    header["entries"] = entries
+    head = msgpack.packb(header)
+    prefix = _U32.pack(len(head)) + head
+    if len(parts) > 2 + start // _JOIN_BELOW:  # small changes: one C join beats a CRC call each
+        body = b"".join(parts)
+        crc = zlib.crc32(body, zlib.crc32(prefix))
+        return b"".join((prefix, body, _U32.pack(crc)))
+    crc = zlib.crc32(prefix)
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    parts[:0] = (prefix,)
+    parts.append(_U32.pack(crc))
+    return b"".join(parts)
 
 
 def segment_crc(data: bytes | bytearray | memoryview) -> int:
@@ -114,13 +176,22 @@ def segment_key_groups(changesets: Changesets) -> tuple[int, ...]:
 
 
 def decode_segment(
-    data: bytes | memoryview, path: str = "<memory>", offset: int = 0
+    data: bytes | bytearray | memoryview,
+    path: str = "<memory>",
+    offset: int = 0,
+    *,
+    copy: bool = True,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> DecodedSegment:
-    """Verify and decode a segment. Raises CorruptObjectError naming ``path`` and the
-    ``offset`` of the segment (plus the position inside it) on any mismatch: checksum,
-    header framing, a header field of the wrong type or out of range, entries out of
-    (sqn, key group) order, outside the SQN range, overlapping or leaving gaps in the
-    body, or changes that do not fill their entry exactly."""
+    """Verify and decode a segment (version 1 or 2). Raises CorruptObjectError naming
+    ``path`` and the ``offset`` of the segment (plus the position inside it; inside a
+    compressed body, the offset of the body) on any mismatch: checksum, header framing,
+    a header field of the wrong type or out of range, an unknown codec, a compressed
+    body that does not decompress to exactly its ``size`` (or claims more than
+    ``max_body_bytes``), entries out of (sqn, key group) order, outside the SQN range,
+    overlapping or leaving gaps in the body, or changes that do not fill their entry
+    exactly. ``copy`` False: the changes are read-only memoryview slices of ``data``
+    (or of the decompressed body) instead of bytes copies (no copy per change)."""
     buf = memoryview(data)
     if len(buf) < 8:
         raise CorruptObjectError(path, offset, f"segment of {len(buf)} bytes is truncated")
@@ -134,45 +205,127 @@ def decode_segment(
     if 4 + hlen > len(buf) - 4:
         raise CorruptObjectError(path, offset, "segment header length exceeds segment")
     try:
-        log_id, sqn_from, sqn_to, raw_entries = _parse_header(buf[4 : 4 + hlen])
+        log_id, sqn_from, sqn_to, raw_entries, size, version = _parse_header(buf[4 : 4 + hlen])
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
         raise CorruptObjectError(path, offset + 4, f"bad segment header: {e}") from e
     body_start = 4 + hlen
-    body = buf[body_start:-4]
-    entries: dict[tuple[int, int], list[bytes]] = {}
+    if size is None:  # uncompressed: the changes are slices of data itself
+        src: bytes | memoryview = buf if not copy or type(data) is not bytes else data
+        if copy and src is buf:
+            src = bytes(buf)
+        base, body_len, where = body_start, len(buf) - 4 - body_start, offset + body_start
+    else:
+        src = _decompress(buf[body_start:-4], size, max_body_bytes, path, offset + body_start)
+        base, body_len, where = 0, size, offset + body_start
+    if not copy:
+        src = memoryview(src).toreadonly()  # hashable slices, whatever ``data`` is
+    entries = _read_entries(
+        src,
+        base,
+        body_len,
+        raw_entries,
+        (sqn_from, sqn_to),
+        path,
+        (where, size is None, offset + 4),
+        _read_changes if version == 1 else _read_table,
+    )
+    return DecodedSegment(log_id, sqn_from, sqn_to, entries, len(buf), stored)
+
+
+def _decompress(body: memoryview, size: int, limit: int, path: str, offset: int) -> bytes:
+    """The zstd frame ``body`` decompressed: exactly ``size`` bytes, at most ``limit``.
+    Raises CorruptObjectError (``path``, ``offset`` of the body) for a larger claimed
+    size, a frame whose content size is missing or differs, a corrupt frame or bytes
+    after it; never allocates more than ``size`` bytes of output."""
+    if size > limit:
+        raise CorruptObjectError(
+            path, offset, f"compressed body claims {size} bytes, more than {limit} allowed"
+        )
+    try:
+        declared = zstandard.frame_content_size(body)
+        if declared != size:
+            raise CorruptObjectError(
+                path, offset, f"zstd frame declares {declared} bytes, the header {size}"
+            )
+        dobj = zstandard.ZstdDecompressor().decompressobj()
+        out = dobj.decompress(body)
+    except zstandard.ZstdError as e:
+        raise CorruptObjectError(path, offset, f"corrupt compressed body: {e}") from e
+    if len(out) != size or not dobj.eof or dobj.unused_data:
+        raise CorruptObjectError(
+            path,
+            offset,
+            f"compressed body gives {len(out)} of {size} bytes "
+            f"({len(dobj.unused_data)} bytes after its frame)",
+        )
+    return out
+
+
+def _read_entries(
+    src: bytes | memoryview,
+    base: int,
+    body_len: int,
+    raw_entries: list[tuple[int, int, int, int, int]],
+    sqn_range: tuple[int, int],
+    path: str,
+    where: tuple[int, bool, int],
+    read: Any,
+) -> dict[tuple[int, int], list[Any]]:
+    """The changes of every entry, sliced from ``src`` whose body starts at ``base``
+    and holds ``body_len`` bytes; ``where`` is (the body's offset in ``path``, whether
+    positions inside the body are offsets in ``path`` too, the header's offset in
+    ``path``); ``read`` reads one entry's changes (:func:`_read_changes` for version
+    1, :func:`_read_table` for version 2). Raises CorruptObjectError."""
+    sqn_from, sqn_to = sqn_range
+    entries: dict[tuple[int, int], list[Any]] = {}
     expected_start, last = 0, (-1, -1)
+    body_offset, exact, header_offset = where
     for i, (sqn, kg, count, start, length) in enumerate(raw_entries):
-        where = offset + body_start + expected_start
         if (sqn, kg) <= last or not sqn_from <= sqn < sqn_to:
             raise CorruptObjectError(
                 path,
-                offset + 4,
+                header_offset,
                 f"segment entry {i} (sqn {sqn}, key group {kg}) out of order "
                 f"or outside [{sqn_from}, {sqn_to})",
             )
         if start != expected_start:
             raise CorruptObjectError(
-                path, where, f"segment entry {i} starts at {start}, expected {expected_start}"
+                path,
+                body_offset + (expected_start if exact else 0),
+                f"segment entry {i} starts at {start}, expected {expected_start}",
             )
-        entries[(sqn, kg)] = _read_changes(body, start, length, count, path, offset + body_start)
+        if start + length > body_len:
+            raise CorruptObjectError(
+                path, body_offset + (start if exact else 0), "segment entry exceeds body"
+            )
+        entries[(sqn, kg)] = read(src, base, start, length, count, path, where)
         expected_start, last = start + length, (sqn, kg)
-    if expected_start != len(body):
+    if expected_start != body_len:
         raise CorruptObjectError(
             path,
-            offset + body_start + expected_start,
-            f"segment body has {len(body) - expected_start} bytes after its last entry",
+            body_offset + (expected_start if exact else 0),
+            f"segment body has {body_len - expected_start} bytes after its last entry",
         )
-    return DecodedSegment(log_id, sqn_from, sqn_to, entries, len(buf), stored)
+    return entries
 
 
-def _parse_header(raw: memoryview) -> tuple[str, int, int, list[tuple[int, int, int, int, int]]]:
-    """(log_id, sqn_from, sqn_to, entries) of a msgpack segment header, every integer
-    checked to be a non-negative int. Raises ValueError, TypeError or KeyError."""
+def _parse_header(
+    raw: memoryview,
+) -> tuple[str, int, int, list[tuple[int, int, int, int, int]], int | None, int]:
+    """(log_id, sqn_from, sqn_to, entries, decompressed body size or None for an
+    uncompressed body, version) of a msgpack segment header, every integer checked to be a
+    non-negative int. Raises ValueError, TypeError or KeyError."""
     header = msgpack.unpackb(raw)
     if not isinstance(header, dict):
         raise TypeError(f"header is a {type(header).__name__}, not a map")
-    if header.get("v") != SEGMENT_VERSION:
-        raise ValueError(f"unsupported segment version {header.get('v')!r}")
+    version = header.get("v")
+    if version not in SEGMENT_VERSIONS or type(version) is not int:
+        raise ValueError(f"unsupported segment version {version!r}")
+    size = None
+    if "codec" in header and version == 2:
+        if header["codec"] not in CODECS:
+            raise ValueError(f"unknown codec {header['codec']!r}")
+        size = _uint(header["size"], "size")
     log_id = header["log"]
     if not isinstance(log_id, str):
         raise TypeError(f"log id {log_id!r} is not a string")
@@ -189,9 +342,11 @@ def _parse_header(raw: memoryview) -> tuple[str, int, int, list[tuple[int, int, 
     for i, e in enumerate(raw_entries):
         if not isinstance(e, list) or len(e) != 5:
             raise ValueError(f"entry {i} is not [sqn, key_group, count, offset, length]")
-        sqn_, kg, count, start, length = (_uint(x, f"entry {i}") for x in e)
-        entries.append((sqn_, kg, count, start, length))
-    return log_id, sqn_from, sqn_to, entries
+        if not (set(map(type, e)) == _INT and min(e) >= 0):  # the common case in C
+            for x in e:
+                _uint(x, f"entry {i}")
+        entries.append((e[0], e[1], e[2], e[3], e[4]))
+    return log_id, sqn_from, sqn_to, entries, size, version
 
 
 def _uint(x: object, what: str) -> int:
@@ -215,23 +370,72 @@ def check_segment(seg: DecodedSegment, meta: SegmentMeta, path: str, offset: int
 
 
 def _read_changes(
-    body: memoryview, start: int, length: int, count: int, path: str, offset: int
-) -> list[bytes]:
-    out = []
-    pos, end = start, start + length
-    if end > len(body):
-        raise CorruptObjectError(path, offset + pos, "segment entry exceeds body")
+    src: bytes | memoryview,
+    base: int,
+    start: int,
+    length: int,
+    count: int,
+    path: str,
+    where: tuple[int, bool, int],
+) -> list[Any]:
+    """The ``count`` changes filling body bytes [start, start + length) (the body
+    starts at ``base`` of ``src``), as slices of ``src``. Raises CorruptObjectError."""
+    out: list[Any] = []
+    append, unpack_from = out.append, _U32.unpack_from
+    pos, end = base + start, base + start + length
+    body_offset, exact, _ = where
     if count > length // 4:
-        raise CorruptObjectError(path, offset + pos, f"{count} changes cannot fit {length} bytes")
+        raise CorruptObjectError(
+            path,
+            body_offset + (start if exact else 0),
+            f"{count} changes cannot fit {length} bytes",
+        )
     for _ in range(count):
         if pos + 4 > end:
-            raise CorruptObjectError(path, offset + pos, "truncated change length")
-        n = _U32.unpack_from(body, pos)[0]
+            raise CorruptObjectError(
+                path, body_offset + (pos - base if exact else 0), "truncated change length"
+            )
+        n = unpack_from(src, pos)[0]
         pos += 4
         if pos + n > end:
-            raise CorruptObjectError(path, offset + pos, "truncated change")
-        out.append(bytes(body[pos : pos + n]))
+            raise CorruptObjectError(
+                path, body_offset + (pos - base if exact else 0), "truncated change"
+            )
+        append(src[pos : pos + n])
         pos += n
     if pos != end:
-        raise CorruptObjectError(path, offset + pos, f"{end - pos} bytes after the entry's changes")
+        raise CorruptObjectError(
+            path,
+            body_offset + (pos - base if exact else 0),
+            f"{end - pos} bytes after the entry's changes",
+        )
     return out
+
+
+def _read_table(
+    src: bytes | memoryview,
+    base: int,
+    start: int,
+    length: int,
+    count: int,
+    path: str,
+    where: tuple[int, bool, int],
+) -> list[Any]:
+    """The ``count`` changes of a version-2 entry filling body bytes [start, start +
+    length) (the body starts at ``base`` of ``src``): its table of lengths, then the
+    changes, sliced from ``src`` with no length read per change. Raises
+    CorruptObjectError."""
+    body_offset, exact, _ = where
+    at = body_offset + (start if exact else 0)
+    if count > length // 4:
+        raise CorruptObjectError(path, at, f"{count} changes cannot fit {length} bytes")
+    pos = base + start
+    offsets = list(accumulate(struct.unpack_from(f"!{count}I", src, pos), initial=pos + 4 * count))
+    if offsets[-1] != pos + length:
+        raise CorruptObjectError(
+            path,
+            at,
+            f"entry of {length} bytes holds a table of {count} lengths and "
+            f"{offsets[-1] - pos - 4 * count} bytes of changes",
+        )
+    return [src[a:b] for a, b in pairwise(offsets)]

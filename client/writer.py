@@ -78,6 +78,8 @@ class ChangelogWriter:
     fold that sees it, so every change staged before ``next_sqn()`` has a lower SQN.
     """
 
+    compression: str | None = None  # segment codec (client/segment.py CODECS); None: off
+
     def __init__(
         self,
         log_id: str,
@@ -317,7 +319,7 @@ class ChangelogWriter:
 
     def _make_upload(self, lo: int, hi: int, checkpoint_id: int | None) -> _SegmentUpload:
         changes = self._changes_in(lo, hi)
-        data = encode_segment(self.log_id, lo, hi, changes)
+        data = encode_segment(self.log_id, lo, hi, changes, compression=self.compression)
         kgs = segment_key_groups(changes)
         meta = SegmentMeta(self.log_id, lo, hi, kgs, len(data), segment_crc(data))
         item = PersistItem(meta, checkpoint_id, data)

@@ -9,11 +9,12 @@ every key is restored from exactly the one old task that held it: none is lost o
 counted twice, whatever the old and new parallelism. ``max_parallelism`` (the number
 of key groups) must not change.
 
-By default the changes of each old task are squashed before they are applied
-(:mod:`dstltree.sparkplug.squash`: only the last change per value key, per map user
-key, and a list's changes after its last clear): the restored state is the same as
-after replaying every change, and :class:`RestoreStats` counts both the changes read
-and the changes applied.
+By default the changes of each old task are squashed before they are applied and
+only the kept ones are decoded (:mod:`dstltree.sparkplug.replay`: only the last change
+per value key, per map user key, and a list's changes after its last clear), the
+segments sliced without a copy per change: the restored state is the same as after
+replaying every change, and :class:`RestoreStats` counts both the changes read and the
+changes applied.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.reader import read_segment
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, TaskCheckpoint
-from dstltree.sparkplug.squash import ChangeSquasher
+from dstltree.sparkplug.replay import BulkReplay
 from dstltree.sparkplug.state_backend import KeyedStateBackend
 from dstltree.storage.store import ObjectStore
 
@@ -138,17 +139,12 @@ def _restore_task(
             into.restore_snapshot(data)
         except ValueError as e:
             raise ValueError(f"snapshot {path} of task {tc.task}: {e}") from e
-    squasher = ChangeSquasher() if squash else None
+    squasher = BulkReplay(into) if squash else None
     where: list[str] = []  # origin of a squashed change -> its segment
     for handle in tc.changelog:
         _replay_handle(store, handle, into, stats, squasher, where)
     if squasher is not None:
-        for _, kg, change, origin in squasher.kept():
-            try:
-                into.apply_change(kg, change)
-            except ValueError as e:
-                raise ValueError(f"segment at {where[origin]}: {e}") from e
-            stats.changes_applied += 1
+        stats.changes_applied += squasher.apply(where)
 
 
 def _replay_handle(
@@ -156,7 +152,7 @@ def _replay_handle(
     handle: ChangelogHandle,
     into: KeyedStateBackend,
     stats: RestoreStats,
-    squasher: ChangeSquasher | None,
+    squasher: BulkReplay | None,
     where: list[str],
 ) -> None:
     """Replay the changes of ``into.key_groups`` in the handle's SQN range, reading only

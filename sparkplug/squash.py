@@ -1,5 +1,10 @@
 """Squashing a changelog before it is replayed on restore (FLIP-151's idea).
 
+Restore itself squashes with :class:`dstltree.sparkplug.replay.BulkReplay` (the same
+rules, in flat dictionaries, decoding only what is kept); :class:`ChangeSquasher`
+stays as the reference implementation of the rules and for callers that want the
+kept changes in their original order.
+
 Replay applies every change of a key group in SQN order (then append order), but most
 of them are overwritten by a later one. :class:`ChangeSquasher` reads the changes of
 one old task (the changes after its snapshot, across all its handles and segments, in

@@ -271,6 +271,21 @@ class KeyedStateBackend:
         except _DECODE_ERRORS as e:
             raise ValueError(f"bad state change in key group {key_group}: {e}") from e
 
+    def replay_bucket(self, name: str, kind: str, key_group: int) -> dict[bytes, Any]:
+        """For bulk replay (:mod:`dstltree.sparkplug.replay`): the live bucket of state
+        ``name`` (declared as ``kind``) in ``key_group``, encoded key -> stored state
+        (module docstring), created empty if absent, to be written in place with what
+        a replay of changes would store (the caller checks the keys' key groups and
+        drops emptied maps and lists). Raises ValueError on a kind clash, KeyError for
+        a key group not in ``key_groups``."""
+        if key_group not in self.key_groups:
+            raise KeyError(f"key group {key_group} is not owned here ({self.key_groups})")
+        groups = self._declare(name, kind)
+        bucket = groups.get(key_group)
+        if bucket is None:
+            bucket = groups[key_group] = {}
+        return bucket
+
     # -- internals -----------------------------------------------------------------------
     def _staging(self, kg: int) -> list[bytes] | None:
         """The writer's staging list of ``kg``, kept for the next records; None if ``kg``

@@ -13,11 +13,13 @@ import typer
 __all__ = ["hotpath"]
 
 
-def _command(seconds: float, restore_changes: int, small_change_bytes: int) -> str:
+def _command(
+    seconds: float, restore_changes: int, small_change_bytes: int, demo_records: int
+) -> str:
     """The command line that reproduces a run with these settings."""
     return (
         f"dstl bench hotpath --seconds {seconds:g} --restore-changes {restore_changes} "
-        f"--small-change-bytes {small_change_bytes}"
+        f"--small-change-bytes {small_change_bytes} --demo-records {demo_records}"
     )
 
 
@@ -36,6 +38,10 @@ def hotpath(
     small_change_bytes: Annotated[
         int, typer.Option(min=100, help="Bytes of 100-byte changes in one checkpoint.")
     ] = 1_000_000,
+    demo_records: Annotated[
+        int,
+        typer.Option(min=100, help="Flights of the demo replayed for the restore against 9a5af1e."),
+    ] = 336_776,
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Also write the figures as JSON here.")
     ] = None,
@@ -53,7 +59,8 @@ def hotpath(
     """Measure the changelog's hot path next to its floors in one run and print the
     ratios: task loop with / without the changelog, node and chain forwarding / a raw
     pyzmq hop, persist latency / one round trip plus one fsynced write, restore by
-    replay / snapshot-only."""
+    replay / snapshot-only, restore / the replay of 9a5af1e, zstd-compressed /
+    uncompressed segment bytes."""
     from rich.console import Console
 
     from dstltree.bench.hotpath import (
@@ -66,8 +73,8 @@ def hotpath(
         write_markdown,
     )
 
-    settings = HotpathSettings(seconds, restore_changes, small_change_bytes)
-    meta = run_meta(_command(seconds, restore_changes, small_change_bytes))
+    settings = HotpathSettings(seconds, restore_changes, small_change_bytes, demo_records)
+    meta = run_meta(_command(seconds, restore_changes, small_change_bytes, demo_records))
     console = Console(stderr=True)
     figures = run_hotpath(
         settings,

@@ -19,6 +19,10 @@ EXPECTED = {
     "persist latency p50, one checkpoint of 64 KiB",
     "persist latency p50, 0.1 MB of 100-byte changes",
     "restore by replay, 20000 changes",
+    "restore against 9a5af1e, value sets",
+    "restore against 9a5af1e, the demo",
+    "restore against 9a5af1e, list adds",
+    "zstd segment compression, the demo's changes",
 }
 
 
@@ -26,7 +30,8 @@ def test_hotpath_suite_tiny(tmp_path: Path) -> None:
     out, md = tmp_path / "hot.json", tmp_path / "BENCH.md"
     md.write_text("# Benchmarks\n\n## 1. Other\n\nkept\n")
     args = ["bench", "hotpath", "--seconds", "0.1", "--restore-changes", "20000"]
-    args += ["--small-change-bytes", "100000", "--json", str(out), "--markdown", str(md)]
+    args += ["--small-change-bytes", "100000", "--demo-records", "3000"]
+    args += ["--json", str(out), "--markdown", str(md)]
     args += ["--workdir", str(tmp_path)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
