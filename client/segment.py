@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import zstandard
@@ -47,8 +47,24 @@ _U32 = struct.Struct("!I")
 _JOIN_BELOW = 4096
 _INT = {int}
 
-# changesets: SQN -> key group -> changes, in append order
-Changesets = Mapping[int, Mapping[int, Sequence[bytes]]]
+
+class PackedChanges(NamedTuple):
+    """The changes of one (sqn, key group) already laid out as a version-2 entry:
+    ``table`` their lengths (u32 big-endian each), ``body`` the changes back to back
+    (bytes). What a writer keeps instead of one bytes object per change."""
+
+    table: bytes | bytearray
+    body: bytes | bytearray
+
+    def changes(self) -> list[bytes]:
+        """The changes as bytes objects, in order."""
+        ends = accumulate(struct.unpack(f"!{len(self.table) // 4}I", self.table))
+        body = bytes(self.body)
+        return [body[a:b] for a, b in pairwise((0, *ends))]
+
+
+# changesets: SQN -> key group -> changes, in append order (or packed)
+Changesets = Mapping[int, Mapping[int, Sequence[bytes] | PackedChanges]]
 
 
 @dataclass(frozen=True)
@@ -119,12 +135,14 @@ def encode_segment(
     ``level`` when that saves bytes and the body is at most :data:`MAX_BODY_BYTES`
     (else it is stored as it is); None (default): no compression. Raises ValueError
     for a changeset SQN outside the range, an unknown codec or version, or
-    compression with version 1."""
+    compression with version 1. An entry may be :class:`PackedChanges` instead of a
+    sequence of changes: the same bytes come out, without a step per change in
+    version 2."""
     if compression is not None and (compression not in CODECS or version != 2):
         raise ValueError(f"segment compression {compression!r}: known {CODECS}, version 2")
     if version not in SEGMENT_VERSIONS:
         raise ValueError(f"unknown segment version {version}")
-    parts: list[bytes] = []
+    parts: list[bytes | bytearray] = []
     entries = []
     start = 0
     for sqn in sorted(changesets):
@@ -133,6 +151,14 @@ def encode_segment(
         per_kg = changesets[sqn]
         for kg in sorted(per_kg):
             values = per_kg[kg]
+            if isinstance(values, PackedChanges):
+                if version == 2:  # already the entry's bytes
+                    parts += values
+                    count, length = len(values.table) // 4, len(values.table) + len(values.body)
+                    entries.append([sqn, kg, count, start, length])
+                    start += length
+                    continue
+                values = values.changes()
             lengths = list(map(len, values))
             if version == 2:
                 parts.append(struct.pack(f"!{len(values)}I", *lengths))
