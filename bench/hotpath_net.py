@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -165,6 +165,28 @@ def node_throughput(
         sent = _pump(lambda: w.append(0, body), persist, segment, seconds)
         elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
     return _rate(sent, elapsed, cpu)
+
+
+def store_throughput(
+    base_path: str, object_bytes: int, seconds: float, threads: int = 4
+) -> dict[str, float]:
+    """Bytes/s of ``object_bytes``-byte objects put durably (the store's fsyncs) under
+    ``base_path`` by ``threads`` threads (a node's default upload threads) for about
+    ``seconds`` s: the most any node can write there, whatever its forwarding costs."""
+    store, body = ObjectStore(base_path), os.urandom(object_bytes)
+    t_end = time.perf_counter() + seconds
+
+    def put_until_deadline() -> int:
+        n = 0
+        while time.perf_counter() < t_end:
+            store.put(store.new_object_path(), body)
+            n += object_bytes
+        return n
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        written = sum(pool.map(lambda _: put_until_deadline(), range(threads)))
+    return {"bytes_per_s": written / (time.perf_counter() - t0)}
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:

@@ -45,6 +45,8 @@ class SegmentRef:
 
     @property
     def crc32(self) -> int:
+        """The segment's trailer checksum (CRC32C for segment version 2, CRC32 for
+        version 1); the persisted field keeps the name ``crc32``."""
         return self.meta.crc32
 
     def to_dict(self) -> dict[str, Any]:

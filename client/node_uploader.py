@@ -58,8 +58,10 @@ class _AwaitingAck:
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 #: messages queued per direction before sends fail (counted) or receives stall
 HIGH_WATER_MARK = 1024
-_IDLE_POLL_MS = 50  # the I/O thread's poll timeout with nothing awaiting an ack
-_BUSY_POLL_MS = 1  # ... while items await acks: the longest a post waits unwoken
+# the I/O thread's poll timeout (posts wake it through the pipe; this only paces ack
+# expiry and lease renewal); it never busy-polls while items await acks: that cost ~1000
+# wake-ups/s per uploader for as long as an ack is due and won no throughput
+_IDLE_POLL_MS = 50
 
 
 @dataclass(frozen=True)
@@ -132,9 +134,6 @@ class NodeUploader:
         # a wake-up byte is on its way and the I/O thread has not drained the outbox
         # since: later posts need none (one pipe write per drain, not per item)
         self._wake_pending = False
-        # items await acks: the I/O thread polls every _BUSY_POLL_MS and posts write no
-        # wake-up byte (a syscall that hands the GIL away on the writer's thread)
-        self._busy = False
         self._closed = False  # close() called: no more use
         self._fds_open = True
         self._thread_done = False
@@ -246,10 +245,9 @@ class NodeUploader:
     def _post(self, what: Message | tuple[PersistItem, Future]) -> None:
         """Queue ``what`` for the I/O thread; wake it unless a wake-up is pending (the
         thread clears the flag after reading the pipe and before draining the outbox,
-        so an item queued before a post that saw the flag set is always drained) or
-        the thread polls briefly anyway (:meth:`_poll_ms`)."""
+        so an item queued before a post that saw the flag set is always drained)."""
         self._outbox.put(what)
-        if not (self._busy or self._wake_pending):
+        if not self._wake_pending:
             self._wake_pending = True
             self._wake()
 
@@ -284,14 +282,10 @@ class NodeUploader:
             self._thread_exit()
 
     def _poll_ms(self) -> int:
-        """The next poll's timeout: _BUSY_POLL_MS while items await acks (posts skip
-        the wake-up pipe then), else _IDLE_POLL_MS, or 0 if the outbox already holds
-        something. The flag is cleared before the outbox is checked and posts queue
-        before they read it, so a post never waits out an idle poll unwoken."""
-        self._busy = bool(self._pending)
-        if not self._busy and not self._outbox.empty():
-            return 0
-        return _BUSY_POLL_MS if self._busy else _IDLE_POLL_MS
+        """The next poll's timeout, ms: 0 if the outbox already holds something, else
+        _IDLE_POLL_MS (every post wakes the thread through the pipe unless a wake-up is
+        already on its way, so no post waits out the poll)."""
+        return 0 if not self._outbox.empty() else _IDLE_POLL_MS
 
     def _fall_back_all(self) -> None:
         """The thread is stopping: items pending or never sent go to DFS directly."""
@@ -339,7 +333,9 @@ class NodeUploader:
             log.debug("send to node failed (%s); pending items time out and fall back", e)
 
     def _receive(self, sock: zmq.Socket) -> None:
-        while True:
+        """Handle every reply queued on ``sock`` (checked with ``EVENTS``: cheaper than
+        a NOBLOCK receive raising zmq.Again at the end of each drain)."""
+        while int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:

@@ -5,16 +5,18 @@ Layout::
     segment_0 | segment_1 | ... | index (msgpack) | footer (28 bytes)
 
 The index is ``{"v": 1, "segments": [[log_id, sqn_from, sqn_to, [key_groups], offset,
-length, crc32], ...]}``. The footer is ``magic (8 bytes) | version u16 | reserved u16 |
-index_offset u64 | index_length u32 | index_crc32 u32`` (big-endian), so a reader finds
-the index with one range read of the tail. Segment bytes are written as received:
+length, crc32], ...]}``, where a row's ``crc32`` is its segment's trailer checksum
+(CRC32C for segment version 2, CRC32 for version 1: see :mod:`.segment`). The footer
+is ``magic (8 bytes) | version u16 | reserved u16 | index_offset u64 | index_length u32
+| index_crc32 u32`` (big-endian; the index's checksum is zlib's CRC32), so a reader
+finds the index with one range read of the tail. Segment bytes are written as received:
 nodes never re-encode them.
 
 Nothing in an object is trusted: the footer's ``index_crc32`` is the index's own
 checksum; :func:`parse_index` checks every row's types and that the rows tile the
 segment area ``[0, index_offset)`` back to back; :func:`verify_segments` decodes every
 segment and cross-checks it against its row (log id, SQN range, key groups, length,
-CRC32), so an index rewritten with a fresh checksum is caught too. Every failure is a
+trailer checksum), so an index rewritten with a fresh checksum is caught too. Every failure is a
 :class:`CorruptObjectError` naming the object path and the byte offset.
 """
 

@@ -2,7 +2,12 @@
 
 Layout (all integers big-endian)::
 
-    u32 header_length | header (msgpack) | body | u32 crc32(everything before)
+    u32 header_length | header (msgpack) | body | u32 checksum(everything before)
+
+The trailer checksum is CRC32C (Castagnoli, google-crc32c, hardware accelerated) in
+version 2 and zlib's CRC32 in version 1; a reader picks the one the segment's version
+names. Handles and object indexes call it ``crc32``: that field holds whatever the
+segment's trailer holds.
 
 The header is ``{"v": 2, "log": log_id, "sqn": [from, to], "entries": [[sqn, key_group,
 count, body_offset, body_length], ...]}``, entries in SQN order, then key-group order;
@@ -18,7 +23,7 @@ content size) of the body above; entry offsets refer to the decompressed body.
 Readers need no configuration: the header names the codec. A reader refuses
 (CorruptObjectError) a body that claims or decompresses to more than
 ``max_body_bytes`` (:data:`MAX_BODY_BYTES` by default) or to other than its ``size``,
-so a hostile segment cannot make it allocate unbounded memory. The trailer's CRC32
+so a hostile segment cannot make it allocate unbounded memory. The trailer's checksum
 covers the stored (compressed) bytes.
 """
 
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from itertools import accumulate, pairwise
 from typing import Any, NamedTuple
 
+import google_crc32c
 import msgpack
 import zstandard
 
@@ -63,6 +69,30 @@ class PackedChanges(NamedTuple):
         return [body[a:b] for a, b in pairwise((0, *ends))]
 
 
+_CRC32C_EXTEND = google_crc32c.extend  # C: accepts bytes (not memoryview / bytearray)
+
+
+def _crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    if type(data) is not bytes:
+        data = bytes(data)
+    return int(_CRC32C_EXTEND(crc, data))
+
+
+def _crc32(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    return zlib.crc32(data, crc)
+
+
+# the trailer checksum of each version: (data, running checksum) -> checksum
+_CHECKSUMS = {1: _crc32, 2: _crc32c}
+
+
+def segment_checksum(data: bytes | bytearray | memoryview, version: int = SEGMENT_VERSION) -> int:
+    """The trailer checksum a segment of ``version`` stores for ``data`` (its bytes before
+    the trailer): CRC32C for version 2, zlib CRC32 for version 1, an unsigned 32-bit int.
+    Raises KeyError for an unknown version."""
+    return _CHECKSUMS[version](data, 0)
+
+
 # changesets: SQN -> key group -> changes, in append order (or packed)
 Changesets = Mapping[int, Mapping[int, Sequence[bytes] | PackedChanges]]
 
@@ -71,8 +101,9 @@ Changesets = Mapping[int, Mapping[int, Sequence[bytes] | PackedChanges]]
 class SegmentMeta:
     """What every record of one segment shares (the wire, batches, the object index and
     handles' references compose it with their own context): writer ``log_id``, SQN
-    range [sqn_from, sqn_to), key groups, ``length`` in bytes and the CRC32 stored in
-    its trailer. A marker (a writer persisted with no new changes) has length 0."""
+    range [sqn_from, sqn_to), key groups, ``length`` in bytes and ``crc32``, the checksum
+    stored in its trailer (CRC32C for version 2, CRC32 for version 1). A marker (a writer
+    persisted with no new changes) has length 0."""
 
     log_id: str
     sqn_from: int
@@ -178,20 +209,22 @@ def encode_segment(
     header["entries"] = entries
     head = msgpack.packb(header)
     prefix = _U32.pack(len(head)) + head
+    checksum = _CHECKSUMS[version]
     if len(parts) > 2 + start // _JOIN_BELOW:  # small changes: one C join beats a CRC call each
         body = b"".join(parts)
-        crc = zlib.crc32(body, zlib.crc32(prefix))
+        crc = checksum(body, checksum(prefix))
         return b"".join((prefix, body, _U32.pack(crc)))
-    crc = zlib.crc32(prefix)
+    crc = checksum(prefix)
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = checksum(p, crc)
     parts[:0] = (prefix,)
     parts.append(_U32.pack(crc))
     return b"".join(parts)
 
 
 def segment_crc(data: bytes | bytearray | memoryview) -> int:
-    """The CRC32 stored in a segment's trailer (no verification)."""
+    """The checksum stored in a segment's trailer (no verification): CRC32C for version
+    2, CRC32 for version 1. Raises ValueError for fewer than 8 bytes."""
     if len(data) < 8:
         raise ValueError("segment shorter than its framing")
     return int(_U32.unpack_from(data, len(data) - 4)[0])
@@ -221,12 +254,7 @@ def decode_segment(
     buf = memoryview(data)
     if len(buf) < 8:
         raise CorruptObjectError(path, offset, f"segment of {len(buf)} bytes is truncated")
-    stored = _U32.unpack_from(buf, len(buf) - 4)[0]
-    actual = zlib.crc32(buf[:-4])
-    if stored != actual:
-        raise CorruptObjectError(
-            path, offset, f"segment checksum mismatch (stored {stored:#010x}, read {actual:#010x})"
-        )
+    stored, checked = _verify_trailer(data, buf, path, offset)
     hlen = _U32.unpack_from(buf, 0)[0]
     if 4 + hlen > len(buf) - 4:
         raise CorruptObjectError(path, offset, "segment header length exceeds segment")
@@ -234,6 +262,10 @@ def decode_segment(
         log_id, sqn_from, sqn_to, raw_entries, size, version = _parse_header(buf[4 : 4 + hlen])
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
         raise CorruptObjectError(path, offset + 4, f"bad segment header: {e}") from e
+    if version != checked:
+        raise CorruptObjectError(
+            path, offset, f"segment checksum mismatch (version {version} with the other checksum)"
+        )
     body_start = 4 + hlen
     if size is None:  # uncompressed: the changes are slices of data itself
         src: bytes | memoryview = buf if not copy or type(data) is not bytes else data
@@ -256,6 +288,30 @@ def decode_segment(
         _read_changes if version == 1 else _read_table,
     )
     return DecodedSegment(log_id, sqn_from, sqn_to, entries, len(buf), stored)
+
+
+def _verify_trailer(
+    data: bytes | bytearray | memoryview, buf: memoryview, path: str, offset: int
+) -> tuple[int, int]:
+    """(stored checksum, the version whose checksum it is) of the segment ``buf`` (8 bytes
+    or more): CRC32C (version 2) tried first, then CRC32 (version 1). For ``bytes`` the
+    CRC32C runs over the whole segment, trailer included, without a copy: appending the
+    same 4 bytes to two CRC registers maps them one to one, so ``extend(stored, trailer)
+    == crc32c(segment)`` exactly when ``stored == crc32c(segment[:-4])``. Raises
+    CorruptObjectError (``path``, ``offset``) when neither checksum matches."""
+    trailer = bytes(buf[-4:])
+    stored = int(_U32.unpack(trailer)[0])
+    if type(data) is bytes:
+        if _CRC32C_EXTEND(stored, trailer) == _CRC32C_EXTEND(0, data):
+            return stored, 2
+    elif _crc32c(buf[:-4]) == stored:
+        return stored, 2
+    if zlib.crc32(buf[:-4]) == stored:
+        return stored, 1
+    actual = _crc32c(buf[:-4])
+    raise CorruptObjectError(
+        path, offset, f"segment checksum mismatch (stored {stored:#010x}, read {actual:#010x})"
+    )
 
 
 def _decompress(body: memoryview, size: int, limit: int, path: str, offset: int) -> bytes:

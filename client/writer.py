@@ -357,12 +357,17 @@ def _combine(
         return out
     remaining = [len(uploads)]
     lock = threading.Lock()
+    # emptied by the last callback: a future keeps its callbacks, so a closure holding
+    # the uploads would make a reference cycle per persist (left to the cycle collector)
+    pending = list(uploads)
 
     def done(_: Future[SegmentRef | None]) -> None:
         with lock:
             remaining[0] -= 1
             if remaining[0] or out.done():
                 return
+            uploads = pending.copy()
+            pending.clear()
         errors = [u.future.exception() for u in uploads if u.future.exception() is not None]
         if errors:
             err = PersistError(f"{log_id}: persist of SQN {sqn_range} failed: {errors[0]}")

@@ -79,6 +79,7 @@ class DemoOptions:
     ``dfs_faults``: a fault spec for the checkpoint directory only
     (dstltree.storage.targets.with_faults); ``chaos``: kill that many random tasks and
     nodes hard during the main job (dstltree.demo.chaos; ``chaos_seed`` draws them);
+    ``compression``: the codec of the changelog segments (None: off; "zstd");
     ``run_id``: this run's folder below the
     base path (default: :func:`new_run_id`); ``fresh``: delete this run's folder
     ``<base>/<run_id>/`` first (nothing else, ever). Raises ValueError for a run id
@@ -105,6 +106,7 @@ class DemoOptions:
     chaos: int = 0
     chaos_seed: int = 0
     run_id: str = field(default_factory=new_run_id)
+    compression: str | None = None
 
     def __post_init__(self) -> None:
         if not RUN_ID.fullmatch(self.run_id):
@@ -199,6 +201,7 @@ def run_job(
         "master": opts.master,
         "metrics_port": opts.metrics_port,
         "source_rate": opts.source_rate,
+        "compression": opts.compression,
     }
     drills = []
     if drill and opts.kill_task_after > 0:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dstltree.client.segment import CODECS
 from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM
 from dstltree.sparkplug.pipeline import KeyedProcessFunction, KeySelector, Pipeline
 from dstltree.sparkplug.sources.base import Record, Source
@@ -124,7 +125,10 @@ class StreamingJob:
     (False: the minimal changelog, for benchmarks: state changes are not logged and
     checkpoints hold only offsets and output, so state is NOT recoverable), ``auth``
     (default True: CURVE on every socket, per-job keys made here and shipped to the
-    tasks; False = plaintext, an explicit choice; see docs/deploy.md)."""
+    tasks; False = plaintext, an explicit choice; see docs/deploy.md), ``compression``
+    (None, default: segments stored as they are; ``"zstd"``: each changelog segment
+    compressed, named in its header so readers need no setting; as Flink's changelog,
+    off by default). Raises ValueError for an unknown codec."""
 
     def __init__(
         self,
@@ -156,6 +160,8 @@ class StreamingJob:
             materialization_interval=materialization_interval,
             **options,
         )
+        if self.options.compression not in (None, *CODECS):
+            raise ValueError(f"compression {self.options.compression!r}: known {CODECS}")
         self._pipeline: Pipeline | None = None
         self._stop = threading.Event()
 

@@ -41,7 +41,8 @@ class RunOptions:
     ``source_rate``: records per second each task's reader reads at most (0: as fast
     as it can). ``auth``: CURVE on every socket of the job (default); False =
     plaintext, for the coordinator, the exchange and the nodes the job starts (nodes
-    started by hosts' supervisors follow the topology's ``security``)."""
+    started by hosts' supervisors follow the topology's ``security``). ``compression``:
+    the codec of the tasks' changelog segments (None: off; ``"zstd"``)."""
 
     name: str
     base_path: str
@@ -62,6 +63,7 @@ class RunOptions:
     source_rate: float = 0.0
     progress: Callable[[Any], None] | None = None
     auth: bool = True
+    compression: str | None = None
 
 
 @dataclass
@@ -338,6 +340,7 @@ class _Attempts:
             kill_task=drill.task if drill is not None else None,
             kill_after_checkpoints=drill.after_checkpoints if drill is not None else 0,
             security=self.security,
+            compression=o.compression,
         )
 
     def _ack_timeout(self) -> float:

@@ -65,6 +65,7 @@ class TaskConfig:
     # CURVE settings from the driver (per-job keys, the writer's keys for the nodes);
     # None = plaintext. Shipped in the closure: see docs/deploy.md (spark.authenticate)
     security: JobSecurity | None = None
+    compression: str | None = None  # segment codec of the task's writer (None: off)
 
 
 @dataclass
@@ -109,6 +110,7 @@ def run_task(
         storage_options=cfg.storage_options,
         ack_timeout=cfg.ack_timeout,
         security=sec.nodes,
+        compression=cfg.compression,
     )
     kgs = key_group_range(task, cfg.parallelism, cfg.max_parallelism)
     backend = KeyedStateBackend(kgs, None, cfg.max_parallelism)

@@ -15,8 +15,8 @@ then a write, which is not safe against a simultaneous writer). Durability: on a
 POSIX filesystem the object's bytes are fsynced before its name exists, and its
 directory (and the parents of directories the write created) after, before
 :meth:`ObjectStore.put` returns: two fsyncs per object, a third the first time a
-directory is created (a store remembers the directories it knows, and creates the 256
-prefix directories of the object layout together); on S3 an object is durable when its
+directory is created (a store remembers the directories it knows; a directory is made
+for its first object, never ahead); on S3 an object is durable when its
 ``PUT`` completes; ``memory://`` is never durable.
 
 Retries: every store operation is retried with tenacity, only on
@@ -149,7 +149,6 @@ def _makedirs_durable(parent: str) -> None:
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 _MAX_KNOWN_DIRS = 65536  # directories an ObjectStore remembers (then it forgets them all)
-_PREFIX_RE = re.compile(r"[0-9a-f]{2}")  # the directory level of new_object_path
 
 
 def _bytes_view(buf: Buffer) -> memoryview:
@@ -413,10 +412,6 @@ class ObjectStore:
         self.root: str = str(root).rstrip("/") or "/"
         self.base_url = self.url(self.root)
         self._changelog_url = self.join(CHANGELOG_DIR)
-        self._prefix_groups = {
-            posixpath.join(self.root, CHANGELOG_DIR),
-            posixpath.join(self.root, SNAPSHOT_DIR),
-        }
 
     # -- retries -----------------------------------------------------------------------
     def _call(
@@ -567,36 +562,15 @@ class ObjectStore:
 
     def _ensure_dir(self, parent: str) -> None:
         """Create ``parent`` durably (:func:`_makedirs_durable`) unless this store
-        already knows it exists: no ``stat`` or ``mkdir`` per object. A two-hex-digit
-        directory of the changelog or snapshot layout comes with its 255 siblings
-        (:meth:`_make_prefix_dirs`)."""
+        already knows it exists: no ``stat`` or ``mkdir`` per object, only for the first
+        object of each directory. (Directories are made as needed, never ahead: every
+        listing, the orphan sweep's included, walks what exists.)"""
         if parent in self._dirs:
             return
         if len(self._dirs) >= _MAX_KNOWN_DIRS:
             self._dirs.clear()
-        group, prefix = posixpath.split(parent)
-        if group in self._prefix_groups and _PREFIX_RE.fullmatch(prefix):
-            self._make_prefix_dirs(group)
-        else:
-            _makedirs_durable(parent)
+        _makedirs_durable(parent)
         self._dirs.add(parent)
-
-    def _make_prefix_dirs(self, group: str) -> None:
-        """Create all 256 prefix directories of ``group`` (where new object and
-        snapshot paths land) in one go, with ONE fsync of ``group`` for all those
-        created, instead of a directory creation and an fsync of ``group`` for each
-        of the first objects of a store. Raises OSError."""
-        _makedirs_durable(group)
-        created = False
-        for i in range(256):
-            try:
-                os.mkdir(f"{group}/{i:02x}")
-                created = True
-            except FileExistsError:
-                pass
-        if created:
-            fsync_dir(group)
-        self._dirs.update(f"{group}/{i:02x}" for i in range(256))
 
     def _open_tmp(self, parent: str, tmp: str) -> int:
         """Create ``tmp`` in ``parent`` for writing; a directory that vanished since

@@ -14,13 +14,18 @@ __all__ = ["hotpath"]
 
 
 def _command(
-    seconds: float, restore_changes: int, small_change_bytes: int, demo_records: int
+    seconds: float,
+    restore_changes: int,
+    small_change_bytes: int,
+    demo_records: int,
+    forward_dir: Path | None = None,
 ) -> str:
     """The command line that reproduces a run with these settings."""
-    return (
+    line = (
         f"dstl bench hotpath --seconds {seconds:g} --restore-changes {restore_changes} "
         f"--small-change-bytes {small_change_bytes} --demo-records {demo_records}"
     )
+    return line if forward_dir is None else f"{line} --forward-dir {forward_dir}"
 
 
 def hotpath(
@@ -52,6 +57,13 @@ def hotpath(
             "e.g. BENCHMARKS.md."
         ),
     ] = None,
+    forward_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory for the forwarding figures' stores (default: the workdir), "
+            "e.g. /dev/shm to take the disk's fsync bandwidth out of them."
+        ),
+    ] = None,
     workdir: Annotated[
         Path | None, typer.Option(help="Directory for the temporary stores (default: TMPDIR).")
     ] = None,
@@ -73,8 +85,16 @@ def hotpath(
         write_markdown,
     )
 
-    settings = HotpathSettings(seconds, restore_changes, small_change_bytes, demo_records)
-    meta = run_meta(_command(seconds, restore_changes, small_change_bytes, demo_records))
+    settings = HotpathSettings(
+        seconds,
+        restore_changes,
+        small_change_bytes,
+        demo_records,
+        str(forward_dir) if forward_dir else None,
+    )
+    meta = run_meta(
+        _command(seconds, restore_changes, small_change_bytes, demo_records, forward_dir)
+    )
     console = Console(stderr=True)
     figures = run_hotpath(
         settings,

@@ -10,6 +10,7 @@ from typing import Any
 import typer
 
 from dstltree.cli.commands._common import check_topology
+from dstltree.client.segment import CODECS
 
 DEFAULT_TOPOLOGY = Path("deploy/local.yaml")
 
@@ -85,6 +86,9 @@ def demo(
         "spread over the run; the report lists them.",
     ),
     chaos_seed: int = typer.Option(0, help="Seed of --chaos's choices (same seed, same plan)."),
+    compression: str = typer.Option(
+        "none", help="Codec of the changelog segments: none (default) or zstd."
+    ),
     report: Path = typer.Option(Path("reports/demo.json"), help="Where to write the JSON report."),
 ) -> None:
     """Run the plane-statistics job while the flights land day by day: exactly-once
@@ -98,6 +102,10 @@ def demo(
     if not RUN_ID.fullmatch(run_id):
         raise typer.BadParameter(
             "one path segment of letters, digits, . _ -", param_hint="--run-id"
+        )
+    if compression not in ("none", *CODECS):
+        raise typer.BadParameter(
+            f"{compression!r}: none or one of {', '.join(CODECS)}", param_hint="--compression"
         )
     console = Console(stderr=True)
     if not topology.exists():
@@ -142,6 +150,7 @@ def demo(
         chaos=chaos,
         chaos_seed=chaos_seed,
         run_id=run_id,
+        compression=None if compression == "none" else compression,
     )
     _run_and_report(console, opts, report, s3)
 

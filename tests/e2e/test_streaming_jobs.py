@@ -7,14 +7,18 @@ with its file and row."""
 from __future__ import annotations
 
 import random
+import struct
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
+from dstltree.client.reader import read_exact, read_index
+from dstltree.coordinator.cleanup import list_data_files
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.sparkplug import CrashDrill, FileSink, FileSource, StreamingJob
 from dstltree.sparkplug.job import JobFailedError
@@ -81,11 +85,26 @@ def test_exactly_once_with_a_task_killed_at_a_random_checkpoint(spark: Any, tmp_
     write_files(tmp_path / "in", files=12, per_file=300, seed=1)
     (tmp_path / "in" / "_SUCCESS").touch()
     drill = CrashDrill(task=rng.randrange(3), after_checkpoints=rng.randrange(2, 6))
-    job = _job(spark, tmp_path, 3, crash_drill=drill, source_rate=1000.0)
+    job = _job(spark, tmp_path, 3, crash_drill=drill, source_rate=1000.0, compression="zstd")
     result = job.run(until="end")
     assert result.recoveries == 1 and result.finished
     assert result.source_files == 12
-    _check(tmp_path)
+    _check(tmp_path)  # restored through zstd-compressed segments, no setting on read
+    assert "zstd" in _segment_codecs(ObjectStore(str(tmp_path / "checkpoints" / "sessions")))
+
+
+def _segment_codecs(store: ObjectStore) -> set[str]:
+    """The codecs named in the headers of every segment of the job's changelog objects
+    ("none" for a segment stored as it is)."""
+    codecs = set()
+    for url in list_data_files(store):
+        if "/changelog/" not in url or url.endswith(".tmp"):
+            continue
+        for ref in read_index(store, url):
+            raw = read_exact(store, url, ref.offset, ref.length)
+            (hlen,) = struct.unpack_from("!I", raw)
+            codecs.add(msgpack.unpackb(raw[4 : 4 + hlen]).get("codec", "none"))
+    return codecs
 
 
 def test_files_landing_while_the_job_runs(spark: Any, tmp_path: Path) -> None:

@@ -32,7 +32,8 @@ def test_hotpath_suite_tiny(tmp_path: Path) -> None:
     args = ["bench", "hotpath", "--seconds", "0.1", "--restore-changes", "20000"]
     args += ["--small-change-bytes", "100000", "--demo-records", "3000"]
     args += ["--json", str(out), "--markdown", str(md)]
-    args += ["--workdir", str(tmp_path)]
+    args += ["--workdir", str(tmp_path), "--forward-dir", str(tmp_path / "fwd")]
+    (tmp_path / "fwd").mkdir()
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
@@ -42,6 +43,9 @@ def test_hotpath_suite_tiny(tmp_path: Path) -> None:
         assert f["value"] > 0 and f["floor"] > 0 and f["ratio"] > 0, f
         assert all(v > 0 for v in f["detail"].values()), f
     assert doc["meta"]["command"].startswith("dstl bench hotpath --seconds 0.1")
+    assert doc["meta"]["command"].endswith(f"--forward-dir {tmp_path / 'fwd'}")
+    assert list((tmp_path / "fwd").iterdir()) == []  # the forwarding stores are removed
+    assert figures["forwarding, node 1 MiB"]["detail"]["store_bytes_per_s"] > 0
     text = md.read_text()
     assert "## 1. Other\n\nkept" in text and text.count("## Hot path") == 1
     assert doc["meta"]["commit"] in text and "task loop with the changelog" in text

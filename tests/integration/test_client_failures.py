@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import msgpack
 import pytest
 import zmq
 
@@ -19,12 +20,13 @@ from dstltree.aggregator.object_writer import ObjectWriter
 from dstltree.client import ChangelogClient
 from dstltree.client.errors import DstlError, PersistError
 from dstltree.client.node_uploader import (
+    _IDLE_POLL_MS,
     HIGH_WATER_MARK,
     MAX_REPLY_BYTES,
     NodeUploader,
     configure_dealer,
 )
-from dstltree.client.wire import Error, dump
+from dstltree.client.wire import AckEntry, Error, PersistAck, dump
 from dstltree.storage.errors import RetryableStorageError
 from dstltree.storage.faults import FaultyFileSystem
 from dstltree.storage.hedging import DEFAULT_UPLOAD_DEADLINE, UploadPolicy
@@ -206,6 +208,35 @@ def test_a_silent_node_is_tried_less_and_less_often(store: ObjectStore) -> None:
         stats = up.statistics()
         assert stats.fallbacks == 4 and stats.acked_by_node == 0
         assert stats.next_down_s == 0.4  # 0.1, 0.2, 0.4, then capped
+    finally:
+        up.close()
+        silent.close(0)
+
+
+def test_items_posted_while_others_await_acks_are_sent_at_once(store: ObjectStore) -> None:
+    """No busy poll while acks are due: the I/O thread waits its idle timeout, and a new
+    item wakes it through the pipe (each one reaches the node before the first is
+    acked)."""
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes messages, never answers
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.setsockopt(zmq.RCVTIMEO, 10_000)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    up = NodeUploader(f"tcp://127.0.0.1:{port}", store, ack_timeout=30)
+    try:
+        futures, ids = [], []
+        for sqn in range(3):
+            futures.append(up.submit(persist_item("w", sqn, {0: [b"x"]})))
+            frames = silent.recv_multipart()  # raises zmq.Again after 10 s
+            while msgpack.unpackb(frames[1])["t"] != "persist":  # lease renewals interleave
+                frames = silent.recv_multipart()
+            ids += [r["id"] for r in msgpack.unpackb(frames[1])["items"]]
+            assert len(up._pending) == sqn + 1
+            assert up._poll_ms() == _IDLE_POLL_MS
+        assert not any(f.done() for f in futures)
+        ack = PersistAck(tuple(AckEntry(i, "mem://obj", 7) for i in ids))
+        silent.send_multipart([frames[0], *dump(ack)])
+        refs = [f.result(timeout=10) for f in futures]
+        assert [(r.path, r.offset) for r in refs if r is not None] == [("mem://obj", 7)] * 3
     finally:
         up.close()
         silent.close(0)

@@ -233,3 +233,14 @@ def test_cli_refuses_a_used_run_id_without_fresh(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "--fresh" in result.output and (tmp_path / "r1" / "sink" / "part-0").exists()
     assert CliRunner().invoke(app, [*args, "--run-id", "../x"]).exit_code == 2  # BadParameter
+
+
+def test_cli_refuses_an_unknown_compression(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dstltree.cli.app import app
+
+    args = ["demo", "--base-path", str(tmp_path), "--compression", "lz4"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--compression" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []  # nothing started

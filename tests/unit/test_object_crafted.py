@@ -26,6 +26,7 @@ from dstltree.client.segment import (
     SegmentMeta,
     decode_segment,
     encode_segment,
+    segment_checksum,
     segment_crc,
     segment_key_groups,
 )
@@ -202,7 +203,8 @@ def _header_mutation(header: dict[str, Any], data: st.DataObject) -> dict[str, A
 def _reframe(header: Any, body: bytes) -> bytes:
     h = msgpack.packb(header)
     out = struct.pack("!I", len(h)) + h + body
-    return out + struct.pack("!I", zlib.crc32(out))
+    version = header.get("v") if isinstance(header, dict) else None
+    return out + struct.pack("!I", segment_checksum(out, 1 if version == 1 else 2))
 
 
 @given(victim=st.integers(0, 2), data=st.data())

@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import msgpack
 import pytest
 import zstandard
@@ -20,6 +21,7 @@ from dstltree.client.segment import (
     MAX_BODY_BYTES,
     decode_segment,
     encode_segment,
+    segment_checksum,
     segment_crc,
 )
 
@@ -37,10 +39,10 @@ def _expected(changesets: dict[int, dict[int, list[bytes]]]) -> dict[tuple[int, 
 
 
 def _craft(header: dict[str, Any], body: bytes) -> bytes:
-    """A segment with this header and body and a valid CRC32 trailer."""
+    """A segment with this header and body and a valid trailer checksum for its version."""
     head = msgpack.packb(header)
     data = struct.pack("!I", len(head)) + head + body
-    return data + struct.pack("!I", zlib.crc32(data))
+    return data + struct.pack("!I", segment_checksum(data, 1 if header.get("v") == 1 else 2))
 
 
 def _compressed(raw_body: bytes, size: int | None = None, frame: bytes | None = None) -> bytes:
@@ -112,6 +114,38 @@ def test_any_damage_raises_corrupt_object_error(
         with pytest.raises(CorruptObjectError) as e:
             decode_segment(bad, "obj", 100)
         assert e.value.path == "obj" and e.value.offset >= 100
+
+
+@settings(max_examples=100, deadline=None)
+@given(CHANGESETS, st.sampled_from(range(len(MODES))))
+def test_the_trailer_checksum_is_the_one_of_the_version(
+    changesets: dict[int, dict[int, list[bytes]]], mode: int
+) -> None:
+    data = encode_segment("w", 0, 10, changesets, **MODES[mode])
+    version = MODES[mode].get("version", 2)
+    want = google_crc32c.value(data[:-4]) if version == 2 else zlib.crc32(data[:-4])
+    assert segment_crc(data) == want == segment_checksum(data[:-4], version)
+    for form in (data, bytearray(data), memoryview(data), memoryview(b"xy" + data)[2:]):
+        assert decode_segment(form).crc32 == want
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_trailer_of_the_other_version_s_checksum_is_corrupt(version: int) -> None:
+    data = encode_segment("w", 0, 1, {0: {1: [b"abc", b"d" * 5000]}}, version=version)
+    other = 2 if version == 1 else 1
+    swapped = data[:-4] + struct.pack("!I", segment_checksum(data[:-4], other))
+    with pytest.raises(CorruptObjectError, match="checksum") as e:
+        decode_segment(swapped, "obj", 40)
+    assert (e.value.path, e.value.offset) == ("obj", 40)
+
+
+def test_a_checksum_mismatch_names_stored_and_read_checksums() -> None:
+    data = bytearray(encode_segment("w", 0, 1, {0: {1: [b"abc"]}}))
+    data[-1] ^= 1
+    for form in (bytes(data), data):
+        with pytest.raises(CorruptObjectError, match="stored 0x.*read 0x") as e:
+            decode_segment(form, "obj", 3)
+        assert (e.value.path, e.value.offset) == ("obj", 3)
 
 
 def _raw_entry(*changes: bytes) -> bytes:

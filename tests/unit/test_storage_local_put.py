@@ -110,7 +110,7 @@ def test_a_directory_removed_from_outside_is_created_again(tmp_path: Path) -> No
     assert store.put(store.join("changelog", "cd", "c.dstl"), b"c", exclusive=True) == 1
 
 
-def test_the_first_object_creates_every_prefix_directory_with_one_fsync(
+def test_a_directory_is_made_for_its_first_object_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced: list[str] = []
@@ -122,28 +122,24 @@ def test_the_first_object_creates_every_prefix_directory_with_one_fsync(
 
     monkeypatch.setattr(os, "fsync", record)
     store = ObjectStore(str(tmp_path))
-    first = store.new_object_path()
+    first = store.join("changelog", "ab", "1.dstl")
     store.put(first, b"1")
     changelog = tmp_path / "changelog"
-    assert sorted(p.name for p in changelog.iterdir()) == [f"{i:02x}" for i in range(256)]
-    assert synced[:2] == [str(tmp_path), str(changelog)]
-    assert synced[3:] == [os.path.dirname(first)] and len(synced) == 4
-    for _ in range(20):  # every other prefix is there already: data and entry only
+    assert [p.name for p in changelog.iterdir()] == ["ab"]  # nothing made ahead
+    # the new directories' parents, the data, then the new entry's directory
+    assert synced[:2] == [str(tmp_path), str(changelog)] and synced[-1] == str(changelog / "ab")
+    for i in range(5):  # a known directory: data and entry only
         synced.clear()
-        url = store.new_object_path()
-        store.put(url, b"2")
-        assert len(synced) == 2 and synced[1] == os.path.dirname(url)
-    other = ObjectStore(str(tmp_path))  # a second store finds them: no fsync for them
+        store.put(store.join("changelog", "ab", f"x{i}.dstl"), b"2")
+        assert len(synced) == 2 and synced[1] == str(changelog / "ab")
+    other = ObjectStore(str(tmp_path))  # a second store finds it: no fsync for it
     synced.clear()
-    other.put(other.new_object_path(), b"3")
+    other.put(other.join("changelog", "ab", "3.dstl"), b"3")
     assert len(synced) == 2
-    snap = store.new_snapshot_path()
     synced.clear()
-    store.put(snap, b"s")
-    assert len(list((tmp_path / "materialized").iterdir())) == 256
-    assert synced[:2] == [str(tmp_path), str(tmp_path / "materialized")]
-    store.put(store.join("changelog", "not-a-prefix", "x"), b"x")
-    assert len(list(changelog.iterdir())) == 257
+    store.put(store.join("changelog", "cd", "4.dstl"), b"4")  # a new prefix: its parent
+    assert synced[0] == str(changelog) and len(synced) == 3
+    assert sorted(p.name for p in changelog.iterdir()) == ["ab", "cd"]
 
 
 def test_a_failed_local_put_leaves_no_temporary(
