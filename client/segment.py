@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
-from typing import Any, NamedTuple
+from typing import Any
 
 import google_crc32c
 import msgpack
@@ -52,22 +52,6 @@ _U32 = struct.Struct("!I")
 # in C) rather than computing the CRC32 part by part (one Python call per change)
 _JOIN_BELOW = 4096
 _INT = {int}
-
-
-class PackedChanges(NamedTuple):
-    """The changes of one (sqn, key group) already laid out as a version-2 entry:
-    ``table`` their lengths (u32 big-endian each), ``body`` the changes back to back
-    (bytes). What a writer keeps instead of one bytes object per change."""
-
-    table: bytes | bytearray
-    body: bytes | bytearray
-
-    def changes(self) -> list[bytes]:
-        """The changes as bytes objects, in order."""
-        ends = accumulate(struct.unpack(f"!{len(self.table) // 4}I", self.table))
-        body = bytes(self.body)
-        return [body[a:b] for a, b in pairwise((0, *ends))]
-
 
 _CRC32C_EXTEND = google_crc32c.extend  # C: accepts bytes (not memoryview / bytearray)
 
@@ -93,8 +77,8 @@ def segment_checksum(data: bytes | bytearray | memoryview, version: int = SEGMEN
     return _CHECKSUMS[version](data, 0)
 
 
-# changesets: SQN -> key group -> changes, in append order (or packed)
-Changesets = Mapping[int, Mapping[int, Sequence[bytes] | PackedChanges]]
+# changesets: SQN -> key group -> changes, in append order
+Changesets = Mapping[int, Mapping[int, Sequence[bytes]]]
 
 
 @dataclass(frozen=True)
@@ -166,14 +150,12 @@ def encode_segment(
     ``level`` when that saves bytes and the body is at most :data:`MAX_BODY_BYTES`
     (else it is stored as it is); None (default): no compression. Raises ValueError
     for a changeset SQN outside the range, an unknown codec or version, or
-    compression with version 1. An entry may be :class:`PackedChanges` instead of a
-    sequence of changes: the same bytes come out, without a step per change in
-    version 2."""
+    compression with version 1."""
     if compression is not None and (compression not in CODECS or version != 2):
         raise ValueError(f"segment compression {compression!r}: known {CODECS}, version 2")
     if version not in SEGMENT_VERSIONS:
         raise ValueError(f"unknown segment version {version}")
-    parts: list[bytes | bytearray] = []
+    parts: list[bytes] = []
     entries = []
     start = 0
     for sqn in sorted(changesets):
@@ -182,14 +164,6 @@ def encode_segment(
         per_kg = changesets[sqn]
         for kg in sorted(per_kg):
             values = per_kg[kg]
-            if isinstance(values, PackedChanges):
-                if version == 2:  # already the entry's bytes
-                    parts += values
-                    count, length = len(values.table) // 4, len(values.table) + len(values.body)
-                    entries.append([sqn, kg, count, start, length])
-                    start += length
-                    continue
-                values = values.changes()
             lengths = list(map(len, values))
             if version == 2:
                 parts.append(struct.pack(f"!{len(values)}I", *lengths))

@@ -23,7 +23,6 @@ SQN rules (the off-by-one contract):
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -34,7 +33,6 @@ from dstltree.client.errors import DstlError, PersistError
 from dstltree.client.handle import ChangelogHandle, SegmentRef
 from dstltree.client.inflight import InFlightLimit
 from dstltree.client.segment import (
-    PackedChanges,
     SegmentMeta,
     encode_segment,
     segment_crc,
@@ -102,11 +100,9 @@ class ChangelogWriter:
         self._sqn = initial_sqn
         self._truncated = initial_sqn
         self._uploaded_to = initial_sqn
-        # the changeset of SQN _sqn: key group -> (change lengths, changes back to back)
-        self._active: dict[int, tuple[list[int], bytearray]] = {}
+        self._active: dict[int, list[bytes]] = {}  # the changeset of SQN _sqn
         self._active_bytes = 0
-        # closed changesets (SQN < _sqn) as segment entries: no object per change
-        self._changesets: dict[int, dict[int, PackedChanges]] = {}
+        self._changesets: dict[int, dict[int, list[bytes]]] = {}  # closed, SQN < _sqn
         self._sizes: dict[int, int] = {}  # bytes per closed changeset
         self._staged: dict[int, list[bytes]] = {}  # key group -> staging list
         self._not_uploaded = 0  # bytes with SQN >= _uploaded_to (kept, not summed per append)
@@ -131,12 +127,12 @@ class ChangelogWriter:
                 raise DstlError(f"writer {self.log_id} is closed")
             if self._staged.get(key_group):
                 self._fold()  # staged changes of this key group go first
-            entry = self._active.get(key_group)
-            if entry is None:
-                entry = self._active[key_group] = ([], bytearray())
+            changes = self._active.get(key_group)
+            if changes is None:
+                self._active[key_group] = [change]
+            else:
+                changes.append(change)
             n = len(change)
-            entry[0].append(n)
-            entry[1].extend(change)
             self._active_bytes += n
             self._not_uploaded += n
             if self._not_uploaded >= self._preemptive:
@@ -251,10 +247,8 @@ class ChangelogWriter:
             raise DstlError(f"writer {self.log_id} is closed")
 
     def _fold(self) -> None:
-        """Move the staged changes into the active changeset, packed while they are
-        still in the CPU cache (lengths to the entry's table, bytes to its body; the
-        change objects are freed here). A change a producer appends meanwhile stays
-        staged (only the first ``n`` are taken, atomically)."""
+        """Move the staged changes into the active changeset. A change a producer
+        appends meanwhile stays staged (only the first ``n`` are taken, atomically)."""
         added = 0
         active = self._active
         for kg, staged in self._staged.items():
@@ -262,23 +256,19 @@ class ChangelogWriter:
             if n:
                 chunk = staged[:n]
                 del staged[:n]
-                entry = active.get(kg)
-                if entry is None:
-                    entry = active[kg] = ([], bytearray())
-                entry[0].extend(map(len, chunk))
-                body = b"".join(chunk)
-                entry[1].extend(body)
-                added += len(body)
+                changes = active.get(kg)
+                if changes is None:
+                    active[kg] = chunk
+                else:
+                    changes += chunk
+                added += len(b"".join(chunk))  # cheaper than sum(map(len, ...))
         self._active_bytes += added
         self._not_uploaded += added
 
     def _next_sqn(self) -> int:
         self._fold()
         if self._active:
-            self._changesets[self._sqn] = {
-                kg: PackedChanges(struct.pack(f"!{len(lengths)}I", *lengths), body)
-                for kg, (lengths, body) in self._active.items()
-            }
+            self._changesets[self._sqn] = self._active
             self._sizes[self._sqn] = self._active_bytes
             self._active, self._active_bytes = {}, 0
             self._sqn += 1
@@ -291,7 +281,7 @@ class ChangelogWriter:
     def _has_changes(self, lo: int, hi: int) -> bool:
         return bool(self._changes_in(lo, hi))
 
-    def _changes_in(self, lo: int, hi: int) -> dict[int, dict[int, PackedChanges]]:
+    def _changes_in(self, lo: int, hi: int) -> dict[int, dict[int, list[bytes]]]:
         """The changesets with ``lo <= sqn < hi``, scanned from the newest (SQNs rise in
         insertion order): O(changesets from ``lo`` on), not O(all kept)."""
         out = {}

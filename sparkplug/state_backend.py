@@ -60,7 +60,7 @@ _OP_KIND = {
     OP_LIST_SET: LIST,
 }
 SNAPSHOT_VERSION = 2
-FOLD_RECORDS = 4096  # records between two hand-overs of staged changes (fewer per-group steps)
+FOLD_RECORDS = 1024  # records between two hand-overs of staged changes to the writer
 _DECODE_ERRORS = (KeyError, TypeError, ValueError, IndexError, msgpack.UnpackException)
 _EMPTY: dict[bytes, Any] = {}  # read-only stand-in for an absent key group bucket
 
