@@ -19,6 +19,7 @@ from dstltree.client.handle import ChangelogHandle
 from dstltree.client.node_uploader import NodeUploader
 from dstltree.client.reader import read_changes
 from dstltree.storage.store import ObjectStore
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,6 +66,8 @@ def test_a_chain_passes_on_more_than_one_message_may_carry(tmp_path: Path) -> No
             futures.append(w.persist_durably(after))
             after = w.next_sqn()
         handles = [f.result(timeout=30) for f in futures]
+        # statistics are a snapshot the node's loop refreshes after the turn that acked
+        wait_until(lambda: root.statistics().segments_written == len(bodies), timeout=10)
         up, down = leaf.statistics(), root.statistics()
         assert up.parent_timeouts == 0 and down.rejected_messages == 0
         assert up.objects_written == 0 and down.segments_written == len(bodies)
