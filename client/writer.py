@@ -261,7 +261,7 @@ class ChangelogWriter:
                     active[kg] = chunk
                 else:
                     changes += chunk
-                added += len(b"".join(chunk))  # cheaper than sum(map(len, ...))
+                added += sum(map(len, chunk))  # no copy, whatever the changes' size
         self._active_bytes += added
         self._not_uploaded += added
 
@@ -279,7 +279,13 @@ class ChangelogWriter:
         return closed + self._active_bytes
 
     def _has_changes(self, lo: int, hi: int) -> bool:
-        return bool(self._changes_in(lo, hi))
+        """Whether a changeset has ``lo <= sqn < hi`` (from the newest, stops at once)."""
+        for s in reversed(self._changesets):
+            if s < lo:
+                return False
+            if s < hi:
+                return True
+        return False
 
     def _changes_in(self, lo: int, hi: int) -> dict[int, dict[int, list[bytes]]]:
         """The changesets with ``lo <= sqn < hi``, scanned from the newest (SQNs rise in

@@ -20,6 +20,7 @@ from dstltree.coordinator.errors import CoordinatorError
 from dstltree.storage import errors as storage_errors
 from dstltree.storage.faults import FaultSpec
 from dstltree.storage.store import ObjectExistsError, ObjectStore, translate
+from tests.support.fsyncs import record_fsyncs
 
 STORAGE = Path(__file__).resolve().parents[2] / "storage"
 ALLOWED = {"dstltree.storage", "dstltree.topology"}
@@ -139,14 +140,7 @@ def test_exclusive_put_on_memory_and_under_a_wrapper(tmp_path: Path) -> None:
 def test_local_put_fsyncs_the_object_and_the_directories_it_created(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    synced: list[str] = []
-    real = os.fsync
-
-    def record(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", record)
+    synced = record_fsyncs(monkeypatch)
     store = ObjectStore(str(tmp_path))
     url = store.join("changelog", "ab", "obj.dstl")
     store.put(url, [b"a", b"b"])

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from dstltree.storage import store as store_module
 from dstltree.storage.errors import RetryableStorageError
 from dstltree.storage.store import ObjectStore, RetryPolicy, _write_all
+from tests.support.fsyncs import record_fsyncs
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
 
@@ -113,14 +114,7 @@ def test_a_directory_removed_from_outside_is_created_again(tmp_path: Path) -> No
 def test_a_directory_is_made_for_its_first_object_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    synced: list[str] = []
-    real = os.fsync
-
-    def record(fd: int) -> None:
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", record)
+    synced = record_fsyncs(monkeypatch)
     store = ObjectStore(str(tmp_path))
     first = store.join("changelog", "ab", "1.dstl")
     store.put(first, b"1")
