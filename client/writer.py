@@ -19,6 +19,16 @@ SQN rules (the off-by-one contract):
   to, no lock, no call per change) follow the same rules: ``next_sqn`` and
   ``persist_durably`` fold every staged change into the active changeset first, so a
   change staged before ``next_sqn()`` returns ``s`` has an SQN below ``s``.
+- Last-wins staging (``last_wins(key_group, set_prefix, clear_prefix)``: a dict from key
+  bytes to value bytes, or None for a clear) is for state whose change of a key replaces
+  every earlier change of that key (value state): of the changes a producer stages for a
+  key between two folds of the dict, only the last one is logged, as
+  ``set_prefix + key + value`` or ``clear_prefix + key``. The dicts fold at ``next_sqn``,
+  ``persist_durably`` and ``statistics`` (so the SQN rule above holds for them too) and,
+  at ``flush_staged``, once they hold ``squash_entries`` keys; not at every
+  ``flush_staged``, which is what lets repeated updates of a key within one checkpoint
+  interval cost one change. Replay gives the same state as logging every change (the
+  restore squash of FLIP-151 applied before the upload).
 """
 
 from __future__ import annotations
@@ -41,6 +51,10 @@ from dstltree.client.segment import (
 from dstltree.client.uploader import SegmentUploader
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
+DEFAULT_SQUASH_ENTRIES = 65536  # keys last-wins dicts hold before flush_staged folds them
+
+# a last-wins staging dict: key bytes -> value bytes (a set) or None (a clear)
+LastWins = dict[bytes, bytes | None]
 
 
 @dataclass
@@ -88,6 +102,7 @@ class ChangelogWriter:
         initial_sqn: int = 0,
         preemptive_bytes: int = 5 * 1024 * 1024,
         in_flight: InFlightLimit | None = None,
+        squash_entries: int = DEFAULT_SQUASH_ENTRIES,
     ) -> None:
         if not log_id or len(log_id) > 256:
             raise ValueError("log_id must be 1..256 characters")
@@ -105,6 +120,10 @@ class ChangelogWriter:
         self._changesets: dict[int, dict[int, list[bytes]]] = {}  # closed, SQN < _sqn
         self._sizes: dict[int, int] = {}  # bytes per closed changeset
         self._staged: dict[int, list[bytes]] = {}  # key group -> staging list
+        # (key group, set prefix, clear prefix) -> last-wins dict
+        self._last_wins: dict[tuple[int, bytes, bytes], LastWins] = {}
+        self._squash_entries = squash_entries
+        self._producer: int | None = None  # thread id of the last-wins producer
         self._not_uploaded = 0  # bytes with SQN >= _uploaded_to (kept, not summed per append)
         self._uploads: list[_SegmentUpload] = []
         self._uploads_started = 0
@@ -125,8 +144,8 @@ class ChangelogWriter:
         with self._lock:
             if self._closed:
                 raise DstlError(f"writer {self.log_id} is closed")
-            if self._staged.get(key_group):
-                self._fold()  # staged changes of this key group go first
+            if self._staged.get(key_group) or any(self._last_wins.values()):
+                self._fold()  # staged changes go first
             changes = self._active.get(key_group)
             if changes is None:
                 self._active[key_group] = [change]
@@ -153,16 +172,34 @@ class ChangelogWriter:
                 changes = self._staged.setdefault(key_group, [])
         return changes
 
+    def last_wins(self, key_group: int, set_prefix: bytes, clear_prefix: bytes) -> LastWins:
+        """The last-wins staging dict of ``key_group`` and these prefixes (the same dict
+        on every call; module docstring): one producer thread may set ``d[key] = value``
+        (the change ``set_prefix + key + value``) or ``d[key] = None`` (``clear_prefix +
+        key``), bytes only, without a lock. Only for state in which a key's change
+        replaces all its earlier ones and commutes with the changes of other keys and
+        other states. Raises ValueError for a key group outside this writer's range."""
+        slot = (key_group, set_prefix, clear_prefix)
+        d = self._last_wins.get(slot)
+        if d is None:
+            if key_group not in self.key_groups:
+                raise ValueError(f"key group {key_group} outside {self.key_groups}")
+            with self._lock:
+                d = self._last_wins.setdefault(slot, {})
+                self._producer = threading.get_ident()
+        return d
+
     def flush_staged(self) -> None:
-        """Fold the staged changes into the active changeset; start a pre-emptive upload
-        once enough bytes are not uploaded (blocks under back-pressure, as ``append``).
-        Raises DstlError if closed (staged changes are then dropped)."""
+        """Fold the staged lists into the active changeset (and the last-wins dicts once
+        they hold ``squash_entries`` keys); start a pre-emptive upload once enough bytes
+        are not uploaded (blocks under back-pressure, as ``append``). Raises DstlError if
+        closed (staged changes are then dropped)."""
         with self._lock:
             if self._closed:
-                for changes in self._staged.values():
-                    del changes[:]
+                self._drop_staged()
                 raise DstlError(f"writer {self.log_id} is closed")
-            self._fold()
+            squash = sum(map(len, self._last_wins.values())) < self._squash_entries
+            self._fold(squash=squash)
             if self._not_uploaded >= self._preemptive:
                 self._preemptive_upload()
 
@@ -246,10 +283,17 @@ class ChangelogWriter:
         if self._closed:
             raise DstlError(f"writer {self.log_id} is closed")
 
-    def _fold(self) -> None:
-        """Move the staged changes into the active changeset. A change a producer
-        appends meanwhile stays staged (only the first ``n`` are taken, atomically)."""
-        added = 0
+    def _drop_staged(self) -> None:
+        for changes in self._staged.values():
+            del changes[:]
+        for d in self._last_wins.values():
+            d.clear()
+
+    def _fold(self, squash: bool = False) -> None:
+        """Move the staged changes into the active changeset: the lists' and, unless
+        ``squash`` (keep squashing), the last-wins dicts'. A change a producer stages
+        meanwhile stays staged (only the first ``n`` are taken, atomically)."""
+        added = 0 if squash else self._fold_last_wins()
         active = self._active
         for kg, staged in self._staged.items():
             n = len(staged)
@@ -264,6 +308,30 @@ class ChangelogWriter:
                 added += sum(map(len, chunk))  # no copy, whatever the changes' size
         self._active_bytes += added
         self._not_uploaded += added
+
+    def _fold_last_wins(self) -> int:
+        """Move the last-wins dicts' entries into the active changeset: on the producer's
+        thread all at once, on any other ``len(d)`` pops each (keys the producer sets
+        meanwhile stay for the next fold). Returns the bytes added."""
+        added = 0
+        for (kg, set_prefix, clear_prefix), d in self._last_wins.items():
+            n = len(d)
+            if not n:
+                continue
+            if threading.get_ident() == self._producer:  # nobody sets keys meanwhile
+                items = list(d.items())
+                d.clear()
+            else:
+                pop = d.popitem
+                items = [pop() for _ in range(n)]
+            chunk = [clear_prefix + k if v is None else set_prefix + k + v for k, v in items]
+            changes = self._active.get(kg)
+            if changes is None:
+                self._active[kg] = chunk
+            else:
+                changes += chunk
+            added += sum(map(len, chunk))
+        return added
 
     def _next_sqn(self) -> int:
         self._fold()

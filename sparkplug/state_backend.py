@@ -35,7 +35,7 @@ from typing import Any
 
 import msgpack
 
-from dstltree.client.writer import ChangelogWriter
+from dstltree.client.writer import ChangelogWriter, LastWins
 from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM, canonical_key, check_key
 
 (
@@ -126,6 +126,9 @@ class KeyedStateBackend:
         )
         self._out = None
         self._left = FOLD_RECORDS
+        for h in self._handles.values():
+            if isinstance(h, ValueState):
+                h.reset_staging()
 
     # -- current key ---------------------------------------------------------------------
     def set_current_key(self, key: Any) -> None:
@@ -436,14 +439,29 @@ class _KeyedState:
 
 class ValueState(_KeyedState):
     """One value per key: ``get() -> value | None``, ``set(value)``, ``clear()``, on the
-    backend's current key. Each ``set``/``clear`` appends one change."""
+    backend's current key. Each ``set``/``clear`` logs one change; with a
+    :class:`~dstltree.client.writer.ChangelogWriter` they go to its last-wins staging
+    (``ChangelogWriter.last_wins``), so of a key's changes between two folds only the
+    last one is logged (the same state on replay, fewer bytes)."""
 
-    __slots__ = ("_p_set", "_p_clear")
+    __slots__ = ("_p_set", "_p_clear", "_lw")
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
         super().__init__(backend, name)
         self._p_set = _prefix(backend._pack, OP_VALUE_SET, name, 4)
         self._p_clear = _prefix(backend._pack, OP_VALUE_CLEAR, name, 3)
+        self.reset_staging()
+
+    def reset_staging(self) -> None:
+        """Forget the writer's last-wins dicts (the backend's writer changed)."""
+        b = self._b
+        staging = b._outs is not None
+        self._lw: list[LastWins | None] | None = [None] * b.max_parallelism if staging else None
+
+    def _last_wins(self, kg: int) -> LastWins:
+        assert self._lw is not None and isinstance(self._b._writer, ChangelogWriter)
+        d = self._lw[kg] = self._b._writer.last_wins(kg, self._p_set, self._p_clear)
+        return d
 
     def get(self) -> Any:
         """The current key's value (a fresh decoded object), None if unset. Raises
@@ -457,18 +475,27 @@ class ValueState(_KeyedState):
         b = self._b
         bucket = b._write_bucket(self._groups)
         vb = b._pack(value)
-        bucket[b._kb] = vb
-        out = b._out
-        if out is not None:
-            out.append(self._p_set + b._kb + vb)
+        kb = b._kb
+        bucket[kb] = vb
+        lw = self._lw
+        if lw is not None:
+            d = lw[b._kg]
+            if d is None:
+                d = self._last_wins(b._kg)
+            d[kb] = vb
         elif b._writer is not None:
-            b._writer.append(b._kg, self._p_set + b._kb + vb)
+            b._writer.append(b._kg, self._p_set + kb + vb)
 
     def clear(self) -> None:
         """Remove the current key's value."""
         b = self._b
         b._write_bucket(self._groups).pop(b._kb, None)
-        self._log(self._p_clear, b._kb)
+        lw = self._lw
+        if lw is not None:
+            d = lw[b._kg]
+            (self._last_wins(b._kg) if d is None else d)[b._kb] = None
+        else:
+            self._log(self._p_clear, b._kb)
 
 
 class MapState(_KeyedState):
