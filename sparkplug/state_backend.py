@@ -84,11 +84,12 @@ class KeyedStateBackend:
     Raises ValueError for a bad ``key_groups``.
 
     With a :class:`~dstltree.client.writer.ChangelogWriter`, changes go to the writer's
-    staging list of the current key group (no lock, no call per change); the writer
-    folds them in before any SQN call, and the backend hands them over every
-    ``FOLD_RECORDS`` records (``set_current_key``) so that pre-emptive uploads and
-    back-pressure keep working. Any other writer object gets ``append(key_group,
-    change)`` per change."""
+    staging of the current key group (no lock, no writer call per change): value state
+    to its last-wins dicts (of a key's changes between two folds only the last one is
+    logged), map and list state to its staging lists; the writer folds them in before
+    any SQN call, and the backend hands them over every ``FOLD_RECORDS`` records
+    (``set_current_key``) so that pre-emptive uploads and back-pressure keep working.
+    Any other writer object gets ``append(key_group, change)`` per change."""
 
     def __init__(
         self,
@@ -109,7 +110,6 @@ class KeyedStateBackend:
         self._key: Any = None
         self._kb = b""  # the current key's encoding
         self._kg = -1  # the current key's group; -1: no current key
-        self._out: list[bytes] | None = None  # the current key group's staging list
         self.writer = writer
 
     @property
@@ -124,7 +124,6 @@ class KeyedStateBackend:
         self._outs: list[list[bytes] | None] | None = (
             [None] * self.max_parallelism if isinstance(writer, ChangelogWriter) else None
         )
-        self._out = None
         self._left = FOLD_RECORDS
         for h in self._handles.values():
             if isinstance(h, ValueState):
@@ -142,10 +141,7 @@ class KeyedStateBackend:
         if kg not in self.key_groups:
             raise KeyError(f"key {key!r} is in key group {kg}, not owned here ({self.key_groups})")
         self._key, self._kb, self._kg = key, kb, kg
-        outs = self._outs
-        if outs is not None:
-            out = outs[kg]
-            self._out = out if out is not None else self._staging(kg)
+        if self._outs is not None:
             self._left -= 1
             if self._left <= 0:
                 self.flush_changes()
@@ -301,11 +297,15 @@ class KeyedStateBackend:
         return out
 
     def _emit(self, change: bytes) -> None:
-        """Log ``change`` of the current key group (staged, or appended)."""
-        out = self._out
-        if out is not None:
-            out.append(change)
-        elif self._writer is not None:
+        """Log ``change`` of the current key group: staged in the writer's list of that
+        key group, else appended (which raises ValueError outside the writer's range)."""
+        outs = self._outs
+        if outs is not None:
+            out = outs[self._kg]
+            if out is not None or (out := self._staging(self._kg)) is not None:
+                out.append(change)
+                return
+        if self._writer is not None:
             self._writer.append(self._kg, change)
 
     def _handle(self, name: str, kind: str) -> _KeyedState:
@@ -535,11 +535,8 @@ class MapState(_KeyedState):
         if m is None:
             m = bucket[b._kb] = {}
         m[ukb] = vb
-        out = b._out
-        if out is not None:
-            out.append(b"".join((self._p_put, b._kb, ukb, vb)))
-        elif b._writer is not None:
-            b._writer.append(b._kg, b"".join((self._p_put, b._kb, ukb, vb)))
+        if b._writer is not None:
+            b._emit(b"".join((self._p_put, b._kb, ukb, vb)))
 
     def remove(self, user_key: Any) -> None:
         """Remove ``user_key`` (absent: no effect, still one change)."""
@@ -598,11 +595,8 @@ class ListState(_KeyedState):
             bucket[b._kb] = [vb]
         else:
             stored.append(vb)
-        out = b._out
-        if out is not None:
-            out.append(self._p_add + b._kb + vb)
-        elif b._writer is not None:
-            b._writer.append(b._kg, self._p_add + b._kb + vb)
+        if b._writer is not None:
+            b._emit(self._p_add + b._kb + vb)
 
     def update(self, values: Iterable[Any]) -> None:
         """Replace the current key's values by ``values`` (one change)."""
