@@ -44,12 +44,13 @@ def _keys(n: int) -> list[str]:
     return [f"key-{i}" for i in range(n)]
 
 
-def state_loop(backend: KeyedStateBackend, seconds: float) -> LoopRate:
+def state_loop(backend: KeyedStateBackend, seconds: float, keys: int = _KEYS) -> LoopRate:
     """Run the state update of a keyed operator (set the current key, read a count and
-    a sum in value state, write both back) for about ``seconds`` s; when the backend has
-    a writer, persist every 20,000 records (at most one persist in flight, truncated
-    once durable, as a task does at its checkpoints). Returns the rate."""
-    keys = _keys(_KEYS)
+    a sum in value state, write both back) over ``keys`` keys in turn for about
+    ``seconds`` s; when the backend has a writer, persist every 20,000 records (at most
+    one persist in flight, truncated once durable, as a task does at its checkpoints).
+    Returns the rate."""
+    names = _keys(keys)
     count, total = backend.value_state("count"), backend.value_state("sum")
     writer = backend.writer
     pending: Future[ChangelogHandle] | None = None
@@ -57,7 +58,7 @@ def state_loop(backend: KeyedStateBackend, seconds: float) -> LoopRate:
     deadline = start + seconds
     while time.perf_counter() < deadline:
         for i in range(done, done + _BATCH):
-            backend.set_current_key(keys[i % _KEYS])
+            backend.set_current_key(names[i % keys])
             count.set((count.get() or 0) + 1)
             total.set((total.get() or 0) + i)
         done += _BATCH
@@ -71,18 +72,21 @@ def state_loop(backend: KeyedStateBackend, seconds: float) -> LoopRate:
     return LoopRate(done, time.perf_counter() - start)
 
 
-def task_loop_figures(base_path: str, seconds: float) -> dict[str, float]:
-    """Records/s of :func:`state_loop` with the changelog (a writer on a direct client
-    under ``base_path``) and without it (no writer), ``seconds`` s each, alternating
-    halves so that machine noise hits both. Keys ``with_changelog``, ``without``
-    (records/s) and ``ratio`` (with / without)."""
+def task_loop_figures(
+    base_path: str, seconds: float, keys: int = _KEYS, slices: int = 6
+) -> dict[str, float]:
+    """Records/s of :func:`state_loop` over ``keys`` keys with the changelog (a writer
+    on a direct client under ``base_path``) and without it (no writer), ``seconds`` s
+    each, in ``slices`` alternating slices so that machine noise hits both. Keys
+    ``with_changelog``, ``without`` (records/s) and ``ratio`` (with / without)."""
     rkg = range(DEFAULT_MAX_PARALLELISM)
     with_cl, without = LoopRate(0, 0.0), LoopRate(0, 0.0)
     with ChangelogClient.open(base_path) as client:
-        for half in range(2):
-            writer = client.create_writer(f"bench-loop-{half}", rkg)
-            a = state_loop(KeyedStateBackend(rkg, writer), seconds / 2)
-            b = state_loop(KeyedStateBackend(rkg, None), seconds / 2)
+        for i in range(slices):
+            writer = client.create_writer(f"bench-loop-{keys}-{i}", rkg)
+            a = state_loop(KeyedStateBackend(rkg, writer), seconds / slices, keys)
+            writer.close()
+            b = state_loop(KeyedStateBackend(rkg, None), seconds / slices, keys)
             with_cl = LoopRate(with_cl.records + a.records, with_cl.seconds + a.seconds)
             without = LoopRate(without.records + b.records, without.seconds + b.seconds)
     return {
