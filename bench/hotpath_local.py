@@ -103,7 +103,7 @@ def _changelog_state(
     like checkpoints), then snapshot the final state. Returns (the changelog handle of
     every change, the snapshot of the same state)."""
     rkg = range(DEFAULT_MAX_PARALLELISM)
-    writer = client.create_writer("bench-restore", rkg)
+    writer = client.create_writer("bench-restore", rkg, squash_entries=0)  # every change logged
     backend = KeyedStateBackend(rkg, writer)
     keys, state = _keys(_KEYS), backend.value_state("count")
     for i in range(changes):
@@ -180,7 +180,7 @@ def demo_changelog(client: ChangelogClient, records: int) -> ChangelogHandle:
 
     rows = [r for r in flights_table(records).to_pylist() if has_distance(r)]
     rkg = range(DEFAULT_MAX_PARALLELISM)
-    writer = client.create_writer("bench-demo", rkg)
+    writer = client.create_writer("bench-demo", rkg, squash_entries=0)  # every change logged
     backend = KeyedStateBackend(rkg, writer)
     stats, routes = backend.value_state(STATS), backend.map_state(ROUTES)
 
@@ -198,7 +198,9 @@ def shape_changelog(client: ChangelogClient, shape: str, changes: int) -> Change
     """``changes`` changes over 5,000 keys of one ``shape``: "value sets" (value state
     ``count`` set to i) or "list adds" (i added to list state ``seen``)."""
     rkg = range(DEFAULT_MAX_PARALLELISM)
-    writer = client.create_writer(f"bench-{shape.replace(' ', '-')}", rkg)
+    writer = client.create_writer(
+        f"bench-{shape.replace(' ', '-')}", rkg, squash_entries=0
+    )  # every change logged
     backend = KeyedStateBackend(rkg, writer)
     keys = _keys(_KEYS)
     if shape == "value sets":

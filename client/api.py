@@ -18,7 +18,7 @@ from dstltree.client.inflight import DEFAULT_MAX_IN_FLIGHT, InFlightLimit
 from dstltree.client.reader import iter_changes, read_changes
 from dstltree.client.segment import CODECS
 from dstltree.client.uploader import SegmentUploader
-from dstltree.client.writer import ChangelogWriter
+from dstltree.client.writer import DEFAULT_SQUASH_ENTRIES, ChangelogWriter
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
 
@@ -97,11 +97,25 @@ class ChangelogClient:
         return cls(store, uploader, preemptive_bytes, max_in_flight_bytes, compression)
 
     def create_writer(
-        self, log_id: str, key_groups: range, *, initial_sqn: int = 0
+        self,
+        log_id: str,
+        key_groups: range,
+        *,
+        initial_sqn: int = 0,
+        squash_entries: int = DEFAULT_SQUASH_ENTRIES,
     ) -> ChangelogWriter:
-        """A writer for ``key_groups``; ``log_id`` must be unique among live writers."""
+        """A writer for ``key_groups``; ``log_id`` must be unique among live writers.
+        ``squash_entries``: keys its last-wins staging holds before a hand-over folds
+        them (0: no last-wins staging, every change is logged; see
+        :class:`~dstltree.client.writer.ChangelogWriter`)."""
         w = ChangelogWriter(
-            log_id, key_groups, self.uploader, initial_sqn, self._preemptive, self.in_flight
+            log_id,
+            key_groups,
+            self.uploader,
+            initial_sqn,
+            self._preemptive,
+            self.in_flight,
+            squash_entries=squash_entries,
         )
         w.compression = self.compression
         self._writers.append(w)

@@ -28,7 +28,8 @@ SQN rules (the off-by-one contract):
   at ``flush_staged``, once they hold ``squash_entries`` keys; not at every
   ``flush_staged``, which is what lets repeated updates of a key within one checkpoint
   interval cost one change. Replay gives the same state as logging every change (the
-  restore squash of FLIP-151 applied before the upload).
+  restore squash of FLIP-151 applied before the upload). ``squash_entries=0`` asks
+  state backends not to use last-wins staging (every change logged, as Flink does).
 """
 
 from __future__ import annotations
@@ -122,7 +123,9 @@ class ChangelogWriter:
         self._staged: dict[int, list[bytes]] = {}  # key group -> staging list
         # (key group, set prefix, clear prefix) -> last-wins dict
         self._last_wins: dict[tuple[int, bytes, bytes], LastWins] = {}
-        self._squash_entries = squash_entries
+        if squash_entries < 0:
+            raise ValueError(f"squash_entries must be >= 0, got {squash_entries}")
+        self.squash_entries = squash_entries  # 0: state backends log every change
         self._producer: int | None = None  # thread id of the last-wins producer
         self._not_uploaded = 0  # bytes with SQN >= _uploaded_to (kept, not summed per append)
         self._uploads: list[_SegmentUpload] = []
@@ -198,7 +201,7 @@ class ChangelogWriter:
             if self._closed:
                 self._drop_staged()
                 raise DstlError(f"writer {self.log_id} is closed")
-            squash = sum(map(len, self._last_wins.values())) < self._squash_entries
+            squash = sum(map(len, self._last_wins.values())) < self.squash_entries
             self._fold(squash=squash)
             if self._not_uploaded >= self._preemptive:
                 self._preemptive_upload()

@@ -455,7 +455,8 @@ class ValueState(_KeyedState):
     def reset_staging(self) -> None:
         """Forget the writer's last-wins dicts (the backend's writer changed)."""
         b = self._b
-        staging = b._outs is not None
+        w = b._writer
+        staging = isinstance(w, ChangelogWriter) and w.squash_entries > 0
         self._lw: list[LastWins | None] | None = [None] * b.max_parallelism if staging else None
 
     def _last_wins(self, kg: int) -> LastWins:
@@ -484,7 +485,7 @@ class ValueState(_KeyedState):
                 d = self._last_wins(b._kg)
             d[kb] = vb
         elif b._writer is not None:
-            b._writer.append(b._kg, self._p_set + kb + vb)
+            b._emit(self._p_set + kb + vb)
 
     def clear(self) -> None:
         """Remove the current key's value."""

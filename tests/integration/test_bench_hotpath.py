@@ -13,6 +13,7 @@ from dstltree.cli.app import app
 
 EXPECTED = {
     "task loop with the changelog",
+    "task loop, each key once per checkpoint",
     "forwarding, node 64 KiB",
     "forwarding, node 1 MiB",
     "forwarding, chain of 2 nodes 1 MiB",

@@ -197,6 +197,21 @@ def test_value_changes_squash_until_the_writer_holds_squash_entries_keys() -> No
     assert up.submitted == 2, "ten keys reach squash_entries: handed over and uploaded"
 
 
+def test_squash_entries_zero_logs_every_value_change() -> None:
+    up = MemoryUploader()
+    w = ChangelogWriter("w", range(128), up, preemptive_bytes=1 << 40, squash_entries=0)
+    b = KeyedStateBackend(range(128), w)
+    v = b.value_state("v")
+    for i in range(10):
+        b.set_current_key("a")
+        v.set(i)
+    v.clear()
+    _, changes = up.read(w, 0)
+    assert [msgpack.unpackb(c)[3:] for _, _, c in changes] == [[i] for i in range(10)] + [[]]
+    with pytest.raises(ValueError, match=">= 0"):
+        ChangelogWriter("x", range(128), up, squash_entries=-1)
+
+
 def test_flush_changes_hands_over_at_once() -> None:
     w, up = _writer(preemptive=1)
     b = KeyedStateBackend(range(128), w)
