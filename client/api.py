@@ -64,6 +64,7 @@ class ChangelogClient:
         max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT,
         security: Curve | None = None,
         compression: str | None = None,
+        max_message_bytes: int = 16 * 1024 * 1024,
     ) -> ChangelogClient:
         """Open a client on ``base_path`` (fsspec URL).
 
@@ -78,7 +79,9 @@ class ChangelogClient:
         the node (``dstltree.security.Curve.for_writer``); None = plaintext.
         ``compression``: ``"zstd"`` compresses each segment's body where that saves
         bytes (recorded in the segment header: readers need no option); None (default)
-        = off. Raises ValueError for an unknown codec.
+        = off. ``max_message_bytes``: segment bytes per message to the node (more
+        queued at once go in several messages; keep it at or below the node's own
+        limit, 64 MiB by default). Raises ValueError for an unknown codec.
         """
         if compression is not None and compression not in CODECS:
             raise ValueError(f"unknown segment compression {compression!r} (known: {CODECS})")
@@ -92,7 +95,12 @@ class ChangelogClient:
             from dstltree.client.node_uploader import NodeUploader
 
             uploader = NodeUploader(
-                node, store, ack_timeout=ack_timeout, upload_policy=upload_policy, security=security
+                node,
+                store,
+                ack_timeout=ack_timeout,
+                upload_policy=upload_policy,
+                security=security,
+                max_message_bytes=max_message_bytes,
             )
         return cls(store, uploader, preemptive_bytes, max_in_flight_bytes, compression)
 

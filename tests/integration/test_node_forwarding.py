@@ -46,10 +46,6 @@ def _chain(base: str, depth: int, delay: float = 0.2, **node_kw: object) -> Iter
             n.stop()
 
 
-def _uploader(base: str, address: str) -> NodeUploader:
-    return NodeUploader(address, ObjectStore(base), max_message_bytes=MAX_MESSAGE // 2)
-
-
 def test_a_chain_passes_on_more_than_one_message_may_carry(tmp_path: Path) -> None:
     """Within one persist delay the leaf gathers 4x the message limit: it passes the
     items on in several messages, none refused by the root, none timed out."""
@@ -57,7 +53,7 @@ def test_a_chain_passes_on_more_than_one_message_may_carry(tmp_path: Path) -> No
     bodies = [os.urandom(40 * 1024) for _ in range(26)]  # 1 MiB+ in 40 KiB segments
     with (
         _chain(base, 2, max_message_bytes=MAX_MESSAGE) as (root, leaf),
-        ChangelogClient(ObjectStore(base), _uploader(base, leaf.address), 1 << 30) as client,
+        ChangelogClient.open(base, node=leaf.address, max_message_bytes=MAX_MESSAGE // 2) as client,
     ):
         w = client.create_writer("fwd", range(4))
         futures, after = [], 0
