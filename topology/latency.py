@@ -390,12 +390,12 @@ def hedge_timeline(
     started, next_at, deferred, repeated = n, step, False, 0
     while started < last and best > next_at:
         was_throttled = throttled <= next_at
-        gate = state.hedge_at(t + next_at) - t
-        if aware and (was_throttled or gate > next_at):
+        gate = state.hedge_at(t + next_at)  # compared on the caller's clock (rounding)
+        if aware and (was_throttled or gate > t + next_at):
             skipped += not deferred
             if was_throttled:
                 break
-            next_at, deferred = gate, True
+            next_at, deferred = gate - t, True
             continue
         d, th = attempt(started, next_at)
         best = min(best, next_at + d)

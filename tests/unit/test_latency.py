@@ -219,3 +219,11 @@ def test_copies_start_together() -> None:
     out = hedge_timeline(state, 1, 0.0, attempt)
     assert calls == [(0, 0.0), (1, 0.0)]
     assert (out.latency_s, out.attempts, out.copies) == (0.4, 2, 2)
+
+
+def test_no_hedge_is_counted_skipped_without_throttling() -> None:
+    state = HedgeState(HedgingPolicy(0.3, 3, bandwidth=None))
+    for i in range(1000):  # late start times: t + offset - t is not offset
+        attempt, _ = _attempts([1.0, 1.0, 0.2])
+        out = hedge_timeline(state, 1, 8.1 + i * 0.37, attempt)
+        assert (out.attempts, out.skipped) == (3, 0)
