@@ -33,7 +33,7 @@ import bisect
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -47,9 +47,12 @@ __all__ = [
     "HedgeState",
     "HedgingPolicy",
     "LatencyModel",
+    "checkpoint_quantile",
+    "expected_attempts",
     "get_model",
     "hedge_timeline",
     "hedged_latency",
+    "request_survival",
 ]
 
 MiB = 1024 * 1024
@@ -424,3 +427,88 @@ def hedged_latency(
         best = min(best, started * timeout + attempt_latency(started))
         started += 1
     return best, started
+
+
+def _model_cdf(model: LatencyModel, seconds: float, size_bytes: int) -> float:
+    """P(one request of ``size_bytes`` takes <= ``seconds``) under ``model``."""
+    if seconds < model.shift(0.0, size_bytes) and seconds < model.floor_s:
+        return 0.0
+    ref = seconds - (size_bytes - model.reference_bytes) / model.bandwidth
+    xs, ys = model._xs, model._ys
+    if ref < ys[0]:
+        return 0.0 if seconds < model.floor_s else xs[0] / 100
+    if ref >= ys[-1]:
+        return 1.0
+    i = bisect.bisect_right(ys, ref)
+    y0, y1 = ys[i - 1], ys[i]
+    x = xs[i] if y1 == y0 else xs[i - 1] + (xs[i] - xs[i - 1]) * (ref - y0) / (y1 - y0)
+    return x / 100
+
+
+def _attempt_starts(model: LatencyModel, policy: HedgingPolicy, size_bytes: int) -> list[float]:
+    """Offsets (seconds) at which the attempts of one request start if none finishes:
+    its copies at 0, then one hedge per timeout (the adaptive one taken as that
+    percentile of ``model`` without its size term)."""
+    n = policy.copies_for(size_bytes)
+    state = HedgeState(replace(policy, adaptive_percentile=None))
+    timeout = state.timeout(size_bytes)
+    if timeout is None:
+        return [0.0] * n
+    if policy.adaptive_percentile is not None:
+        base = model.quantile(policy.adaptive_percentile) - policy.size_s(model.reference_bytes)
+        timeout = max(policy.adaptive_floor_s, base) + policy.size_s(size_bytes)
+    return [0.0] * n + [timeout * k for k in range(1, policy.max_attempts - n + 1)]
+
+
+def request_survival(
+    model: LatencyModel, policy: HedgingPolicy, size_bytes: int, seconds: float
+) -> float:
+    """P(a request of ``size_bytes`` under ``policy`` takes longer than ``seconds``),
+    attempts independent, no throttling: every attempt started before ``seconds``
+    (and only started because the earlier ones had not finished) is still running."""
+    p = 1.0
+    for start in _attempt_starts(model, policy, size_bytes):
+        if start >= seconds:
+            break
+        p *= 1.0 - _model_cdf(model, seconds - start, size_bytes)
+    return p
+
+
+def expected_attempts(model: LatencyModel, policy: HedgingPolicy, size_bytes: int) -> float:
+    """Mean attempts (requests) of one object under ``policy``, no throttling."""
+    starts = _attempt_starts(model, policy, size_bytes)
+    n = policy.copies_for(size_bytes)
+    return n + sum(request_survival(model, policy, size_bytes, s) for s in starts[n:])
+
+
+def checkpoint_quantile(
+    model: LatencyModel,
+    policy: HedgingPolicy,
+    object_sizes: Sequence[int],
+    percentile: float = 99.0,
+) -> float:
+    """Seconds by which all of ``object_sizes`` (bytes, written at once) are durable
+    with probability ``percentile``/100: the checkpoint's store latency, the most of
+    independent requests (:func:`request_survival`). ValueError for an empty list or
+    a percentile outside (0, 100)."""
+    if not object_sizes or not 0 < percentile < 100:
+        raise ValueError("object_sizes must not be empty, percentile in (0, 100)")
+    counts: dict[int, int] = {}
+    for s in object_sizes:
+        counts[s] = counts.get(s, 0) + 1
+    goal = math.log(percentile / 100)
+
+    def log_done(x: float) -> float:
+        total = 0.0
+        for s, k in counts.items():
+            surv = request_survival(model, policy, s, x)
+            if surv >= 1.0:
+                return -math.inf
+            total += k * math.log1p(-surv)
+        return total
+
+    lo, hi = 0.0, model.max_s + max(model.shift(0.0, s) for s in counts) + 60.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if log_done(mid) < goal else (lo, mid)
+    return hi
