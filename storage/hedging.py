@@ -25,7 +25,17 @@ attempt that completes later is a loser and is deleted.
 
 The timeout is fixed (``upload_timeout``) or adaptive: the ``adaptive_percentile`` of
 the latencies of recent successful attempts, at least ``adaptive_floor`` seconds, once
-``adaptive_min_samples`` latencies are known.
+``adaptive_min_samples`` latencies are known; either grows by ``size / bandwidth`` for
+an object of ``size`` bytes, so a large object is not hedged for its size alone.
+
+Hedging never adds load to a store that throttles: after a throttled response (S3
+``503 SlowDown``, HTTP 429, :func:`dstltree.storage.store.is_throttling`) no hedge or
+copy starts for ``throttle_quiet`` seconds, and an upload whose own attempt was
+throttled is not hedged at all (that attempt retries with backoff); such hedges are
+counted in ``HedgingStats.hedges_skipped_throttled``. Objects of at most
+``copies_max_bytes`` may be written ``copies`` times at once (new names, so usually
+different prefixes), the first to finish winning. The rule is
+:class:`dstltree.topology.latency.HedgingPolicy`, the simulated store's too.
 
 Defaults, Flink DSTL (``dstl.dfs.*`` keys, Flink 1.15+) next to dstltree:
 
@@ -45,6 +55,14 @@ max in flight               ``upload.max-in-flight`` 100 MB  100 MiB per client
 upload timeout              ``upload.timeout`` 1 s           ``upload_timeout`` 1 s, or
                                                              adaptive (off by default)
 upload deadline             attempts x timeout (then fails)  ``deadline`` 30 s
+hedge under throttling      hedges regardless                none for ``throttle_quiet``
+                                                             2 s after a 503/429; never
+                                                             for a throttled upload
+size term of the timeout    none                             ``size / bandwidth``,
+                                                             ``bandwidth`` 32 MiB/s
+copies at once              none                             ``copies`` 1 (2: objects up
+                                                             to ``copies_max_bytes``
+                                                             8 MiB written twice)
 attempts                    ``upload.max-attempts`` 3        ``attempts`` 3 per upload
                                                              (hedges), and 3 tries per
                                                              attempt for transient
