@@ -1,7 +1,9 @@
 """The simulated object store: request latency from a
 :class:`~dstltree.topology.latency.LatencyModel`, request-rate throttling per prefix,
 retries with exponential backoff and request hedging with the rule of
-:class:`~dstltree.topology.latency.HedgingPolicy` (the real upload path's rule).
+:class:`~dstltree.topology.latency.HedgingPolicy` (the real upload path's rule: no
+hedge while the store throttles, timeouts grown by the object's size, optional copies
+to different prefixes).
 
 Throttling (S3: 3,500 PUT/s per prefix, then "503 SlowDown") is modelled with fixed
 windows of ``window_s`` seconds per prefix, each admitting ``rate * window_s`` requests.
@@ -17,9 +19,11 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 
-from dstltree.topology.latency import HedgingPolicy, LatencyModel
+from dstltree.storage.store import object_prefix
+from dstltree.topology.latency import HedgeState, HedgingPolicy, LatencyModel, hedge_timeline
 
 __all__ = ["SimulatedStore", "StoreCounters", "Throttle"]
 
@@ -66,6 +70,14 @@ class Throttle:
 
     def admit(self, prefix: str, t: float, rng: random.Random) -> tuple[float, int]:
         """Send a request at ``t``: (time it is admitted, number of throttled attempts)."""
+        admitted, throttled, _ = self.admit_span(prefix, t, rng)
+        return admitted, throttled
+
+    def admit_span(
+        self, prefix: str, t: float, rng: random.Random
+    ) -> tuple[float, int, float | None]:
+        """:meth:`admit`, plus the time the last throttled response (503) reached the
+        client (None if none was throttled)."""
         counts = self._counts[prefix]
         jitter = 0.5 + 0.5 * rng.random()
         t0, k, when = t, 0, t
@@ -81,7 +93,8 @@ class Throttle:
                 while counts[first_open] >= self.per_window:
                     first_open += 1
                 self._first_open[prefix] = first_open
-                return when, k
+                last = None if k == 0 else self._retry_time(t0, k - 1, jitter) + self.response_s
+                return when, k, last
             k += 1
             when = self._retry_time(t0, k, jitter)
 
@@ -89,18 +102,35 @@ class Throttle:
 @dataclass
 class StoreCounters:
     """Per-checkpoint totals: objects written, PUT attempts admitted (objects plus
-    hedged attempts), throttled responses, hedged (extra) attempts, bytes written."""
+    copies and hedged attempts), throttled responses, hedged (extra) attempts, bytes
+    written; ``copies`` extra attempts started with the first, ``skipped_throttled``
+    hedges or copies not started because the store throttled, ``repeated_throttled``
+    hedges started for an upload already throttled (uploads repeated because of
+    throttling: 0 under a ``throttle_aware`` policy)."""
 
     objects: int = 0
     requests: int = 0
     throttled: int = 0
     hedged: int = 0
     bytes: int = 0
+    copies: int = 0
+    skipped_throttled: int = 0
+    repeated_throttled: int = 0
+
+    def add(self, other: StoreCounters) -> None:
+        """Add ``other``'s counts to these."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass
 class SimulatedStore:
-    """Computes each PUT's completion when it is issued (all times in seconds)."""
+    """Computes each PUT's completion when it is issued (all times in seconds), with
+    the hedging rule of :class:`~dstltree.topology.latency.HedgeState` (the real
+    uploader's): a hedge decision sees the throttled responses of requests issued
+    before it, at their times. Objects are spread over ``prefixes`` prefixes by a hash
+    of their number (:func:`dstltree.storage.store.object_prefix`, as the real store
+    places them); the copies and hedges of one object go to the next prefixes."""
 
     model: LatencyModel
     hedging: HedgingPolicy
@@ -111,23 +141,44 @@ class SimulatedStore:
         default_factory=lambda: defaultdict(StoreCounters)
     )
     _next_prefix: int = 0
+    _state: HedgeState | None = field(default=None, repr=False)
+
+    def totals(self, checkpoints: Iterable[int]) -> StoreCounters:
+        """The counters of ``checkpoints`` added up."""
+        tot = StoreCounters()
+        for c in checkpoints:
+            tot.add(self.counters[c])
+        return tot
 
     def put(self, checkpoint: int, t: float, size_bytes: int) -> float:
         """Write one object of ``size_bytes`` issued at ``t``; returns when it is durable."""
-        prefix = f"p{self._next_prefix % self.prefixes}"
+        if self._state is None or self._state.policy is not self.hedging:
+            self._state = HedgeState(self.hedging)
+        state = self._state
+        state.forget_before(t)
+        base = int(object_prefix(str(self._next_prefix), self.prefixes), 16)
         self._next_prefix += 1
         c = self.counters[checkpoint]
-        timeout = self.hedging.timeout_s or 0.0
+        throttle = self.throttle
 
-        def attempt(k: int) -> float:
-            start = t + k * timeout
-            admitted, throttled = self.throttle.admit(prefix, start, self.rng)
+        def attempt(k: int, offset: float) -> tuple[float, float | None]:
+            start = t + offset
+            prefix = f"p{(base + k) % self.prefixes}"
+            admitted, throttled, last = throttle.admit_span(prefix, start, self.rng)
             c.throttled += throttled
-            return admitted - start + self.model.sample(self.rng, size_bytes)
+            duration = admitted - start + self.model.sample(self.rng, size_bytes)
+            if last is None:
+                state.note_latency(duration, size_bytes)
+                return duration, None
+            state.note_throttle(start + throttle.response_s, last)
+            return duration, throttle.response_s
 
-        latency, attempts = self.hedging.run(attempt)
+        out = hedge_timeline(state, size_bytes, t, attempt)
         c.objects += 1
-        c.requests += attempts
-        c.hedged += attempts - 1
+        c.requests += out.attempts
+        c.hedged += out.attempts - out.copies
+        c.copies += out.copies - 1
+        c.skipped_throttled += out.skipped
+        c.repeated_throttled += out.repeated
         c.bytes += size_bytes
-        return t + latency
+        return t + out.latency_s

@@ -25,7 +25,17 @@ attempt that completes later is a loser and is deleted.
 
 The timeout is fixed (``upload_timeout``) or adaptive: the ``adaptive_percentile`` of
 the latencies of recent successful attempts, at least ``adaptive_floor`` seconds, once
-``adaptive_min_samples`` latencies are known.
+``adaptive_min_samples`` latencies are known; either grows by ``size / bandwidth`` for
+an object of ``size`` bytes, so a large object is not hedged for its size alone.
+
+Hedging never adds load to a store that throttles: after a throttled response (S3
+``503 SlowDown``, HTTP 429, :func:`dstltree.storage.store.is_throttling`) no hedge or
+copy starts for ``throttle_quiet`` seconds, and an upload whose own attempt was
+throttled is not hedged at all (that attempt retries with backoff); such hedges are
+counted in ``HedgingStats.hedges_skipped_throttled``. Objects of at most
+``copies_max_bytes`` may be written ``copies`` times at once (new names, so usually
+different prefixes), the first to finish winning. The rule is
+:class:`dstltree.topology.latency.HedgingPolicy`, the simulated store's too.
 
 Defaults, Flink DSTL (``dstl.dfs.*`` keys, Flink 1.15+) next to dstltree:
 
@@ -45,6 +55,14 @@ max in flight               ``upload.max-in-flight`` 100 MB  100 MiB per client
 upload timeout              ``upload.timeout`` 1 s           ``upload_timeout`` 1 s, or
                                                              adaptive (off by default)
 upload deadline             attempts x timeout (then fails)  ``deadline`` 30 s
+hedge under throttling      hedges regardless                none for ``throttle_quiet``
+                                                             2 s after a 503/429; never
+                                                             for a throttled upload
+size term of the timeout    none                             ``size / bandwidth``,
+                                                             ``bandwidth`` 32 MiB/s
+copies at once              none                             ``copies`` 1 (2: objects up
+                                                             to ``copies_max_bytes``
+                                                             8 MiB written twice)
 attempts                    ``upload.max-attempts`` 3        ``attempts`` 3 per upload
                                                              (hedges), and 3 tries per
                                                              attempt for transient
@@ -61,12 +79,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
 from dstltree.storage.errors import RetryableStorageError, StorageError
-from dstltree.storage.store import Buffer, ObjectStore
+from dstltree.storage.store import Buffer, ObjectStore, is_throttling
+from dstltree.topology.latency import (
+    HEDGE_BANDWIDTH,
+    THROTTLE_QUIET_S,
+    HedgeState,
+    HedgingPolicy,
+)
 
 __all__ = [
     "HedgedUploader",
@@ -93,6 +116,14 @@ class UploadPolicy:
     and failed attempts in the background (else they are left for orphan cleanup).
     ``deadline``: seconds after which the upload fails with RetryableStorageError
     (default DEFAULT_UPLOAD_DEADLINE; None: wait for the attempts however long).
+    ``bandwidth`` (bytes/s, None: off): an attempt of ``size`` bytes gets
+    ``size / bandwidth`` seconds more before it is hedged. ``throttle_quiet``: seconds
+    after a throttled response (:func:`dstltree.storage.store.is_throttling`) during
+    which no hedge starts; an upload whose attempt was throttled is never hedged
+    (``throttle_aware`` False: hedge regardless). ``copies``: objects of at most
+    ``copies_max_bytes`` are written that many times at once (within ``attempts``).
+    These are the rule of :class:`dstltree.topology.latency.HedgingPolicy`
+    (:meth:`hedging`), which the simulated store applies too.
     Raises ValueError for out-of-range values.
     """
 
@@ -105,6 +136,11 @@ class UploadPolicy:
     max_parallel_hedges: int = 8
     delete_losers: bool = True
     deadline: float | None = DEFAULT_UPLOAD_DEADLINE
+    bandwidth: float | None = HEDGE_BANDWIDTH
+    throttle_quiet: float = THROTTLE_QUIET_S
+    copies: int = 1
+    copies_max_bytes: int = 8 * 1024 * 1024
+    throttle_aware: bool = True
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -120,6 +156,23 @@ class UploadPolicy:
             raise ValueError(f"max_parallel_hedges must be >= 0, got {self.max_parallel_hedges}")
         if self.deadline is not None and self.deadline <= 0:
             raise ValueError(f"deadline must be > 0 seconds or None, got {self.deadline}")
+        self.hedging()  # validates the rest
+
+    def hedging(self) -> HedgingPolicy:
+        """The hedging rule of this policy (shared with the simulated store)."""
+        return HedgingPolicy(
+            timeout_s=self.upload_timeout,
+            max_attempts=self.attempts,
+            bandwidth=self.bandwidth,
+            quiet_s=self.throttle_quiet,
+            copies=self.copies,
+            copies_max_bytes=self.copies_max_bytes,
+            adaptive_percentile=self.adaptive_percentile,
+            adaptive_floor_s=self.adaptive_floor,
+            adaptive_window=self.adaptive_window,
+            adaptive_min_samples=self.adaptive_min_samples,
+            throttle_aware=self.throttle_aware,
+        )
 
 
 @dataclass
@@ -131,7 +184,10 @@ class HedgingStats:
     them deleted), ``deadline_failures`` uploads failed at their deadline,
     ``failed_attempts_deleted`` failed attempts whose path was deleted (in case the
     write landed), ``loser_delete_errors`` deletions that failed (left for orphan
-    cleanup)."""
+    cleanup), ``throttled`` throttled responses seen by attempts (each retried or
+    failed), ``hedges_skipped_throttled`` hedges or copies not started because of
+    throttling (one per due hedge), ``copies`` extra attempts started together with
+    the first."""
 
     uploads: int = 0
     uploads_failed: int = 0
@@ -145,6 +201,9 @@ class HedgingStats:
     loser_delete_errors: int = 0
     deadline_failures: int = 0
     failed_attempts_deleted: int = 0
+    throttled: int = 0
+    hedges_skipped_throttled: int = 0
+    copies: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -237,14 +296,21 @@ class _AttemptThreads:
 
 
 class _Upload:
-    """The shared state of one upload's attempts."""
+    """The shared state of one upload's attempts: the winner, errors, attempts running
+    and started, when the next hedge is due (None: never), whether an attempt was
+    throttled, and whether the due hedge was already counted as skipped."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int) -> None:
         self.cond = threading.Condition()
+        self.size = size
         self.winner: tuple[int, str, int] | None = None
         self.closed = False  # decided (won or failed): later successes are losers
         self.errors: list[StorageError] = []
         self.running = 0
+        self.started = 0
+        self.next_at: float | None = None
+        self.throttled = False
+        self.skip_counted = False
 
 
 class HedgedUploader:
@@ -254,36 +320,42 @@ class HedgedUploader:
     the caller can return when a hedge wins or the deadline passes although an
     attempt hangs).
 
+    When to hedge is decided by :class:`dstltree.topology.latency.HedgeState` (the
+    rule the simulated store applies): a timeout grown by the object's size, no hedge
+    while the store throttles.
+
     There is no shared instance: whoever uploads creates its own at construction (a
     node's :class:`dstltree.aggregator.object_writer.ObjectWriter`, a
     :class:`dstltree.client.direct.DirectUploader`), so its statistics, latency
-    history (adaptive timeout) and hedge limit belong to that owner alone."""
+    history (adaptive timeout), throttling history and hedge limit belong to that
+    owner alone."""
 
     def __init__(self, store: ObjectStore, policy: UploadPolicy | None = None) -> None:
         self.store = store
         self.policy = policy or UploadPolicy()
         self.stats = HedgingStats()
         self._lock = threading.Condition()
-        self._latencies: deque[float] = deque(maxlen=self.policy.adaptive_window)
+        self._rule = HedgeState(self.policy.hedging())
         self._hedges_in_flight = 0
         self._attempts_in_flight = 0
         self._threads = _AttemptThreads("dstl-attempt")
 
     # -- timeout ---------------------------------------------------------------------------
-    def current_timeout(self) -> float:
-        """Seconds an attempt may run before the next starts (fixed or adaptive)."""
-        p = self.policy
-        if p.adaptive_percentile is None:
-            return p.upload_timeout
+    def current_timeout(self, size_bytes: int = 0) -> float:
+        """Seconds an attempt of ``size_bytes`` may run before the next starts (fixed or
+        adaptive, plus ``size_bytes / bandwidth``)."""
         with self._lock:
-            lat = sorted(self._latencies)
-        if len(lat) < p.adaptive_min_samples:
-            return p.upload_timeout
-        rank = p.adaptive_percentile / 100 * (len(lat) - 1)
-        lo = int(rank)
-        hi = min(lo + 1, len(lat) - 1)
-        value = lat[lo] + (lat[hi] - lat[lo]) * (rank - lo)
-        return max(p.adaptive_floor, value)
+            timeout = self._rule.timeout(size_bytes)
+        return self.policy.upload_timeout if timeout is None else timeout
+
+    def _hedge_at(self, up: _Upload, now: float) -> float | None:
+        """When a hedge of ``up`` due at ``now`` may start: ``now``, later (throttled
+        recently), or None (this upload was throttled: never)."""
+        if up.throttled and self.policy.throttle_aware:
+            return None
+        with self._lock:
+            self._rule.forget_before(now - self.policy.throttle_quiet)
+            return self._rule.hedge_at(now)
 
     # -- upload ----------------------------------------------------------------------------
     def upload(
@@ -301,19 +373,18 @@ class HedgedUploader:
         p = self.policy
         self.stats.add(uploads=1)
         t0 = time.monotonic()
+        size = sum(memoryview(c).nbytes for c in chunks)
         if p.attempts == 1 and p.deadline is None:
             return self._single(chunks, make_path(), t0)
-        up = _Upload()
-        started = 0
+        up = _Upload(size)
         deadline = None if p.deadline is None else t0 + p.deadline
-        self._start(up, chunks, make_path(), started, hedged=False)
-        started += 1
-        next_at = t0 + self.current_timeout()
+        self._start_copies(up, chunks, make_path, t0)
+        up.next_at = t0 + self.current_timeout(size)
         with up.cond:
             while True:
                 if up.winner is not None:
-                    idx, path, size = up.winner
-                    return UploadResult(path, size, idx, started, time.monotonic() - t0)
+                    idx, path, nbytes = up.winner
+                    return UploadResult(path, nbytes, idx, up.started, time.monotonic() - t0)
                 fatal = next((e for e in up.errors if not e.retryable), None)
                 if fatal is not None or up.running == 0:
                     up.closed = True
@@ -321,45 +392,97 @@ class HedgedUploader:
                     raise fatal or up.errors[-1]
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    up.closed = True
-                    self.stats.add(uploads_failed=1, deadline_failures=1)
-                    err = RetryableStorageError(
-                        "put",
-                        "(hedged upload)",
-                        f"no attempt finished within {p.deadline} s (upload deadline; "
-                        f"{started} attempts started)",
-                    )
-                    if up.errors:
-                        raise err from up.errors[-1]
-                    raise err
-                if started < p.attempts and now >= next_at:
-                    if self._reserve_hedge():
-                        self._start(up, chunks, make_path(), started, hedged=True)
-                        started += 1
-                        next_at = now + self.current_timeout()
-                    else:  # too many hedges in flight: look again a little later
-                        next_at = now + min(self.current_timeout(), 0.05)
+                    self._fail_at_deadline(up)
+                if up.next_at is not None and up.started < p.attempts and now >= up.next_at:
+                    self._maybe_hedge(up, chunks, make_path, now)
                 wake = [
                     t
-                    for t in (next_at if started < p.attempts else None, deadline)
+                    for t in (up.next_at if up.started < p.attempts else None, deadline)
                     if t is not None
                 ]
                 up.cond.wait(max(min(wake) - now, 0.0) if wake else None)
 
+    def _fail_at_deadline(self, up: _Upload) -> None:
+        """Close ``up`` and raise RetryableStorageError: no attempt finished in time."""
+        up.closed = True
+        self.stats.add(uploads_failed=1, deadline_failures=1)
+        err = RetryableStorageError(
+            "put",
+            "(hedged upload)",
+            f"no attempt finished within {self.policy.deadline} s (upload deadline; "
+            f"{up.started} attempts started)",
+        )
+        if up.errors:
+            raise err from up.errors[-1]
+        raise err
+
+    def _start_copies(
+        self, up: _Upload, chunks: list[Buffer], make_path: Callable[[], str], now: float
+    ) -> None:
+        """The first attempt, and the extra copies the rule asks for unless the store
+        throttled recently."""
+        with self._lock:
+            n = self._rule.policy.copies_for(up.size)
+            blocked = n > 1 and self._rule.hedge_at(now) > now
+        if blocked:
+            self.stats.add(hedges_skipped_throttled=n - 1)
+            n = 1
+        for _ in range(n):
+            self._start(up, chunks, make_path(), up.started, hedged=False)
+            up.started += 1
+        self.stats.add(copies=n - 1)
+
+    def _maybe_hedge(
+        self, up: _Upload, chunks: list[Buffer], make_path: Callable[[], str], now: float
+    ) -> None:
+        """A hedge of ``up`` is due at ``now``: start it, or put it off (throttling:
+        counted once per due hedge; too many hedges in flight: look again soon)."""
+        at = self._hedge_at(up, now)
+        if at is None or at > now:
+            if not up.skip_counted:
+                self.stats.add(hedges_skipped_throttled=1)
+                up.skip_counted = True
+            up.next_at = at
+            return
+        if self._reserve_hedge():
+            self._start(up, chunks, make_path(), up.started, hedged=True)
+            up.started += 1
+            up.skip_counted = False
+            up.next_at = now + self.current_timeout(up.size)
+        else:  # too many hedges in flight: look again a little later
+            up.next_at = now + min(self.current_timeout(up.size), 0.05)
+
     def _single(self, chunks: list[Buffer], path: str, t0: float) -> UploadResult:
         self.stats.add(attempts=1)
         try:
-            size = self.store.put(path, chunks, on_retry=self._count_retry)
-        except StorageError:
+            size = self.store.put(path, chunks, on_retry=self._retry_counter(None))
+        except StorageError as e:
+            self._note_error(None, e)
             self.stats.add(failed_attempts=1, uploads_failed=1)
             raise
         latency = time.monotonic() - t0
         with self._lock:
-            self._latencies.append(latency)
+            self._rule.note_latency(latency, size)
         return UploadResult(path, size, 0, 1, latency)
 
-    def _count_retry(self, _: BaseException) -> None:
-        self.stats.add(retries=1)
+    def _note_error(self, up: _Upload | None, e: BaseException) -> None:
+        """Count a retried or failed attempt's error; a throttling one blocks hedges
+        (of ``up`` for good, of every upload for the quiet period)."""
+        if not is_throttling(e):
+            return
+        self.stats.add(throttled=1)
+        with self._lock:
+            self._rule.note_throttle(time.monotonic())
+        if up is not None:
+            with up.cond:
+                up.throttled = True
+
+    def _retry_counter(self, up: _Upload | None) -> Callable[[BaseException], None]:
+        def on_retry(e: BaseException) -> None:
+            self.stats.add(retries=1)
+            self._note_error(up, e)
+
+        return on_retry
 
     def _reserve_hedge(self) -> bool:
         with self._lock:
@@ -382,11 +505,12 @@ class HedgedUploader:
         t0 = time.monotonic()
         try:
             try:
-                size = self.store.put(path, chunks, on_retry=self._count_retry)
+                size = self.store.put(path, chunks, on_retry=self._retry_counter(up))
             except Exception as e:  # noqa: BLE001 - every failure is reported to the upload
                 err = e if isinstance(e, StorageError) else StorageError("put", path, repr(e))
                 if err is not e:
                     err.__cause__ = e
+                self._note_error(up, err)
                 self.stats.add(failed_attempts=1)
                 with up.cond:
                     up.running -= 1
@@ -396,7 +520,7 @@ class HedgedUploader:
                 return
             latency = time.monotonic() - t0
             with self._lock:
-                self._latencies.append(latency)
+                self._rule.note_latency(latency, size)
             with up.cond:
                 up.running -= 1
                 won = up.winner is None and not up.closed

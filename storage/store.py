@@ -32,6 +32,7 @@ botocore's share to this layer.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import posixpath
 import random
@@ -66,6 +67,11 @@ CHANGELOG_DIR = "changelog"
 SNAPSHOT_DIR = "materialized"
 SNAPSHOT_SUFFIX = ".snap"
 CHECKPOINT_DIR = "checkpoints"
+#: hashed prefixes changelog objects are spread over (``ObjectStore(prefixes=...)``):
+#: S3 admits about 3,500 PUT/s per prefix (AWS S3 performance guidelines), so 256
+#: prefixes leave room for far more objects per second than a tree writes; it is also
+#: the two-hex-digit layout of earlier versions
+DEFAULT_PREFIXES = 256
 
 T = TypeVar("T")
 
@@ -98,6 +104,17 @@ def _mtime(info: dict[str, Any]) -> float | None:
             except ValueError:
                 continue
     return None
+
+
+def object_prefix(key: str, prefixes: int) -> str:
+    """The prefix directory of an object whose id is ``key``, one of ``prefixes`` (>= 1)
+    names spread evenly by a hash of the key: ``prefixes - 1`` written in hex, all of
+    the same width (``00``..``ff`` for 256). The simulated store places its objects
+    with it too. Raises ValueError for ``prefixes < 1``."""
+    if prefixes < 1:
+        raise ValueError(f"prefixes must be >= 1, got {prefixes}")
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+    return f"{h % prefixes:0{len(f'{prefixes - 1:x}')}x}"
 
 
 def fsync_dir(path: str) -> None:
@@ -302,6 +319,47 @@ def classify(e: BaseException) -> tuple[bool, str | None]:
     return bool(_RETRYABLE_TEXT.search(f"{type(e).__name__}: {e}")), None
 
 
+# Codes and statuses of a store that asks for fewer requests (throttling), a subset of
+# the retryable ones: S3 "503 Slow Down", AWS throttling codes, HTTP 429.
+_THROTTLING_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "BandwidthLimitExceeded",
+}
+_THROTTLING_STATUS = {429, 503}
+_THROTTLING_TEXT = re.compile(
+    r"slow ?down|throttl|reduce your request rate|too many requests|\b(?:429|503)\b",
+    re.IGNORECASE,
+)
+
+
+def is_throttling(e: BaseException) -> bool:
+    """Whether ``e`` (or a cause in its chain) says the store is throttling: S3 ``503
+    SlowDown``, an AWS throttling code, HTTP 429/503, EBUSY (s3fs's errno for SlowDown
+    and 503, s3fs/errors.py), or such words in a message (a StorageError made by
+    :func:`translate` carries the code in its text). Hedging stops on it
+    (:class:`dstltree.topology.latency.HedgingPolicy`)."""
+    chain = _cause_chain(e)
+    for c in chain:
+        code, status = _aws_code(c)
+        if code is not None or status is not None:
+            numeric = int(code) if code is not None and code.isdigit() else None
+            return (
+                code in _THROTTLING_CODES
+                or numeric in _THROTTLING_STATUS
+                or status in _THROTTLING_STATUS
+            )
+    for c in chain:
+        if isinstance(c, OSError) and c.errno == errno.EBUSY:
+            return True
+    return any(_THROTTLING_TEXT.search(f"{type(c).__name__}: {c}") for c in chain)
+
+
 def translate(op: str, path: str, e: BaseException) -> StorageError:
     """Map an fsspec/OS/s3fs/botocore error to a StorageError; transient ones (see
     :func:`classify`) to RetryableStorageError. The caller raises it ``from e``.
@@ -382,6 +440,10 @@ class ObjectStore:
     :class:`dstltree.storage.faults.FaultyFileSystem`); otherwise it is built from ``base_path`` and
     ``storage_options``. ``retry`` sets how transient failures are retried (default
     :class:`RetryPolicy`: 3 attempts); ``stats`` counts retries and failures.
+    ``prefixes`` (>= 1, default DEFAULT_PREFIXES) is how many hashed prefixes new
+    changelog objects are spread over (:meth:`new_object_path`); readers take paths
+    as handles store them, so changing it never hides an object. ValueError for
+    ``prefixes < 1``.
     """
 
     def __init__(
@@ -391,7 +453,11 @@ class ObjectStore:
         fs: fsspec.AbstractFileSystem | None = None,
         *,
         retry: RetryPolicy | None = None,
+        prefixes: int = DEFAULT_PREFIXES,
     ) -> None:
+        if prefixes < 1:
+            raise ValueError(f"prefixes must be >= 1, got {prefixes}")
+        self.prefixes = prefixes
         opts = dict(storage_options or {})
         if fs is None:
             fs, root = fsspec.core.url_to_fs(base_path, **opts)
@@ -485,10 +551,13 @@ class ObjectStore:
         return self.url(posixpath.join(self.root, *parts))
 
     def new_object_path(self) -> str:
-        """A fresh changelog object URL derived from a random id (never from user input);
-        a two-hex-digit prefix spreads objects over store partitions."""
+        """A fresh changelog object URL ``<base>/changelog/<prefix>/<id>.dstl`` derived
+        from a random id (never from user input); the prefix, one of ``prefixes``
+        (:func:`object_prefix`), spreads objects over store partitions so that each
+        stays under its request-rate limit. Every prefix lies under
+        :meth:`changelog_root`, which listings and orphan cleanup walk."""
         oid = os.urandom(16).hex()
-        return f"{self._changelog_url}/{oid[:2]}/{oid}{OBJECT_SUFFIX}"
+        return f"{self._changelog_url}/{object_prefix(oid, self.prefixes)}/{oid}{OBJECT_SUFFIX}"
 
     def new_snapshot_path(self) -> str:
         """A fresh URL for a materialized-state snapshot (random id, like objects)."""

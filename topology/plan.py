@@ -27,22 +27,33 @@ is down) acts as a root: "a node that cannot reach its parent writes itself"
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from dstltree.topology.latency import (
+    HedgingPolicy,
+    LatencyModel,
+    checkpoint_quantile,
+    expected_attempts,
+)
 from dstltree.topology.tree import Tree
 
 __all__ = [
     "ByteEstimator",
     "LocalDecision",
     "NodePlan",
+    "TailEstimate",
     "TreePlan",
     "compute_plan",
     "decide_local",
     "live_parent",
+    "planned_object_sizes",
+    "prefixes_for",
+    "size_for_tail",
     "window_of",
 ]
 
@@ -252,3 +263,72 @@ class ByteEstimator:
     def estimate(self) -> dict[str, float]:
         """node id -> mean bytes per checkpoint over its recorded history."""
         return {n: sum(q) / len(q) for n, q in self._samples.items()}
+
+
+def planned_object_sizes(plan: TreePlan) -> list[int]:
+    """Bytes of the objects ``plan``'s collectors write per checkpoint if their expected
+    residuals arrive: each cuts an object whenever it holds the target, then writes the
+    rest (the simulator's collector rule)."""
+    target = int(plan.target_object_bytes)
+    sizes: list[int] = []
+    for r in plan.expected_object_bytes().values():
+        whole, rest = divmod(int(round(r)), target)
+        sizes += [target] * whole + ([rest] if rest else [])
+    return sizes
+
+
+@dataclass(frozen=True)
+class TailEstimate:
+    """One candidate target object size (bytes): the objects its plan writes per
+    checkpoint, the expected requests (copies and hedges included) and the predicted
+    checkpoint store latency (seconds) at the chosen percentile."""
+
+    target_object_bytes: int
+    objects: int
+    requests: float
+    quantile_s: float
+
+
+def size_for_tail(
+    tree: Tree,
+    own_bytes: Mapping[str, float],
+    targets: Iterable[int],
+    model: LatencyModel,
+    policy: HedgingPolicy,
+    *,
+    percentile: float = 99.0,
+    goal_s: float | None = None,
+) -> tuple[TailEstimate, list[TailEstimate]]:
+    """Choose the target object size for the checkpoint tail, not only the request
+    count: for every candidate in ``targets`` (bytes) the plan's objects
+    (:func:`planned_object_sizes`) and, under ``model`` and ``policy``, their predicted
+    ``percentile`` (:func:`dstltree.topology.latency.checkpoint_quantile`, independent
+    requests, no throttling, network time left out) and expected requests. The choice:
+    the fewest requests among candidates predicted within ``goal_s`` seconds, else
+    (no goal, or none meets it) the lowest predicted latency. Returns (choice, every
+    estimate in the order of ``targets``). ValueError for no candidates or no bytes."""
+    estimates = []
+    for target in targets:
+        sizes = planned_object_sizes(compute_plan(tree, own_bytes, target))
+        if not sizes:
+            raise ValueError("no bytes to write: nothing to size")
+        requests = sum(expected_attempts(model, policy, s) for s in sizes)
+        q = checkpoint_quantile(model, policy, sizes, percentile)
+        estimates.append(TailEstimate(int(target), len(sizes), requests, q))
+    if not estimates:
+        raise ValueError("no candidate targets")
+    within = [e for e in estimates if goal_s is not None and e.quantile_s <= goal_s]
+    if within:
+        return min(within, key=lambda e: (e.requests, e.quantile_s)), estimates
+    return min(estimates, key=lambda e: (e.quantile_s, e.requests)), estimates
+
+
+def prefixes_for(
+    requests_per_s: float, limit_per_prefix: float = 3500.0, headroom: float = 0.5
+) -> int:
+    """Prefixes that keep ``requests_per_s`` (bursts included) at most ``headroom`` of
+    each prefix's ``limit_per_prefix`` (S3: 3,500 PUT/s per prefix, AWS S3 performance
+    guidelines), at least 1. ValueError for non-positive limit or headroom."""
+    if limit_per_prefix <= 0 or not 0 < headroom <= 1 or requests_per_s < 0:
+        raise ValueError("limit and headroom must be > 0 (headroom <= 1), rate >= 0")
+    return max(1, math.ceil(requests_per_s / (limit_per_prefix * headroom)))

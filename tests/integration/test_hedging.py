@@ -260,3 +260,61 @@ def test_hedging_on_s3(s3: S3Target) -> None:
         assert plain.list_files(f"{s3.base_url}/hedge") == [result.path]
     finally:
         fs.release()
+
+
+def test_a_throttled_upload_is_not_hedged(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    up = HedgedUploader(store, UploadPolicy(attempts=2, upload_timeout=0.3, deadline=1.0))
+    faulty.inject("put", "throttle")  # 503 SlowDown, then the retry hangs
+    faulty.inject("put", "stall")
+    with pytest.raises(RetryableStorageError, match="deadline"):
+        up.upload(b"data")
+    stats = up.stats.snapshot()
+    assert stats["throttled"] == 1 and stats["hedges_skipped_throttled"] == 1
+    assert stats["attempts"] == 1 and stats["hedged_attempts"] == 0
+    faulty.release()
+    assert up.drain(10)
+
+
+def test_a_throttled_upload_was_hedged_by_the_old_rule(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    blind = UploadPolicy(attempts=2, upload_timeout=0.05, throttle_aware=False)
+    up = HedgedUploader(store, blind)
+    faulty.inject("put", "throttle")
+    faulty.inject("put", "stall")
+    assert up.upload(b"data").winner == 1
+    stats = up.stats.snapshot()
+    assert stats["throttled"] == 1 and stats["hedges_skipped_throttled"] == 0
+    faulty.release()
+    assert up.drain(10)
+
+
+def test_hedges_wait_for_the_quiet_period_after_throttling(faulty: FaultyFileSystem) -> None:
+    store = _store(faulty)
+    policy = UploadPolicy(attempts=2, upload_timeout=0.05, throttle_quiet=1.0, copies=2)
+    up = HedgedUploader(store, policy)
+    faulty.inject("put", "throttle")  # upload A: throttled once, then written
+    faulty.inject("put", None)  # A's copy (started with it, before the 503)
+    assert up.upload(b"a").winner in (0, 1)
+    assert up.drain(10)  # the throttled copy has had its 503 and its retry
+    before = up.stats.snapshot()
+    faulty.inject("put", "stall")  # upload B: its first attempt hangs
+    result = up.upload(b"b")  # no copy, and the hedge only after the quiet period
+    assert result.winner == 1 and store.read(result.path) == b"b"
+    stats = up.stats.snapshot()
+    assert before["throttled"] == 1 and before["copies"] == 1
+    assert stats["copies"] == 1, "B started no copy while throttled recently"
+    assert stats["hedges_skipped_throttled"] - before["hedges_skipped_throttled"] == 2
+    assert stats["hedged_attempts"] - before["hedged_attempts"] == 1
+    faulty.release()
+    assert up.drain(10)
+
+
+def test_the_timeout_grows_with_the_size() -> None:
+    store = ObjectStore("memory://size-timeout")
+    up = HedgedUploader(store, UploadPolicy(upload_timeout=1.0, bandwidth=1e6))
+    assert up.current_timeout() == 1.0
+    assert up.current_timeout(3_000_000) == pytest.approx(4.0)
+    assert UploadPolicy().hedging().bandwidth == UploadPolicy().bandwidth
+    with pytest.raises(ValueError):
+        UploadPolicy(copies=0)
