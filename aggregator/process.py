@@ -42,6 +42,21 @@ def node_config(
     )
 
 
+def upload_policy(topo: TopologyConfig) -> UploadPolicy:
+    """The hedging of a node's uploads per the topology: ``upload_attempts``,
+    ``upload_timeout`` (or ``upload_adaptive_percentile``), ``upload_copies`` of objects
+    up to ``upload_copies_max_bytes``, ``throttle_quiet`` seconds without hedges after a
+    throttled request."""
+    return UploadPolicy(
+        attempts=topo.upload_attempts,
+        upload_timeout=topo.upload_timeout,
+        adaptive_percentile=topo.upload_adaptive_percentile,
+        copies=topo.upload_copies,
+        copies_max_bytes=int(topo.upload_copies_max_bytes),
+        throttle_quiet=topo.throttle_quiet,
+    )
+
+
 def build_node(
     topo: TopologyConfig,
     node_id: str,
@@ -55,12 +70,14 @@ def build_node(
 ) -> Node:
     """The node ``node_id`` at ``depth`` of ``topo``, bound to ``bind`` and known to
     others as ``advertise`` (default: the bound endpoint), with its own object writer
-    hedging uploads per the topology (``upload_attempts``, ``upload_timeout``).
-    ``store``: default, the topology's base path. ``security``: see
+    hedging uploads per the topology (:func:`upload_policy`). ``store``: default, the
+    topology's base path with its ``object_prefixes``. ``security``: see
     :func:`node_security` (None = plaintext)."""
-    store = store or ObjectStore(topo.base_path, topo.storage_options)
+    store = store or ObjectStore(
+        topo.base_path, topo.storage_options, prefixes=topo.object_prefixes
+    )
     cfg = node_config(topo, node_id, depth, parent)
-    policy = UploadPolicy(attempts=topo.upload_attempts, upload_timeout=topo.upload_timeout)
+    policy = upload_policy(topo)
     return Node(
         cfg,
         store,

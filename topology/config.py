@@ -11,6 +11,12 @@ DFS location::
     plan_window: 16                 # checkpoints per plan window; plans: false = hop by hop
     upload_timeout: 1.0             # seconds before a hedged second attempt starts
     upload_attempts: 3              # attempts per object upload (1 = no hedging)
+    upload_adaptive_percentile: 75  # optional: hedge after this percentile of recent
+                                    # upload latencies instead (null = upload_timeout)
+    upload_copies: 1                # objects up to upload_copies_max_bytes are written
+    upload_copies_max_bytes: 8MiB   # this many times at once, the first to land wins
+    throttle_quiet: 2.0             # seconds without new hedges after a throttled request
+    object_prefixes: 256            # hashed key prefixes objects are spread over
     metrics_port: 9400              # Prometheus /metrics: node k (breadth-first) on
                                     # 9400 + k; 0 = a free port each; null = off (default)
     security: {curve: true, keys: /etc/dstl/keys}   # CURVE (default on), key directory
@@ -200,6 +206,11 @@ class TopologyConfig(BaseModel):
     plans: bool = True
     upload_timeout: float = Field(default=1.0, gt=0.0, le=600.0)
     upload_attempts: int = Field(default=3, ge=1, le=16)
+    upload_adaptive_percentile: float | None = Field(default=None, gt=0.0, le=100.0)
+    upload_copies: int = Field(default=1, ge=1, le=4)
+    upload_copies_max_bytes: ByteSize = Field(default=ByteSize(8 * 1024 * 1024), gt=0, le=MAX_BYTES)
+    throttle_quiet: float = Field(default=2.0, ge=0.0, le=600.0)
+    object_prefixes: int = Field(default=256, ge=1, le=65536)
     parent_timeout: float = Field(default=2.0, gt=0.0, le=600.0)
     max_message_bytes: ByteSize = Field(default=ByteSize(64 * 1024 * 1024), gt=0, le=MAX_BYTES)
     base_path: str = "data/dstl"
@@ -214,6 +225,11 @@ class TopologyConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_shape(self) -> TopologyConfig:
+        if self.upload_copies > self.upload_attempts:
+            raise ValueError(
+                f"upload_copies: {self.upload_copies} copies need upload_attempts >= "
+                f"{self.upload_copies}, got {self.upload_attempts}"
+            )
         if self.hosts is not None:
             _check_hosts(self)
             assert self.branching is not None and self.node_port is not None

@@ -73,6 +73,9 @@ def test_deploy_has_topologies() -> None:
         ("branching: 2\nbogus: 1", "bogus"),
         ("- just a list", "mapping"),
         ("nodes: [{id: a, parent: b}, {id: b, parent: a}, {id: c}]", "nodes"),
+        ("branching: 2\nupload_copies: 3\nupload_attempts: 2", "upload_copies"),
+        ("branching: 2\nupload_adaptive_percentile: 0", "upload_adaptive_percentile"),
+        ("branching: 2\nobject_prefixes: 0", "object_prefixes"),
     ],
 )
 def test_errors_name_the_field(tmp_path: Path, text: str, needle: str) -> None:
@@ -91,6 +94,21 @@ def test_bad_yaml_and_missing_file(tmp_path: Path) -> None:
 def test_sizes_accept_units(tmp_path: Path) -> None:
     t = _load(tmp_path, "branching: 4\ntarget_object_bytes: 8MiB")
     assert int(t.target_object_bytes) == 8 * 1024 * 1024
+
+
+def test_upload_settings_reach_the_node_policy_and_store(tmp_path: Path) -> None:
+    from dstltree.aggregator.process import upload_policy
+
+    t = _load(
+        tmp_path,
+        "branching: 4\nupload_adaptive_percentile: 75\nupload_copies: 2\n"
+        "upload_copies_max_bytes: 4MiB\nthrottle_quiet: 5\nobject_prefixes: 16",
+    )
+    p = upload_policy(t)
+    assert (p.adaptive_percentile, p.copies, p.copies_max_bytes) == (75, 2, 4 * 1024 * 1024)
+    assert p.throttle_quiet == 5 and p.attempts == 3 and t.object_prefixes == 16
+    default = upload_policy(_load(tmp_path, "branching: 4"))
+    assert (default.adaptive_percentile, default.copies) == (None, 1)
 
 
 def test_kary_tree_shape() -> None:
