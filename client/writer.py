@@ -35,7 +35,7 @@ SQN rules (the off-by-one contract):
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -322,12 +322,11 @@ class ChangelogWriter:
             if not n:
                 continue
             if threading.get_ident() == self._producer:  # nobody sets keys meanwhile
-                items = list(d.items())
+                chunk = _render(list(d.items()), set_prefix, clear_prefix)
                 d.clear()
             else:
                 pop = d.popitem
-                items = [pop() for _ in range(n)]
-            chunk = [clear_prefix + k if v is None else set_prefix + k + v for k, v in items]
+                chunk = _render([pop() for _ in range(n)], set_prefix, clear_prefix)
             changes = self._active.get(kg)
             if changes is None:
                 self._active[kg] = chunk
@@ -412,6 +411,14 @@ class ChangelogWriter:
         if limit is not None:
             fut.add_done_callback(lambda _: limit.release(size))
         return _SegmentUpload(lo, hi, fut)
+
+
+def _render(
+    items: Iterable[tuple[bytes, bytes | None]], set_prefix: bytes, clear_prefix: bytes
+) -> list[bytes]:
+    """The changes of last-wins entries: ``set_prefix + key + value``, or
+    ``clear_prefix + key`` for a None value."""
+    return [clear_prefix + k if v is None else set_prefix + k + v for k, v in items]
 
 
 def _combine(
