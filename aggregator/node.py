@@ -46,6 +46,7 @@ from dstltree.aggregator.events import (
     WriteObject,
 )
 from dstltree.aggregator.object_writer import ObjectWriter
+from dstltree.client.direct import Written
 from dstltree.client.errors import WireError
 from dstltree.client.wire import dump, load
 from dstltree.security.curve import Curve, configure_client, configure_server
@@ -351,18 +352,35 @@ class Node:
         return True
 
     def _write(self, oid: int, items: tuple) -> None:
+        """Upload the object ``oid`` (on an upload thread, its first attempt here too);
+        its outcome reaches the loop as soon as any attempt wins or the upload fails,
+        from whichever thread decides it (:meth:`ObjectWriter.start`)."""
         t0 = time.monotonic()
-        ok = False
+        told = threading.Event()
+
+        def done(outcome: Written | BaseException) -> None:
+            told.set()
+            self._written(oid, items, t0, outcome)
+
         try:
-            path, refs = self.writer.write(items)
-            event: Event = ObjectWritten(time.monotonic(), oid, path, tuple(refs))
-            ok = True
+            self.writer.start(items, done)
         except Exception as e:  # noqa: BLE001 - reported to the origins as an error ack
-            log.warning("object write failed: %s", e)
-            event = ObjectFailed(time.monotonic(), oid, str(e))
+            if not told.is_set():
+                done(e)
+
+    def _written(self, oid: int, items: tuple, t0: float, outcome: Written | BaseException) -> None:
+        """Hand the outcome of object ``oid`` to the loop (and the metrics)."""
+        now = time.monotonic()
+        if isinstance(outcome, BaseException):
+            log.warning("object write failed: %s", outcome)
+            event: Event = ObjectFailed(now, oid, str(outcome))
+        else:
+            path, refs = outcome
+            event = ObjectWritten(now, oid, path, tuple(refs))
         if self.metrics is not None:
             size = sum(i.size for i in items)
-            self.metrics.observe_upload(size, len(items), time.monotonic() - t0, ok)
+            ok = not isinstance(outcome, BaseException)
+            self.metrics.observe_upload(size, len(items), now - t0, ok)
         self._results.put(event)
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")

@@ -43,7 +43,8 @@ def test_back_to_back_uploads_reuse_one_thread(tmp_path: Any) -> None:
         result = up.upload([b"part-", str(i).encode()])
         assert store.read(result.path) == b"part-" + str(i).encode()
     assert up._threads.threads_started() == 1
-    assert threading.active_count() <= before + 1
+    assert up._watchdog.threads_started == 1, "one watchdog per uploader"
+    assert threading.active_count() <= before + 2
     assert up.stats.snapshot()["attempts"] == 20 and up.drain(5)
 
 
