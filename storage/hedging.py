@@ -523,7 +523,6 @@ class HedgedUploader:
         p = self.policy
         if p.attempts == 1 and p.deadline is None:
             return None
-        self.stats.add(uploads=1)
         t0 = time.monotonic()
         deadline = None if p.deadline is None else t0 + p.deadline
         make_path = new_path or self.store.new_object_path
@@ -588,9 +587,11 @@ class HedgedUploader:
         """Start the first attempt and the extra copies the rule asks for unless the
         store throttled recently; the first is not started but counted and its path
         returned when it is to run ``inline``."""
-        with self._lock:
-            n = self._rule.policy.copies_for(up.size)
-            blocked = n > 1 and self._rule.hedge_at(up.t0) > up.t0
+        n, blocked = 1, False
+        if self.policy.copies > 1:
+            with self._lock:
+                n = self._rule.policy.copies_for(up.size)
+                blocked = n > 1 and self._rule.hedge_at(up.t0) > up.t0
         if blocked:
             self.stats.add(hedges_skipped_throttled=n - 1)
             n = 1
@@ -599,9 +600,9 @@ class HedgedUploader:
             for i in range(n):
                 if i == 0 and inline:
                     first = up.make_path()
-                    self._count_attempt(up, hedged=False)
+                    self._count_attempt(up, hedged=False, uploads=1)
                 else:
-                    self._start(up, up.make_path(), up.started, hedged=False)
+                    self._start(up, up.make_path(), up.started, hedged=False, uploads=int(i == 0))
                 up.started += 1
         if n > 1:
             self.stats.add(copies=n - 1)
@@ -667,15 +668,19 @@ class HedgedUploader:
             self._hedges_in_flight += 1
             return True
 
-    def _count_attempt(self, up: _Upload, hedged: bool) -> None:
-        self.stats.add(attempts=1, hedged_attempts=int(hedged))
+    def _count_attempt(self, up: _Upload, hedged: bool, uploads: int = 0) -> None:
+        """Count an attempt about to run (and the upload with its first attempt)."""
+        if hedged:
+            self.stats.add(attempts=1, hedged_attempts=1)
+        else:
+            self.stats.add(attempts=1, uploads=uploads)
         with self._lock:
             self._attempts_in_flight += 1
         with up.cond:
             up.running += 1
 
-    def _start(self, up: _Upload, path: str, idx: int, hedged: bool) -> None:
-        self._count_attempt(up, hedged)
+    def _start(self, up: _Upload, path: str, idx: int, hedged: bool, uploads: int = 0) -> None:
+        self._count_attempt(up, hedged, uploads)
         self._threads.submit(lambda: self._attempt(up, path, idx, hedged))
 
     def _attempt(
@@ -700,7 +705,8 @@ class HedgedUploader:
             with up.cond:
                 up.running -= 1
                 result = UploadResult(path, size, idx, up.started, time.monotonic() - up.t0)
-            if not self._decide(up, result, hedge_wins=int(hedged)):
+            won = self._decide(up, result, hedge_wins=1) if hedged else self._decide(up, result)
+            if not won:
                 self.stats.add(losers=1)
                 leftover = (path, "losers_deleted")
         finally:
