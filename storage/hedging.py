@@ -97,6 +97,7 @@ from dstltree.topology.latency import (
 
 __all__ = [
     "HedgedUploader",
+    "ReusableThreads",
     "Outcome",
     "HedgingStats",
     "UploadPolicy",
@@ -236,11 +237,11 @@ class UploadResult:
     latency_s: float
 
 
-class _AttemptThread:
-    """One reusable daemon thread of :class:`_AttemptThreads`: it runs the task it is
+class _ReusableThread:
+    """One reusable daemon thread of :class:`ReusableThreads`: it runs the task it is
     handed, then waits (idle) for the next one."""
 
-    def __init__(self, owner: _AttemptThreads, task: Callable[[], None], name: str) -> None:
+    def __init__(self, owner: ReusableThreads, task: Callable[[], None], name: str) -> None:
         self.owner = owner
         self.task: Callable[[], None] | None = task
         self.go = threading.Lock()  # released when a task is handed over
@@ -256,18 +257,18 @@ class _AttemptThread:
                 return
 
 
-class _AttemptThreads:
-    """Daemon threads that run upload attempts, reused from one upload to the next: a
-    task goes to the most recently idle thread, or to a new thread when none is idle
-    (a stalled attempt never delays another one). A thread idle for ``idle_s``
-    seconds ends. Daemon threads, like one thread per attempt: a hung store never
-    holds up the interpreter's exit."""
+class ReusableThreads:
+    """Daemon threads that run upload attempts (and a node's object writes), reused
+    from one task to the next: a task goes to the most recently idle thread, or to a
+    new thread when none is idle (a stalled attempt never delays another one). A
+    thread idle for ``idle_s`` seconds ends. Daemon threads, like one thread per
+    attempt: a hung store never holds up the interpreter's exit."""
 
     def __init__(self, name: str, idle_s: float = 60.0) -> None:
         self._name = name
         self._idle_s = idle_s
         self._lock = threading.Lock()
-        self._idle: list[_AttemptThread] = []
+        self._idle: list[_ReusableThread] = []
         self._started = 0
 
     def submit(self, task: Callable[[], None]) -> None:
@@ -277,12 +278,12 @@ class _AttemptThreads:
             self._started += worker is None
             n = self._started
         if worker is None:
-            _AttemptThread(self, task, f"{self._name}-{n}")
+            _ReusableThread(self, task, f"{self._name}-{n}")
         else:
             worker.task = task
             worker.go.release()
 
-    def park(self, worker: _AttemptThread) -> bool:
+    def park(self, worker: _ReusableThread) -> bool:
         """Called by ``worker`` when its task is done: wait for the next task (True) or
         end after ``idle_s`` without one (False)."""
         with self._lock:
@@ -404,7 +405,11 @@ class _Watchdog:
         while (batch := self._due()) is not None:
             due, now = batch
             for up in due:
-                at = self._look(up, now)
+                try:
+                    at = self._look(up, now)
+                except Exception:  # noqa: BLE001 - the watchdog serves every upload
+                    log.exception("hedging watchdog: looking at an upload failed")
+                    at = now + 0.05  # look again soon (the deadline still applies)
                 if at is not None:
                     self.watch(up, at)
 
@@ -438,7 +443,7 @@ class HedgedUploader:
         self._rule = HedgeState(self.policy.hedging())
         self._hedges_in_flight = 0
         self._attempts_in_flight = 0
-        self._threads = _AttemptThreads("dstl-attempt")
+        self._threads = ReusableThreads("dstl-attempt")
         self._watchdog = _Watchdog("dstl-hedge-watchdog", self._look)
 
     # -- timeout ---------------------------------------------------------------------------

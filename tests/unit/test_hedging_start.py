@@ -263,3 +263,19 @@ def test_a_node_reports_a_write_that_cannot_start(tmp_path: Any) -> None:
         assert "cannot build" in event.error
     finally:
         node._close()
+
+
+def test_the_watchdog_survives_a_failing_look(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[int] = []
+
+    def look(up: _Upload, now: float) -> float | None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("cannot start a thread")
+        return None
+
+    wd = _Watchdog("t-watchdog-error", look, idle_s=0.1)
+    wd.watch(_open_upload(), time.monotonic())
+    wait_until(lambda: len(calls) == 2)  # looked at again, not lost
+    assert "looking at an upload failed" in caplog.text
+    wait_until(lambda: not wd._running)
