@@ -536,6 +536,7 @@ class HedgedUploader:
     def _launch(self, up: _Upload, inline: bool) -> None:
         """Start ``up``'s first attempt (and copies), hand it to the watchdog, and run
         the first attempt here if ``inline``."""
+        chunks = up.chunks  # the upload drops them once decided
         first = self._start_copies(up, inline)
         timeout = self.current_timeout(up.size)
         with up.cond:
@@ -544,7 +545,7 @@ class HedgedUploader:
         if at is not None:
             self._watchdog.watch(up, at)
         if first is not None:
-            self._attempt(up, first, 0, hedged=False, inline=True)
+            self._attempt(up, chunks, first, 0, hedged=False, inline=True)
 
     def _look(self, up: _Upload, now: float) -> float | None:
         """The watchdog's turn on ``up`` at ``now``: fail it at its deadline, start a
@@ -562,7 +563,8 @@ class HedgedUploader:
 
     def _decide(self, up: _Upload, outcome: Outcome, **counts: int) -> bool:
         """Close ``up`` with ``outcome`` unless already decided (then False); the
-        counters go in first, so a caller woken by the outcome sees them."""
+        counters go in first, so a caller woken by the outcome sees them. The bytes and
+        the callback are dropped (the watchdog may hold ``up`` until its next look)."""
         with up.cond:
             if up.closed:
                 return False
@@ -570,9 +572,10 @@ class HedgedUploader:
             if counts:
                 self.stats.add(**counts)
             up.outcome = outcome
+            on_done, up.on_done, up.chunks = up.on_done, None, []
             up.cond.notify_all()
-        if up.on_done is not None:
-            _tell(up.on_done, outcome)
+        if on_done is not None:
+            _tell(on_done, outcome)
         return True
 
     def _fail_at_deadline(self, up: _Upload) -> None:
@@ -685,11 +688,20 @@ class HedgedUploader:
             up.running += 1
 
     def _start(self, up: _Upload, path: str, idx: int, hedged: bool, uploads: int = 0) -> None:
+        """Start an attempt on an attempt thread. Caller holds ``up.cond`` (``up`` is
+        not decided: its bytes are there)."""
         self._count_attempt(up, hedged, uploads)
-        self._threads.submit(lambda: self._attempt(up, path, idx, hedged))
+        chunks = up.chunks
+        self._threads.submit(lambda: self._attempt(up, chunks, path, idx, hedged))
 
     def _attempt(
-        self, up: _Upload, path: str, idx: int, hedged: bool, inline: bool = False
+        self,
+        up: _Upload,
+        chunks: list[Buffer],
+        path: str,
+        idx: int,
+        hedged: bool,
+        inline: bool = False,
     ) -> None:
         """Run one attempt (counted by :meth:`_count_attempt`); the first to succeed
         decides the upload, a failure decides it if it is fatal or the last running.
@@ -699,7 +711,7 @@ class HedgedUploader:
         leftover: tuple[str, str] | None = None
         try:
             try:
-                size = self.store.put(path, up.chunks, on_retry=self._retry_counter(up))
+                size = self.store.put(path, chunks, on_retry=self._retry_counter(up))
             except Exception as e:  # noqa: BLE001 - every failure is reported to the upload
                 self._attempt_failed(up, path, e)
                 leftover = (path, "failed_attempts_deleted")
