@@ -67,9 +67,14 @@ attempts                    ``upload.max-attempts`` 3        ``attempts`` 3 per 
                                                              (hedges), and 3 tries per
                                                              attempt for transient
                                                              errors (``RetryPolicy``)
-upload threads              ``upload.num-threads`` 5         a thread per running
-                                                             attempt, reused (started
-                                                             only when none is idle);
+upload threads              ``upload.num-threads`` 5         the first attempt on the
+                                                             caller's thread (``start``;
+                                                             ``upload``: an attempt
+                                                             thread), hedges and copies
+                                                             on reused attempt threads
+                                                             (started only when none is
+                                                             idle), one watchdog thread
+                                                             per uploader;
                                                              ``max_parallel_hedges`` 8
                                                              extra attempts at once
 ==========================  ===============================  ===========================
@@ -646,9 +651,13 @@ class HedgedUploader:
             self.stats.add(failed_attempts=1, uploads_failed=1)
             raise
         latency = time.monotonic() - t0
-        with self._lock:
-            self._rule.note_latency(latency, size)
+        self._note_latency(latency, size)
         return UploadResult(path, size, 0, 1, latency)
+
+    def _note_latency(self, latency_s: float, size_bytes: int) -> None:
+        """A successful attempt's latency, for the adaptive timeout."""
+        with self._lock:
+            self._rule.note_latency(latency_s, size_bytes)
 
     def _note_error(self, up: _Upload | None, e: BaseException) -> None:
         """Count a retried or failed attempt's error; a throttling one blocks hedges
@@ -717,12 +726,14 @@ class HedgedUploader:
                 leftover = (path, "failed_attempts_deleted")
                 return
             latency = time.monotonic() - t0
-            with self._lock:
-                self._rule.note_latency(latency, size)
+            if not inline:  # noted before a blocked upload() returns
+                self._note_latency(latency, size)
             with up.cond:
                 up.running -= 1
-                result = UploadResult(path, size, idx, up.started, time.monotonic() - up.t0)
+                result = UploadResult(path, size, idx, up.started, t0 + latency - up.t0)
             won = self._decide(up, result, hedge_wins=1) if hedged else self._decide(up, result)
+            if inline:  # after the outcome went out, before start() returns
+                self._note_latency(latency, size)
             if not won:
                 self.stats.add(losers=1)
                 leftover = (path, "losers_deleted")

@@ -279,3 +279,15 @@ def test_the_watchdog_survives_a_failing_look(caplog: pytest.LogCaptureFixture) 
     wait_until(lambda: len(calls) == 2)  # looked at again, not lost
     assert "looking at an upload failed" in caplog.text
     wait_until(lambda: not wd._running)
+
+
+def test_callers_attempts_feed_the_adaptive_timeout(tmp_path: Any) -> None:
+    policy = UploadPolicy(
+        upload_timeout=5.0, adaptive_percentile=50, adaptive_floor=1.0, adaptive_min_samples=2
+    )
+    up = HedgedUploader(ObjectStore(str(tmp_path)), policy)
+    got = _Outcomes()
+    up.start(b"a", got)
+    assert up.current_timeout() == 5.0, "one sample is not enough"
+    up.start(b"b", got)
+    assert up.current_timeout() == 1.0, "noted before start() returns"
