@@ -133,21 +133,17 @@ class DirectUploader:
         data_items = [i for i in items if i.data is not None]
         if not data_items:
             return
-        self.requests += 1
         try:
-            start_items(self.hedged, data_items, lambda out: self._settle(data_items, out))
+            self.requests += 1
+            # blocking upload (attempts on attempt threads): this pool thread is free
+            # again once the upload is decided, even while an attempt hangs
+            _, refs = write_items(self.hedged, data_items)
+            self.objects_written += 1
         except BaseException as e:  # noqa: BLE001 - every failure goes to the futures
-            self._settle(data_items, e)
-
-    def _settle(self, items: list[PersistItem], outcome: Written | BaseException) -> None:
-        """Resolve the futures of ``items`` with their refs or the error (once)."""
-        if isinstance(outcome, BaseException):
-            for i in items:
-                if not i.future().done():
-                    i.future().set_exception(outcome)
+            for i in data_items:
+                i.future().set_exception(e)
             return
-        self.objects_written += 1
-        for i, ref in zip(items, outcome[1], strict=True):
+        for i, ref in zip(data_items, refs, strict=True):
             i.future().set_result(ref)
 
     def close(self) -> None:
