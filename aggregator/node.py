@@ -17,13 +17,13 @@ the ROUTER closes with a bounded linger.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -46,10 +46,11 @@ from dstltree.aggregator.events import (
     WriteObject,
 )
 from dstltree.aggregator.object_writer import ObjectWriter
+from dstltree.client.direct import Written
 from dstltree.client.errors import WireError
 from dstltree.client.wire import dump, load
 from dstltree.security.curve import Curve, configure_client, configure_server
-from dstltree.storage.hedging import UploadPolicy
+from dstltree.storage.hedging import ReusableThreads, UploadPolicy
 from dstltree.storage.store import ObjectStore
 
 if TYPE_CHECKING:
@@ -93,11 +94,14 @@ class Node:
     port (see :attr:`address`). The parent's endpoint is ``config.parent_address``.
     ``metrics``: updated from the loop and the uploads; the node closes it (stops its
     HTTP server) when it stops serving. Objects are written by :attr:`writer`, this
-    node's own :class:`ObjectWriter` (hedged per ``upload_policy``), on
-    ``upload_threads`` threads off the event loop. ``advertise``: the endpoint other
-    nodes connect to (:attr:`address`), needed when ``bind`` is a wildcard such as
-    ``tcp://0.0.0.0:7700``; default: the bound endpoint. ``hwm``: the high-water mark
-    (messages per peer and direction) of every socket; ``shutdown_timeout``: seconds
+    node's own :class:`ObjectWriter` (hedged per ``upload_policy``), at most
+    ``upload_threads`` at once, off the event loop on reused threads (a write's first
+    attempt runs on its thread; its slot is freed as soon as the upload is decided, so
+    an attempt that hangs after a hedge won holds a thread, never a slot).
+    ``advertise``: the endpoint other nodes connect to (:attr:`address`), needed
+    when ``bind`` is a wildcard such as ``tcp://0.0.0.0:7700``; default: the bound
+    endpoint. ``hwm``: the high-water mark (messages per peer and direction) of every
+    socket; ``shutdown_timeout``: seconds
     :meth:`serve` waits at stop for running writes and upstream acks. ``security``:
     CURVE for the ROUTER (accepting node and writer keys) and the DEALERs to other nodes
     (:meth:`Curve.for_node`); None = plaintext (tests; the launchers default to CURVE)."""
@@ -137,7 +141,13 @@ class Node:
         self._upstream: dict[str, zmq.Socket] = {}
         self._poller = zmq.Poller()
         self._poller.register(self._front, zmq.POLLIN)
-        self._pool = ThreadPoolExecutor(upload_threads, thread_name_prefix=f"node-{config.node_id}")
+        # objects being written (at most upload_threads) and those waiting for a slot;
+        # a slot is freed when the upload is decided, even if an attempt still hangs
+        self._upload_threads = max(1, upload_threads)
+        self._writes_running = 0
+        self._writes_waiting: deque[tuple[int, tuple]] = deque()
+        self._write_threads = ReusableThreads(f"node-{config.node_id}-write")
+        self._closing = False
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
@@ -318,7 +328,10 @@ class Node:
                 event = self._results.get_nowait()
             except queue.Empty:
                 return handled
+            if isinstance(event, ObjectWritten | ObjectFailed):
+                self._writes_running -= 1
             self._run(self.core.handle(event))
+            self._start_writes()
             handled = True
 
     def _run(self, instructions: list[Instruction]) -> None:
@@ -334,10 +347,19 @@ class Node:
                     if not self._send(self._socket_to(address), dump(msg)):
                         self._shell_counts["undeliverable_upstream"] += 1
                 case WriteObject(oid, items):
-                    try:
-                        self._pool.submit(self._write, oid, items)
-                    except RuntimeError:  # shutting down: the origins time out and retry
-                        log.warning("node stopping; object %d not written", oid)
+                    self._writes_waiting.append((oid, items))
+                    self._start_writes()
+
+    def _start_writes(self) -> None:
+        """Start waiting writes while fewer than ``upload_threads`` are undecided
+        (none once the node is closing: their origins time out and write them)."""
+        if self._closing and self._writes_waiting:
+            log.warning("node stopping; %d objects not written", len(self._writes_waiting))
+            self._writes_waiting.clear()
+        while self._writes_waiting and self._writes_running < self._upload_threads:
+            oid, items = self._writes_waiting.popleft()
+            self._writes_running += 1
+            self._write_threads.submit(functools.partial(self._write, oid, items))
 
     def _send(self, sock: zmq.Socket, frames: list[Any], copy: bool = False) -> bool:
         """Send without blocking; False (logged at debug) if ZeroMQ refused: a full
@@ -351,24 +373,42 @@ class Node:
         return True
 
     def _write(self, oid: int, items: tuple) -> None:
+        """Upload the object ``oid`` (on a write thread, its first attempt here too);
+        its outcome reaches the loop as soon as any attempt wins or the upload fails,
+        from whichever thread decides it (:meth:`ObjectWriter.start`)."""
         t0 = time.monotonic()
-        ok = False
+        told: list[bool] = []
+
+        def done(outcome: Written | BaseException) -> None:
+            told.append(True)
+            self._written(oid, items, t0, outcome)
+
         try:
-            path, refs = self.writer.write(items)
-            event: Event = ObjectWritten(time.monotonic(), oid, path, tuple(refs))
-            ok = True
+            self.writer.start(items, done)
         except Exception as e:  # noqa: BLE001 - reported to the origins as an error ack
-            log.warning("object write failed: %s", e)
-            event = ObjectFailed(time.monotonic(), oid, str(e))
+            if not told:
+                done(e)
+
+    def _written(self, oid: int, items: tuple, t0: float, outcome: Written | BaseException) -> None:
+        """Hand the outcome of object ``oid`` to the loop (and the metrics)."""
+        now = time.monotonic()
+        if isinstance(outcome, BaseException):
+            log.warning("object write failed: %s", outcome)
+            event: Event = ObjectFailed(now, oid, str(outcome))
+        else:
+            path, refs = outcome
+            event = ObjectWritten(now, oid, path, tuple(refs))
         if self.metrics is not None:
             size = sum(i.size for i in items)
-            self.metrics.observe_upload(size, len(items), time.monotonic() - t0, ok)
+            ok = not isinstance(outcome, BaseException)
+            self.metrics.observe_upload(size, len(items), now - t0, ok)
         self._results.put(event)
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
 
     def _close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._closing = True
+        self._start_writes()  # drops the waiting ones
         self._drain_results()
         with self._lock:
             self._stats = self._statistics(time.monotonic())

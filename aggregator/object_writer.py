@@ -9,11 +9,12 @@ one process with different upload policies share nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dstltree.client.batching import PersistItem
-from dstltree.client.direct import write_items
+from dstltree.client.direct import Written, start_items, write_items
 from dstltree.client.handle import SegmentRef
+from dstltree.storage.errors import StorageError
 from dstltree.storage.hedging import HedgedUploader, UploadPolicy
 from dstltree.storage.store import ObjectStore
 
@@ -23,7 +24,7 @@ __all__ = ["ObjectWriter"]
 class ObjectWriter:
     """Writes objects to ``store``, each upload hedged per ``policy`` (default
     UploadPolicy(): 3 attempts, a new attempt under a new name after 1 s). Thread-safe:
-    the node calls :meth:`write` from its upload threads, never from its event loop."""
+    the node calls :meth:`start` from its upload threads, never from its event loop."""
 
     def __init__(self, store: ObjectStore, policy: UploadPolicy | None = None) -> None:
         self.store = store
@@ -39,6 +40,16 @@ class ObjectWriter:
         and one ref per data item, in order, naming the winning attempt's object only.
         Blocking. Raises StorageError."""
         return write_items(self.uploader, items)
+
+    def start(
+        self, items: Sequence[PersistItem], on_done: Callable[[Written | StorageError], None]
+    ) -> None:
+        """Like :meth:`write`, the upload's first attempt on the calling thread:
+        returns when that attempt has ended; ``on_done`` gets ``(url, refs)`` or the
+        StorageError once, as soon as any attempt wins or the upload fails, on the
+        thread that decides it (a hedge may win while the first attempt hangs).
+        Raises what building the object raises (``on_done`` is not called then)."""
+        start_items(self.uploader, items, on_done)
 
     def upload_stats(self) -> dict[str, int]:
         """This writer's upload counters (``HedgingStats`` fields: uploads, attempts,

@@ -5,23 +5,27 @@ flat, Spark-RocksDB-changelog-style baseline, design ``task``); with a delay it 
 all writers of this process into one object per flush (Flink DSTL style, design
 ``executor``). It is also the fallback route of the node uploader.
 
-:func:`write_items` is the one place where persist items become an object; the node's
-writer (aggregator/object_writer.py) calls it too.
+:func:`write_items` and :func:`start_items` are the one place where persist items become
+an object; the node's writer (aggregator/object_writer.py) calls them too.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from dstltree.client.batching import Batch, LocalOrigin, PersistItem
 from dstltree.client.errors import DstlError
 from dstltree.client.handle import SegmentRef
 from dstltree.client.objectformat import build_object
-from dstltree.storage.hedging import HedgedUploader, UploadPolicy
+from dstltree.storage.errors import StorageError
+from dstltree.storage.hedging import HedgedUploader, Outcome, UploadPolicy
 from dstltree.storage.store import ObjectStore
+
+#: a written object: its URL and one ref per data item (:func:`write_items`)
+Written = tuple[str, list[SegmentRef]]
 
 
 def write_items(
@@ -36,6 +40,31 @@ def write_items(
     path = uploader.upload(parts).path
     refs = [SegmentRef(i.meta, path, o) for i, o in zip(with_data, offsets, strict=True)]
     return path, refs
+
+
+def start_items(
+    uploader: HedgedUploader,
+    items: Sequence[PersistItem],
+    on_done: Callable[[Written | StorageError], None],
+) -> None:
+    """Like :func:`write_items`, but the upload's first attempt runs on the calling
+    thread (:meth:`HedgedUploader.start`): returns when it has ended, and ``on_done``
+    gets ``(url, refs)`` or the StorageError once, as soon as the upload is decided,
+    on the thread that decides it (maybe before this returns). Raises what building
+    the object raises (nothing is started then)."""
+    with_data = [i for i in items if i.data is not None]
+    parts, offsets = build_object([(i.meta, i.data) for i in with_data if i.data is not None])
+
+    def done(outcome: Outcome) -> None:
+        if isinstance(outcome, StorageError):
+            on_done(outcome)
+            return
+        path = outcome.path
+        on_done(
+            (path, [SegmentRef(i.meta, path, o) for i, o in zip(with_data, offsets, strict=True)])
+        )
+
+    uploader.start(parts, done)
 
 
 class DirectUploader:
@@ -106,6 +135,8 @@ class DirectUploader:
             return
         try:
             self.requests += 1
+            # blocking upload (attempts on attempt threads): this pool thread is free
+            # again once the upload is decided, even while an attempt hangs
             _, refs = write_items(self.hedged, data_items)
             self.objects_written += 1
         except BaseException as e:  # noqa: BLE001 - every failure goes to the futures

@@ -67,9 +67,14 @@ attempts                    ``upload.max-attempts`` 3        ``attempts`` 3 per 
                                                              (hedges), and 3 tries per
                                                              attempt for transient
                                                              errors (``RetryPolicy``)
-upload threads              ``upload.num-threads`` 5         a thread per running
-                                                             attempt, reused (started
-                                                             only when none is idle);
+upload threads              ``upload.num-threads`` 5         the first attempt on the
+                                                             caller's thread (``start``;
+                                                             ``upload``: an attempt
+                                                             thread), hedges and copies
+                                                             on reused attempt threads
+                                                             (started only when none is
+                                                             idle), one watchdog thread
+                                                             per uploader;
                                                              ``max_parallel_hedges`` 8
                                                              extra attempts at once
 ==========================  ===============================  ===========================
@@ -77,6 +82,10 @@ upload threads              ``upload.num-threads`` 5         a thread per runnin
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -93,10 +102,14 @@ from dstltree.topology.latency import (
 
 __all__ = [
     "HedgedUploader",
+    "ReusableThreads",
+    "Outcome",
     "HedgingStats",
     "UploadPolicy",
     "UploadResult",
 ]
+
+log = logging.getLogger("dstltree.hedging")
 
 #: seconds after which an upload none of whose attempts finished fails (UploadPolicy)
 DEFAULT_UPLOAD_DEADLINE = 30.0
@@ -229,11 +242,11 @@ class UploadResult:
     latency_s: float
 
 
-class _AttemptThread:
-    """One reusable daemon thread of :class:`_AttemptThreads`: it runs the task it is
+class _ReusableThread:
+    """One reusable daemon thread of :class:`ReusableThreads`: it runs the task it is
     handed, then waits (idle) for the next one."""
 
-    def __init__(self, owner: _AttemptThreads, task: Callable[[], None], name: str) -> None:
+    def __init__(self, owner: ReusableThreads, task: Callable[[], None], name: str) -> None:
         self.owner = owner
         self.task: Callable[[], None] | None = task
         self.go = threading.Lock()  # released when a task is handed over
@@ -249,18 +262,18 @@ class _AttemptThread:
                 return
 
 
-class _AttemptThreads:
-    """Daemon threads that run upload attempts, reused from one upload to the next: a
-    task goes to the most recently idle thread, or to a new thread when none is idle
-    (a stalled attempt never delays another one). A thread idle for ``idle_s``
-    seconds ends. Daemon threads, like one thread per attempt: a hung store never
-    holds up the interpreter's exit."""
+class ReusableThreads:
+    """Daemon threads that run upload attempts (and a node's object writes), reused
+    from one task to the next: a task goes to the most recently idle thread, or to a
+    new thread when none is idle (a stalled attempt never delays another one). A
+    thread idle for ``idle_s`` seconds ends. Daemon threads, like one thread per
+    attempt: a hung store never holds up the interpreter's exit."""
 
     def __init__(self, name: str, idle_s: float = 60.0) -> None:
         self._name = name
         self._idle_s = idle_s
         self._lock = threading.Lock()
-        self._idle: list[_AttemptThread] = []
+        self._idle: list[_ReusableThread] = []
         self._started = 0
 
     def submit(self, task: Callable[[], None]) -> None:
@@ -270,12 +283,12 @@ class _AttemptThreads:
             self._started += worker is None
             n = self._started
         if worker is None:
-            _AttemptThread(self, task, f"{self._name}-{n}")
+            _ReusableThread(self, task, f"{self._name}-{n}")
         else:
             worker.task = task
             worker.go.release()
 
-    def park(self, worker: _AttemptThread) -> bool:
+    def park(self, worker: _ReusableThread) -> bool:
         """Called by ``worker`` when its task is done: wait for the next task (True) or
         end after ``idle_s`` without one (False)."""
         with self._lock:
@@ -295,15 +308,33 @@ class _AttemptThreads:
             return self._started
 
 
-class _Upload:
-    """The shared state of one upload's attempts: the winner, errors, attempts running
-    and started, when the next hedge is due (None: never), whether an attempt was
-    throttled, and whether the due hedge was already counted as skipped."""
+#: what an upload ends with, handed to the ``on_done`` of :meth:`HedgedUploader.start`
+Outcome = UploadResult | StorageError
 
-    def __init__(self, size: int) -> None:
+
+class _Upload:
+    """The shared state of one upload's attempts (guarded by ``cond``): the bytes and
+    how to name an attempt, when it started and must end (``deadline``, None: never),
+    its outcome once decided, errors, attempts running and started, when the next
+    hedge is due (None: never), whether an attempt was throttled, whether the due
+    hedge was already counted as skipped, and whom to tell (``on_done``)."""
+
+    def __init__(
+        self,
+        chunks: list[Buffer],
+        make_path: Callable[[], str],
+        t0: float,
+        deadline: float | None,
+        on_done: Callable[[Outcome], None] | None,
+    ) -> None:
         self.cond = threading.Condition()
-        self.size = size
-        self.winner: tuple[int, str, int] | None = None
+        self.chunks = chunks
+        self.make_path = make_path
+        self.size = sum(memoryview(c).nbytes for c in chunks)
+        self.t0 = t0
+        self.deadline = deadline
+        self.on_done = on_done
+        self.outcome: Outcome | None = None
         self.closed = False  # decided (won or failed): later successes are losers
         self.errors: list[StorageError] = []
         self.running = 0
@@ -312,13 +343,92 @@ class _Upload:
         self.throttled = False
         self.skip_counted = False
 
+    def look_at(self, attempts: int) -> float | None:
+        """When the watchdog must look at this upload next (a hedge due or the
+        deadline; None: never). Caller holds ``cond``."""
+        due = self.next_at if self.started < attempts else None
+        if due is None or (self.deadline is not None and self.deadline < due):
+            return self.deadline
+        return due
+
+
+class _Watchdog:
+    """The one thread of an uploader that starts hedges and fails uploads at their
+    deadline: it sleeps until the earliest time an open upload must be looked at.
+    :meth:`watch` wakes it only when the new time is earlier than the one it sleeps
+    until (uploads with the same timeout arrive in deadline order: no wake-up per
+    upload), and uploads decided meanwhile are dropped without a wake-up of their own.
+    Started at the first upload it watches, it ends after ``idle_s`` seconds with
+    nothing to watch (a daemon thread: a hung store never holds up the exit)."""
+
+    def __init__(
+        self, name: str, look: Callable[[_Upload, float], float | None], idle_s: float = 60.0
+    ) -> None:
+        self._name = name
+        self._look = look
+        self._idle_s = idle_s
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, _Upload]] = []
+        self._seq = itertools.count()
+        self._running = False
+        self._sleeps_until = -math.inf  # while awake: nobody to wake
+        self.threads_started = 0
+
+    def watch(self, up: _Upload, at: float) -> None:
+        """Look at ``up`` at monotonic time ``at`` (seconds)."""
+        with self._cond:
+            heapq.heappush(self._heap, (at, next(self._seq), up))
+            if not self._running:
+                self._running = True
+                self.threads_started += 1
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
+            elif at < self._sleeps_until:
+                self._cond.notify()
+
+    def _due(self) -> tuple[list[_Upload], float] | None:
+        """Wait for the uploads due (decided ones dropped on the way) and return them
+        with the time; None when nothing was watched for ``idle_s`` (the thread ends)."""
+        heap = self._heap
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                due = []
+                while heap and (heap[0][0] <= now or heap[0][2].closed):
+                    up = heapq.heappop(heap)[2]
+                    if not up.closed:
+                        due.append(up)
+                if due:
+                    return due, now
+                self._sleeps_until = heap[0][0] if heap else math.inf
+                woken = self._cond.wait(heap[0][0] - now if heap else self._idle_s)
+                self._sleeps_until = -math.inf
+                if not woken and not heap:
+                    self._running = False
+                    return None
+
+    def _run(self) -> None:
+        while (batch := self._due()) is not None:
+            due, now = batch
+            for up in due:
+                try:
+                    at = self._look(up, now)
+                except Exception:  # noqa: BLE001 - the watchdog serves every upload
+                    log.exception("hedging watchdog: looking at an upload failed")
+                    at = now + 0.05  # look again soon (the deadline still applies)
+                if at is not None:
+                    self.watch(up, at)
+
 
 class HedgedUploader:
     """Writes whole objects to ``store`` with request hedging per ``policy``.
-    Thread-safe; ``upload`` blocks the caller while its attempts run on this
-    uploader's attempt threads (reused; a new one starts only when none is idle, so
-    the caller can return when a hedge wins or the deadline passes although an
-    attempt hangs).
+    Thread-safe. :meth:`start` runs an upload's first attempt on the calling thread
+    and reports the outcome to a callback as soon as ANY attempt wins (or the upload
+    fails), from whichever thread decides it; :meth:`upload` blocks the caller while
+    every attempt runs on this uploader's attempt threads (reused; a new one starts
+    only when none is idle), so it returns when a hedge wins or the deadline passes
+    although an attempt hangs. Hedges and deadlines are the watchdog's (one thread
+    per uploader, started with its first hedged upload): no thread is started or
+    woken per upload while attempts finish within the timeout.
 
     When to hedge is decided by :class:`dstltree.topology.latency.HedgeState` (the
     rule the simulated store applies): a timeout grown by the object's size, no hedge
@@ -338,7 +448,8 @@ class HedgedUploader:
         self._rule = HedgeState(self.policy.hedging())
         self._hedges_in_flight = 0
         self._attempts_in_flight = 0
-        self._threads = _AttemptThreads("dstl-attempt")
+        self._threads = ReusableThreads("dstl-attempt")
+        self._watchdog = _Watchdog("dstl-hedge-watchdog", self._look)
 
     # -- timeout ---------------------------------------------------------------------------
     def current_timeout(self, size_bytes: int = 0) -> float:
@@ -364,79 +475,156 @@ class HedgedUploader:
         new_path: Callable[[], str] | None = None,
     ) -> UploadResult:
         """Write ``parts`` as one object; every attempt writes to a fresh path from
-        ``new_path`` (default ``store.new_object_path``). Returns the winner. Raises
-        StorageError (the failing attempt's, chained to its cause) when every attempt
-        failed or one failed with a non-retryable error; RetryableStorageError when
-        ``deadline`` passed."""
-        chunks = self.store.prepare(parts)  # joined once, not per attempt, where needed
-        make_path = new_path or self.store.new_object_path
-        p = self.policy
-        self.stats.add(uploads=1)
-        t0 = time.monotonic()
-        size = sum(memoryview(c).nbytes for c in chunks)
-        if p.attempts == 1 and p.deadline is None:
-            return self._single(chunks, make_path(), t0)
-        up = _Upload(size)
-        deadline = None if p.deadline is None else t0 + p.deadline
-        self._start_copies(up, chunks, make_path, t0)
-        up.next_at = t0 + self.current_timeout(size)
+        ``new_path`` (default ``store.new_object_path``), on an attempt thread. Returns
+        the winner. Raises StorageError (the failing attempt's, chained to its cause)
+        when every attempt failed or one failed with a non-retryable error;
+        RetryableStorageError when ``deadline`` passed."""
+        up = self._open(parts, new_path, None)
+        if up is None:
+            return self._single(self._prepared(parts, new_path))
+        self._launch(up, inline=False)
         with up.cond:
-            while True:
-                if up.winner is not None:
-                    idx, path, nbytes = up.winner
-                    return UploadResult(path, nbytes, idx, up.started, time.monotonic() - t0)
-                fatal = next((e for e in up.errors if not e.retryable), None)
-                if fatal is not None or up.running == 0:
-                    up.closed = True
-                    self.stats.add(uploads_failed=1)
-                    raise fatal or up.errors[-1]
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    self._fail_at_deadline(up)
-                if up.next_at is not None and up.started < p.attempts and now >= up.next_at:
-                    self._maybe_hedge(up, chunks, make_path, now)
-                wake = [
-                    t
-                    for t in (up.next_at if up.started < p.attempts else None, deadline)
-                    if t is not None
-                ]
-                up.cond.wait(max(min(wake) - now, 0.0) if wake else None)
+            while up.outcome is None:
+                up.cond.wait()
+            outcome = up.outcome
+        if isinstance(outcome, UploadResult):
+            return outcome
+        raise outcome
+
+    def start(
+        self,
+        parts: Sequence[Buffer] | Buffer,
+        on_done: Callable[[Outcome], None],
+        new_path: Callable[[], str] | None = None,
+    ) -> None:
+        """Write ``parts`` as one object like :meth:`upload`, its first attempt on the
+        calling thread: returns when that attempt has ended. ``on_done`` is called
+        exactly once with the outcome (the winner's UploadResult, or the StorageError
+        :meth:`upload` would raise) as soon as the upload is decided, on the thread
+        that decides it: this one, a hedge's, or the watchdog's at the deadline, so
+        possibly before this returns. ``on_done`` must not raise (it is logged)."""
+        up = self._open(parts, new_path, on_done)
+        if up is not None:
+            self._launch(up, inline=True)
+            return
+        try:
+            outcome: Outcome = self._single(self._prepared(parts, new_path))
+        except StorageError as e:
+            outcome = e
+        _tell(on_done, outcome)
+
+    def _prepared(
+        self, parts: Sequence[Buffer] | Buffer, new_path: Callable[[], str] | None
+    ) -> tuple[list[Buffer], str, float]:
+        """The bytes as every attempt writes them (joined once, not per attempt, where
+        needed), the first path and the start time."""
+        self.stats.add(uploads=1)
+        chunks = self.store.prepare(parts)
+        return chunks, (new_path or self.store.new_object_path)(), time.monotonic()
+
+    def _open(
+        self,
+        parts: Sequence[Buffer] | Buffer,
+        new_path: Callable[[], str] | None,
+        on_done: Callable[[Outcome], None] | None,
+    ) -> _Upload | None:
+        """A new hedged upload of ``parts``, or None when the policy neither hedges
+        nor has a deadline (one attempt, on the caller's thread: :meth:`_single`)."""
+        p = self.policy
+        if p.attempts == 1 and p.deadline is None:
+            return None
+        t0 = time.monotonic()
+        deadline = None if p.deadline is None else t0 + p.deadline
+        make_path = new_path or self.store.new_object_path
+        return _Upload(self.store.prepare(parts), make_path, t0, deadline, on_done)
+
+    def _launch(self, up: _Upload, inline: bool) -> None:
+        """Start ``up``'s first attempt (and copies), hand it to the watchdog, and run
+        the first attempt here if ``inline``."""
+        chunks = up.chunks  # the upload drops them once decided
+        first = self._start_copies(up, inline)
+        timeout = self.current_timeout(up.size)
+        with up.cond:
+            up.next_at = up.t0 + timeout
+            at = None if up.closed else up.look_at(self.policy.attempts)
+        if at is not None:
+            self._watchdog.watch(up, at)
+        if first is not None:
+            self._attempt(up, chunks, first, 0, hedged=False, inline=True)
+
+    def _look(self, up: _Upload, now: float) -> float | None:
+        """The watchdog's turn on ``up`` at ``now``: fail it at its deadline, start a
+        due hedge; returns when to look again (None: never)."""
+        with up.cond:
+            if up.closed:
+                return None
+            if up.deadline is None or now < up.deadline:
+                due = up.next_at is not None and now >= up.next_at
+                if due and up.started < self.policy.attempts:
+                    self._maybe_hedge(up, now)
+                return up.look_at(self.policy.attempts)
+        self._fail_at_deadline(up)
+        return None
+
+    def _decide(self, up: _Upload, outcome: Outcome, **counts: int) -> bool:
+        """Close ``up`` with ``outcome`` unless already decided (then False); the
+        counters go in first, so a caller woken by the outcome sees them. The bytes and
+        the callback are dropped (the watchdog may hold ``up`` until its next look)."""
+        with up.cond:
+            if up.closed:
+                return False
+            up.closed = True
+            if counts:
+                self.stats.add(**counts)
+            up.outcome = outcome
+            on_done, up.on_done, up.chunks = up.on_done, None, []
+            up.cond.notify_all()
+        if on_done is not None:
+            _tell(on_done, outcome)
+        return True
 
     def _fail_at_deadline(self, up: _Upload) -> None:
-        """Close ``up`` and raise RetryableStorageError: no attempt finished in time."""
-        up.closed = True
-        self.stats.add(uploads_failed=1, deadline_failures=1)
+        """Fail ``up`` with RetryableStorageError: no attempt finished in time."""
         err = RetryableStorageError(
             "put",
             "(hedged upload)",
             f"no attempt finished within {self.policy.deadline} s (upload deadline; "
             f"{up.started} attempts started)",
         )
-        if up.errors:
-            raise err from up.errors[-1]
-        raise err
+        with up.cond:
+            if up.errors:
+                err.__cause__ = up.errors[-1]
+        self._decide(up, err, uploads_failed=1, deadline_failures=1)
 
-    def _start_copies(
-        self, up: _Upload, chunks: list[Buffer], make_path: Callable[[], str], now: float
-    ) -> None:
-        """The first attempt, and the extra copies the rule asks for unless the store
-        throttled recently."""
-        with self._lock:
-            n = self._rule.policy.copies_for(up.size)
-            blocked = n > 1 and self._rule.hedge_at(now) > now
+    def _start_copies(self, up: _Upload, inline: bool) -> str | None:
+        """Start the first attempt and the extra copies the rule asks for unless the
+        store throttled recently; the first is not started but counted and its path
+        returned when it is to run ``inline``."""
+        n, blocked = 1, False
+        if self.policy.copies > 1:
+            with self._lock:
+                n = self._rule.policy.copies_for(up.size)
+                blocked = n > 1 and self._rule.hedge_at(up.t0) > up.t0
         if blocked:
             self.stats.add(hedges_skipped_throttled=n - 1)
             n = 1
-        for _ in range(n):
-            self._start(up, chunks, make_path(), up.started, hedged=False)
-            up.started += 1
-        self.stats.add(copies=n - 1)
+        first = None
+        with up.cond:
+            for i in range(n):
+                if i == 0 and inline:
+                    first = up.make_path()
+                    self._count_attempt(up, hedged=False, uploads=1)
+                else:
+                    self._start(up, up.make_path(), up.started, hedged=False, uploads=int(i == 0))
+                up.started += 1
+        if n > 1:
+            self.stats.add(copies=n - 1)
+        return first
 
-    def _maybe_hedge(
-        self, up: _Upload, chunks: list[Buffer], make_path: Callable[[], str], now: float
-    ) -> None:
+    def _maybe_hedge(self, up: _Upload, now: float) -> None:
         """A hedge of ``up`` is due at ``now``: start it, or put it off (throttling:
-        counted once per due hedge; too many hedges in flight: look again soon)."""
+        counted once per due hedge; too many hedges in flight: look again soon).
+        Caller holds ``up.cond``."""
         at = self._hedge_at(up, now)
         if at is None or at > now:
             if not up.skip_counted:
@@ -445,14 +633,16 @@ class HedgedUploader:
             up.next_at = at
             return
         if self._reserve_hedge():
-            self._start(up, chunks, make_path(), up.started, hedged=True)
+            self._start(up, up.make_path(), up.started, hedged=True)
             up.started += 1
             up.skip_counted = False
             up.next_at = now + self.current_timeout(up.size)
         else:  # too many hedges in flight: look again a little later
             up.next_at = now + min(self.current_timeout(up.size), 0.05)
 
-    def _single(self, chunks: list[Buffer], path: str, t0: float) -> UploadResult:
+    def _single(self, prepared: tuple[list[Buffer], str, float]) -> UploadResult:
+        """The only attempt of an unhedged upload without deadline, on this thread."""
+        chunks, path, t0 = prepared
         self.stats.add(attempts=1)
         try:
             size = self.store.put(path, chunks, on_retry=self._retry_counter(None))
@@ -461,9 +651,13 @@ class HedgedUploader:
             self.stats.add(failed_attempts=1, uploads_failed=1)
             raise
         latency = time.monotonic() - t0
-        with self._lock:
-            self._rule.note_latency(latency, size)
+        self._note_latency(latency, size)
         return UploadResult(path, size, 0, 1, latency)
+
+    def _note_latency(self, latency_s: float, size_bytes: int) -> None:
+        """A successful attempt's latency, for the adaptive timeout."""
+        with self._lock:
+            self._rule.note_latency(latency_s, size_bytes)
 
     def _note_error(self, up: _Upload | None, e: BaseException) -> None:
         """Count a retried or failed attempt's error; a throttling one blocks hedges
@@ -491,55 +685,93 @@ class HedgedUploader:
             self._hedges_in_flight += 1
             return True
 
-    def _start(self, up: _Upload, chunks: list[Buffer], path: str, idx: int, hedged: bool) -> None:
-        self.stats.add(attempts=1, hedged_attempts=int(hedged))
+    def _count_attempt(self, up: _Upload, hedged: bool, uploads: int = 0) -> None:
+        """Count an attempt about to run (and the upload with its first attempt)."""
+        if hedged:
+            self.stats.add(attempts=1, hedged_attempts=1)
+        else:
+            self.stats.add(attempts=1, uploads=uploads)
         with self._lock:
             self._attempts_in_flight += 1
         with up.cond:
             up.running += 1
+
+    def _start(self, up: _Upload, path: str, idx: int, hedged: bool, uploads: int = 0) -> None:
+        """Start an attempt on an attempt thread. Caller holds ``up.cond`` (``up`` is
+        not decided: its bytes are there)."""
+        self._count_attempt(up, hedged, uploads)
+        chunks = up.chunks
         self._threads.submit(lambda: self._attempt(up, chunks, path, idx, hedged))
 
     def _attempt(
-        self, up: _Upload, chunks: list[Buffer], path: str, idx: int, hedged: bool
+        self,
+        up: _Upload,
+        chunks: list[Buffer],
+        path: str,
+        idx: int,
+        hedged: bool,
+        inline: bool = False,
     ) -> None:
+        """Run one attempt (counted by :meth:`_count_attempt`); the first to succeed
+        decides the upload, a failure decides it if it is fatal or the last running.
+        A loser's or failed attempt's object is deleted on an attempt thread (never
+        on the thread of an ``inline`` attempt, the caller's)."""
         t0 = time.monotonic()
+        leftover: tuple[str, str] | None = None
         try:
             try:
                 size = self.store.put(path, chunks, on_retry=self._retry_counter(up))
             except Exception as e:  # noqa: BLE001 - every failure is reported to the upload
-                err = e if isinstance(e, StorageError) else StorageError("put", path, repr(e))
-                if err is not e:
-                    err.__cause__ = e
-                self._note_error(up, err)
-                self.stats.add(failed_attempts=1)
-                with up.cond:
-                    up.running -= 1
-                    up.errors.append(err)
-                    up.cond.notify_all()
-                self._discard(path, "failed_attempts_deleted")
+                self._attempt_failed(up, path, e)
+                leftover = (path, "failed_attempts_deleted")
                 return
             latency = time.monotonic() - t0
-            with self._lock:
-                self._rule.note_latency(latency, size)
+            if not inline:  # noted before a blocked upload() returns
+                self._note_latency(latency, size)
             with up.cond:
                 up.running -= 1
-                won = up.winner is None and not up.closed
-                if won:
-                    up.winner = (idx, path, size)
-                    up.closed = True
-                    up.cond.notify_all()
-            if won:
-                if hedged:
-                    self.stats.add(hedge_wins=1)
-                return
-            self.stats.add(losers=1)
-            self._discard(path, "losers_deleted")
+                result = UploadResult(path, size, idx, up.started, t0 + latency - up.t0)
+            won = self._decide(up, result, hedge_wins=1) if hedged else self._decide(up, result)
+            if inline:  # after the outcome went out, before start() returns
+                self._note_latency(latency, size)
+            if not won:
+                self.stats.add(losers=1)
+                leftover = (path, "losers_deleted")
         finally:
-            with self._lock:
-                self._attempts_in_flight -= 1
-                if hedged:
-                    self._hedges_in_flight -= 1
-                self._lock.notify_all()
+            if leftover is not None and inline:  # deleted off the caller's thread
+                loser, counter = leftover
+                self._threads.submit(lambda: self._discard_then_release(loser, counter))
+            else:
+                if leftover is not None:
+                    self._discard(*leftover)
+                self._release(hedged)
+
+    def _discard_then_release(self, path: str, counter: str) -> None:
+        """An inline attempt's leftover object: deleted, then the attempt ends."""
+        try:
+            self._discard(path, counter)
+        finally:
+            self._release(False)
+
+    def _attempt_failed(self, up: _Upload, path: str, e: Exception) -> None:
+        err = e if isinstance(e, StorageError) else StorageError("put", path, repr(e))
+        if err is not e:
+            err.__cause__ = e
+        self._note_error(up, err)
+        self.stats.add(failed_attempts=1)
+        with up.cond:
+            up.running -= 1
+            up.errors.append(err)
+            fails = not err.retryable or up.running == 0
+        if fails:
+            self._decide(up, err, uploads_failed=1)
+
+    def _release(self, hedged: bool) -> None:
+        with self._lock:
+            self._attempts_in_flight -= 1
+            if hedged:
+                self._hedges_in_flight -= 1
+            self._lock.notify_all()
 
     def _discard(self, path: str, counter: str) -> None:
         """Delete the object of a losing or failed attempt (its own thread, never the
@@ -564,3 +796,11 @@ class HedgedUploader:
                     return False
                 self._lock.wait(left)
             return True
+
+
+def _tell(on_done: Callable[[Outcome], None], outcome: Outcome) -> None:
+    """Call ``on_done(outcome)``; an exception from it is logged, never raised."""
+    try:
+        on_done(outcome)
+    except Exception:  # noqa: BLE001 - a callback must not break an attempt
+        log.exception("upload callback failed")

@@ -93,3 +93,23 @@ def test_object_writer_latency_history_is_its_own(tmp_path: object) -> None:
     assert busy.uploader.current_timeout() == 1.0, "fast writes: the floor"
     assert idle.uploader.current_timeout() == 5.0, "no samples of its own yet"
     assert (busy.upload_stats()["uploads"], idle.upload_stats()["uploads"]) == (2, 0)
+
+
+def test_a_hung_first_attempt_holds_a_thread_not_a_write_slot(faulty: FaultyFileSystem) -> None:
+    store = ObjectStore(f"memory://ow-{uuid.uuid4().hex[:8]}", fs=faulty, retry=NO_RETRY)
+    cfg = NodeConfig(node_id="one-slot", parent_address=None, target_bytes=1 << 20)
+    node = Node(cfg, store, upload_threads=1, upload_policy=HEDGING)
+    thread = node.start()
+    try:
+        faulty.inject("put", "stall")  # the first write's own attempt hangs
+        first = _persist(node, store, "first", b"1")  # decided by its hedge
+        second = _persist(node, store, "second", b"2")  # the one slot is free again
+        assert node._write_threads.threads_started() == 2, "the hung attempt keeps its own"
+    finally:
+        faulty.release()
+        node.stop()
+        thread.join(10)
+    assert list(read_changes(store, first, 1)) == [b"1"]
+    assert list(read_changes(store, second, 1)) == [b"2"]
+    assert node.writer.drain(10)
+    assert node.writer.upload_stats()["losers_deleted"] == 1

@@ -1,4 +1,4 @@
-"""Upload attempts run on reusable threads (storage/hedging.py ``_AttemptThreads``): a
+"""Upload attempts run on reusable threads (storage/hedging.py ``ReusableThreads``): a
 thread is started only when none is idle, so back-to-back uploads reuse one; a
 stalled attempt does not hold up its hedge; idle threads end; and the bytes of an
 upload are prepared once for every attempt."""
@@ -14,7 +14,7 @@ import fsspec
 import pytest
 
 from dstltree.storage.faults import FaultyFileSystem
-from dstltree.storage.hedging import HedgedUploader, UploadPolicy, _AttemptThreads
+from dstltree.storage.hedging import HedgedUploader, ReusableThreads, UploadPolicy
 from dstltree.storage.store import ObjectStore, RetryPolicy
 from tests.support.waiting import wait_until
 
@@ -43,7 +43,8 @@ def test_back_to_back_uploads_reuse_one_thread(tmp_path: Any) -> None:
         result = up.upload([b"part-", str(i).encode()])
         assert store.read(result.path) == b"part-" + str(i).encode()
     assert up._threads.threads_started() == 1
-    assert threading.active_count() <= before + 1
+    assert up._watchdog.threads_started == 1, "one watchdog per uploader"
+    assert threading.active_count() <= before + 2
     assert up.stats.snapshot()["attempts"] == 20 and up.drain(5)
 
 
@@ -65,7 +66,7 @@ def test_a_stalled_attempt_keeps_its_thread_and_the_hedge_gets_another(
 
 
 def test_idle_threads_end_and_new_ones_start_when_needed() -> None:
-    pool = _AttemptThreads("t-idle", idle_s=0.05)
+    pool = ReusableThreads("t-idle", idle_s=0.05)
     done: list[int] = []
     pool.submit(lambda: done.append(1))
     wait_until(lambda: done == [1])
@@ -76,7 +77,7 @@ def test_idle_threads_end_and_new_ones_start_when_needed() -> None:
 
 
 def test_many_tasks_at_once_each_get_a_thread() -> None:
-    pool = _AttemptThreads("t-many", idle_s=5)
+    pool = ReusableThreads("t-many", idle_s=5)
     gate = threading.Event()
     started: list[int] = []
     lock = threading.Lock()
