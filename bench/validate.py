@@ -315,7 +315,9 @@ def print_validation(doc: dict[str, Any]) -> None:
     )
     diff = sum(
         a != b
-        for a, b in zip(real["requests_each_checkpoint"], sim["requests_each_checkpoint"], strict=False)
+        for a, b in zip(
+            real["requests_each_checkpoint"], sim["requests_each_checkpoint"], strict=False
+        )
     )
     t.add_row(
         "requests, each checkpoint",

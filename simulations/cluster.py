@@ -34,8 +34,8 @@ import simpy
 from dstltree.simulations.config import SimConfig, SimWorkload
 from dstltree.simulations.nodeshell import NodeCoreCluster
 from dstltree.simulations.storage import SimulatedStore, StoreCounters, Throttle
-from dstltree.topology.latency import HedgingPolicy, get_model
 from dstltree.topology.designs import TREE_DESIGNS
+from dstltree.topology.latency import HedgingPolicy, get_model
 
 __all__ = ["SimResult", "simulate"]
 
@@ -162,9 +162,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     proc = sim.env.process(sim.checkpoints())
     sim.env.run(until=proc if sim.nodes is not None else None)
     measured = range(cfg.warmup, cfg.warmup + cfg.checkpoints)
-    lat = [
-        (sim.done[c] - cfg.startup_s - c * cfg.checkpoint_interval_s) * 1000 for c in measured
-    ]
+    lat = [(sim.done[c] - cfg.startup_s - c * cfg.checkpoint_interval_s) * 1000 for c in measured]
     pct = {
         k: float(np.percentile(lat, q))
         for k, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9))

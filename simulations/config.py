@@ -40,7 +40,9 @@ class SimConfig:
     with ``persist_delay_s`` and a parent timeout of ``parent_timeout_s`` per level
     of depth (``TopologyConfig.ack_timeout``), reporting Stats every ``stats_interval_s``
     (the node's default). Writers register and nodes report from
-    time 0; checkpoint 0 is triggered at ``startup_s``.
+    time 0; checkpoint 0 is triggered at ``startup_s``. ``check_invariants`` builds the
+    node cores with ``validate=True`` (:meth:`NodeCore.validate` after every event;
+    NodeInvariantError; slow, for tests).
     """
 
     executors: int = 7
@@ -71,6 +73,7 @@ class SimConfig:
     parent_timeout_s: float = 2.0
     stats_interval_s: float = 0.2
     startup_s: float = 1.0
+    check_invariants: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

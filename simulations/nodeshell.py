@@ -7,12 +7,14 @@ timeouts) are the node core's own; only the shell differs from ``aggregator.node
 What the shell models:
 
 * **Writers.** Each executor's tasks are writers ``t<i>.<j>`` of one client (one
-  ROUTER identity per executor, as ``client.node_uploader``): they Register at time 0,
-  and at each checkpoint trigger each sends one real wire :class:`Persist` with one
-  :class:`PersistRequest` (a :class:`PersistItem` with its :class:`SegmentMeta` and a
-  zero-copy slice of one shared zero buffer as payload; a marker when a task has no
-  bytes) to its own node, the executor's requests in one message. A checkpoint completes when every writer got its ack; an
-  error ack makes the writer write its segment straight to the store (DFS fallback).
+  ROUTER identity per executor, as ``client.node_uploader``): they Register at time 0;
+  at each checkpoint trigger every writer persists and the client sends the
+  executor's requests in one real wire :class:`Persist` message to its own node (the
+  uploader sends what is queued together): one :class:`PersistRequest` per writer, a
+  :class:`PersistItem` with its :class:`SegmentMeta` and a zero-copy slice of one
+  shared zero buffer as payload (a marker when a task has no bytes). A checkpoint
+  completes when every writer got its ack; an error ack makes the writer write its
+  segment straight to the store (DFS fallback).
 * **Transport.** A writer and its node share a host: no hop latency. Between nodes a
   message pays the sender's NIC (``node_bandwidth`` bytes/s, FIFO), ``hop_latency_s``
   and the receiver's NIC (FIFO). Payload bytes only; headers, Stats, Plans and acks
@@ -137,7 +139,8 @@ class NodeCoreCluster:
                 plans=cfg.design == "tree",
                 plan_window=cfg.plan_window,
                 stats_interval=cfg.stats_interval_s,
-            )
+            ),
+            validate=cfg.check_invariants,
         )
         return _Host(core, b"n" + node.encode())
 
@@ -179,7 +182,9 @@ class NodeCoreCluster:
                 rid = next(self.rids)
                 pending[rid] = (c, i, size)
                 if size:
-                    item = PersistItem(SegmentMeta(logs[j], lo, hi, (), size), c, self._payload(size))
+                    item = PersistItem(
+                        SegmentMeta(logs[j], lo, hi, (), size), c, self._payload(size)
+                    )
                 else:
                     item = PersistItem.marker(logs[j], lo, c)
                 requests.append(PersistRequest(rid, item))
