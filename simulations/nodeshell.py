@@ -114,7 +114,7 @@ class NodeCoreCluster:
         self.by_writer_ident = {w: i for i, w in enumerate(self.writer_ident)}
         tasks = cfg.tasks_per_executor
         self.logs = [[f"t{i}.{j}" for j in range(tasks)] for i in range(len(self.ids))]
-        self.sqn = np.zeros((len(self.ids), tasks), dtype=np.int64)
+        self.sqn = [[0] * tasks for _ in self.ids]  # next sequence number per writer
         self.rids = itertools.count(1)
         self.pending: dict[int, tuple[int, int, int]] = {}  # rid -> (checkpoint, node, size)
         self.left: dict[int, int] = {}
@@ -170,21 +170,19 @@ class NodeCoreCluster:
         now = self.env.now
         self.done[c] = now
         self.left[c] = sizes.size
-        sqn = self.sqn
         pending = self.pending
+        rids = self.rids
         for i, row in enumerate(sizes.tolist()):
-            logs = self.logs[i]
+            logs, sqn = self.logs[i], self.sqn[i]
             requests = []
             for j, size in enumerate(row):
-                lo = int(sqn[i, j])
-                hi = lo + 1 if size else lo
-                sqn[i, j] = hi
-                rid = next(self.rids)
+                lo = sqn[j]
+                rid = next(rids)
                 pending[rid] = (c, i, size)
                 if size:
-                    item = PersistItem(
-                        SegmentMeta(logs[j], lo, hi, (), size), c, self._payload(size)
-                    )
+                    sqn[j] = lo + 1
+                    meta = SegmentMeta(logs[j], lo, lo + 1, (), size)
+                    item = PersistItem(meta, c, self._payload(size))
                 else:
                     item = PersistItem.marker(logs[j], lo, c)
                 requests.append(PersistRequest(rid, item))
@@ -197,7 +195,7 @@ class NodeCoreCluster:
             if e.error is not None:  # the writer writes its segment itself
                 self.fallbacks += 1
                 self.objects[c] += 1
-                self.at(self.store.put(c, now, size), self._writer_done, c)
+                self.at(float(self.store.put(c, now, size)), self._writer_done, c)
             else:
                 self._writer_done(c)
 
@@ -298,7 +296,7 @@ class NodeCoreCluster:
             if c is not None:
                 self.objects[c] += 1
         first = min((c for c in cps if c is not None), default=0)
-        durable = self.store.put(first, now, sum(i.size for i in items))
+        durable = float(self.store.put(first, now, sum(i.size for i in items)))
         self.at(durable, self._written, v, ins)
 
     def _written(self, v: int, ins: WriteObject) -> None:
