@@ -11,25 +11,21 @@ each = 28 writers, constant bytes per writer per checkpoint, hedging off):
    that the simulator, on the ``local`` disk model, has the same p50;
 2. validation: on the fault-injecting filesystem with the FLIP-158 S3 model scaled by
    ``scale`` (PUT latency only). The simulator runs the same tree, writers, segment
-   size, checkpoints, plan window, target, persist delay and scaled model with the
-   real node's rules (``SimConfig.node_rules``) and the fitted hop latency.
+   size, checkpoints, plan window, target, persist delay and scaled model through the
+   real node core (:mod:`dstltree.simulations.nodeshell`) with the fitted hop latency.
 
-Both sides are reduced the same way, over the checkpoints after the first
-``warmup_windows`` plan windows (default 3): window 0 holds checkpoint 0, flushed
-before any plan exists (the real root plans windows 0 and 1 when it first sees
-checkpoint 0, so the hop-by-hop flush races the plan), window 1 was planned from no
-estimates (only the root writes), and the first checkpoint of window 2 is where the
-writer nodes change, where the real node's count races too (its expected-writers rule
-reads the plan of the highest checkpoint it has seen, and a leaf's segments can reach
-an inner node before its own do). Requests per checkpoint (hedging off and no injected errors,
-so one PUT per object: objects are counted per checkpoint as the distinct object paths
-of its new segments; the simulator counts its PUTs) and persist latency p50/p90 (from
-the checkpoint trigger to the last writer's handle).
+Both sides are compared over EVERY checkpoint: window 0 (hop by hop, no plan yet), the
+windows planned from the first estimates and every plan change included. Requests per
+checkpoint (hedging off and no injected errors, so one PUT per object: objects are
+counted per checkpoint as the distinct object paths of its new segments on the real
+side, the distinct objects holding its segments in the simulator) must agree exactly,
+per checkpoint and on average; persist latency p50/p90 (from the checkpoint trigger to
+the last writer's handle) within 25 %.
 
 The target is 11.5 segments: the two inner nodes each gather 12 segments (their own 4
 and 4 from each leaf) and are writer nodes once plans carry estimates; leaves are not.
 Every batch grows in whole segments, so a size flush always cuts at exactly 12
-segments and the object count does not depend on message timing.
+segments.
 """
 
 from __future__ import annotations
@@ -56,7 +52,6 @@ class ValidateSettings:
 
     checkpoints: int = 28
     plan_window: int = 4
-    warmup_windows: int = 3
     checkpoint_interval: float = 0.25
     tasks_per_executor: int = 4
     bytes_per_writer: int = 64 * KiB
@@ -72,10 +67,6 @@ class ValidateSettings:
     @property
     def target_object_bytes(self) -> int:
         return int(self.target_segments * self.bytes_per_writer)
-
-    @property
-    def warmup(self) -> int:
-        return self.warmup_windows * self.plan_window
 
 
 @dataclass(frozen=True)
@@ -145,8 +136,8 @@ def _sim_config(
         tasks_per_executor=vs.tasks_per_executor,
         tree=tree,
         bytes_per_checkpoint=segment_bytes,
-        checkpoints=vs.checkpoints - vs.warmup,
-        warmup_checkpoints=vs.warmup,
+        checkpoints=vs.checkpoints,
+        warmup_checkpoints=0,
         checkpoint_interval_s=vs.checkpoint_interval,
         plan_window=vs.plan_window,
         target_object_bytes=vs.target_object_bytes,
@@ -157,7 +148,6 @@ def _sim_config(
         max_attempts=1,
         hop_latency_s=hop,
         cpu_per_message_s=vs.cpu_per_message_s,
-        node_rules=True,
         persist_delay_s=vs.persist_delay,
         seed=vs.seed,
     )
@@ -211,13 +201,16 @@ def run_validation(
         "calibration": calibration,
         "real": real_doc,
         "sim": {
-            "requests_per_checkpoint": sim.requests_per_checkpoint,
+            "requests_per_checkpoint": sim.objects_per_checkpoint,
+            "requests_each_checkpoint": sim.objects_each_checkpoint,
             "persist_ms": sim_p,
             "result": sim.to_dict(),
         },
         "agree": {
             "requests_per_checkpoint": real_doc["requests_per_checkpoint"]
-            == sim.requests_per_checkpoint,
+            == sim.objects_per_checkpoint,
+            "requests_each_checkpoint": real_doc["requests_each_checkpoint"]
+            == sim.objects_each_checkpoint,
             "p50_within_25pct": _within(sim_p["p50"], real_p["p50"]),
             "p90_within_25pct": _within(sim_p["p90"], real_p["p90"]),
         },
@@ -228,7 +221,7 @@ def run_validation(
 def _calibration(vs: ValidateSettings, say: Callable[[str], None]) -> dict[str, Any]:
     """The hop latency and CPU per message the simulator uses: the settings' own, or
     with ``vs.calibrate`` the hop latency fitted to a real run on the local filesystem
-    (persist p50 after the warm-up), with both sides' p50/p90 (ms)."""
+    (persist p50 over every checkpoint), with both sides' p50/p90 (ms)."""
     from dstltree.simulations.cluster import simulate
 
     calibration: dict[str, Any] = {
@@ -239,7 +232,7 @@ def _calibration(vs: ValidateSettings, say: Callable[[str], None]) -> dict[str, 
         return calibration
     say("calibration: real tree on the local filesystem (no injected latency)")
     cal = _real(vs, None)
-    measured = cal.persist_ms[vs.warmup :]
+    measured = cal.persist_ms
     cal_p50 = percentile(measured, 50)
     seg = round(cal.segment_bytes)
     hop = _fit_hop(vs, seg, cal_p50)
@@ -257,19 +250,18 @@ def _calibration(vs: ValidateSettings, say: Callable[[str], None]) -> dict[str, 
 
 
 def _real_doc(vs: ValidateSettings, real: _RealRun) -> dict[str, Any]:
-    """The real side: requests and persist p50/p90 (ms) over the checkpoints after the
-    warm-up, requests per plan window, and every checkpoint's values."""
-    w = vs.warmup
+    """The real side: requests and persist p50/p90 (ms) over every checkpoint, requests
+    per plan window, and every checkpoint's values."""
     return {
-        "requests_per_checkpoint": statistics.fmean(real.requests[w:]),
+        "requests_per_checkpoint": statistics.fmean(real.requests),
         "requests_per_window": [
             statistics.fmean(real.requests[i : i + vs.plan_window])
             for i in range(0, vs.checkpoints, vs.plan_window)
         ],
         "requests_each_checkpoint": real.requests,
         "persist_ms": {
-            "p50": percentile(real.persist_ms[w:], 50),
-            "p90": percentile(real.persist_ms[w:], 90),
+            "p50": percentile(real.persist_ms, 50),
+            "p90": percentile(real.persist_ms, 90),
         },
         "persist_ms_each_checkpoint": [round(x, 2) for x in real.persist_ms],
         "uploads_total": real.uploads,
@@ -290,7 +282,7 @@ def _config_doc(vs: ValidateSettings, seg: int, executors: int, faults: str) -> 
         "target_between_11_and_12_segments": 11 * seg < vs.target_object_bytes <= 12 * seg,
         "dfs_faults": faults,
         "hedging": "off",
-        "measured_checkpoints": vs.checkpoints - vs.warmup,
+        "measured_checkpoints": vs.checkpoints,
     }
 
 
@@ -320,6 +312,19 @@ def print_validation(doc: dict[str, Any]) -> None:
         f"{sim['requests_per_checkpoint']:.2f}",
         ratio(sim["requests_per_checkpoint"], real["requests_per_checkpoint"]),
         "yes" if agree["requests_per_checkpoint"] else "NO",
+    )
+    diff = sum(
+        a != b
+        for a, b in zip(
+            real["requests_each_checkpoint"], sim["requests_each_checkpoint"], strict=False
+        )
+    )
+    t.add_row(
+        "requests, each checkpoint",
+        " ".join(map(str, real["requests_each_checkpoint"])),
+        " ".join(map(str, sim["requests_each_checkpoint"])),
+        f"{diff} differ",
+        "yes" if agree["requests_each_checkpoint"] else "NO",
     )
     for k in ("p50", "p90"):
         r, s = real["persist_ms"][k], sim["persist_ms"][k]

@@ -1,6 +1,7 @@
 """A discrete-event simulator (simpy) of a dstltree cluster for choosing the branching
-factor and target object size; it drives the same plan policy as the real nodes
-(``topology.plan``) and the same latency models (``topology.latency``). Issue 5."""
+factor and target object size; its tree designs run the real node core
+(``aggregator.core.NodeCore``, shell in ``simulations.nodeshell``) and the latency
+models of ``topology.latency``."""
 
 from dstltree.simulations.cluster import SimResult, simulate
 from dstltree.simulations.config import DESIGNS, SimConfig

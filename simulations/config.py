@@ -36,13 +36,13 @@ class SimConfig:
     ``dfs_latency_scale`` scales the model (:meth:`dstltree.topology.latency.LatencyModel.scaled`,
     as ``scale=`` of the fault-injecting filesystem).
 
-    ``node_rules`` makes the tree designs follow the real node (``aggregator.core``)
-    exactly instead of the idealised rules: per node one batch, flushed as ONE object
-    (never cut) on size (>= target), when every writer expected there has persisted, or
-    ``persist_delay_s`` after its first item (a size cut keeps the count of writers
-    that persisted); window 0 has no plan (hop by hop), window w+1 is planned at the
-    middle checkpoint of window w; children's reports (residual writers) lag one
-    checkpoint. See :mod:`dstltree.simulations.cluster`.
+    The tree designs run the real node core (:mod:`dstltree.simulations.nodeshell`)
+    with ``persist_delay_s`` and a parent timeout of ``parent_timeout_s`` per level
+    of depth (``TopologyConfig.ack_timeout``), reporting Stats every ``stats_interval_s``
+    (the node's default). Writers register and nodes report from
+    time 0; checkpoint 0 is triggered at ``startup_s``. ``check_invariants`` builds the
+    node cores with ``validate=True`` (:meth:`NodeCore.validate` after every event;
+    NodeInvariantError; slow, for tests).
     """
 
     executors: int = 7
@@ -69,8 +69,11 @@ class SimConfig:
     hop_latency_s: float = 0.0005
     node_bandwidth: float = 1.25e9
     cpu_per_message_s: float = 50e-6
-    node_rules: bool = False
     persist_delay_s: float = 0.05
+    parent_timeout_s: float = 2.0
+    stats_interval_s: float = 0.2
+    startup_s: float = 1.0
+    check_invariants: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -87,8 +90,10 @@ class SimConfig:
             )
         if self.branching < 1 or self.target_object_bytes < 1 or self.bytes_per_checkpoint < 0:
             raise ValueError("branching and target_object_bytes must be >= 1, bytes >= 0")
-        if self.dfs_latency_scale <= 0 or self.persist_delay_s < 0:
-            raise ValueError("dfs_latency_scale must be > 0 and persist_delay_s >= 0")
+        if self.dfs_latency_scale <= 0 or self.persist_delay_s < 0 or self.startup_s < 0:
+            raise ValueError("dfs_latency_scale must be > 0, persist_delay_s and startup_s >= 0")
+        if self.parent_timeout_s <= 0 or self.stats_interval_s <= 0:
+            raise ValueError("parent_timeout_s and stats_interval_s must be > 0")
         if self.checkpoint_interval_s <= 0 or self.plan_window < 1:
             raise ValueError("checkpoint_interval_s must be > 0 and plan_window >= 1")
 

@@ -161,6 +161,13 @@ def simulate_command(
     sweep_target: Annotated[str | None, typer.Option(help="e.g. 1MiB,4MiB,16MiB.")] = None,
     jobs: Annotated[int, typer.Option(help="Processes for sweeps.")] = 1,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of the sweep.")] = None,
+    emit_topology: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the recommended topology YAML (deploy/*.yaml format): the best "
+            "tree setting of the sweep (lowest p99 within the rate limit), else the tree run."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     validate: Annotated[
         bool,
@@ -228,6 +235,8 @@ def simulate_command(
             f"tasks, {bytes_per_checkpoint}/task, {dfs_latency}",
         )
     _print_results(results, chosen, sweeping, as_json, plot)
+    if emit_topology is not None:
+        _emit(emit_topology, base, results, sweeping, as_json)
 
 
 class _Shape(NamedTuple):
@@ -320,6 +329,33 @@ def _print_results(
             typer.echo("no setting stays within the request-rate limit")
         if plot is not None:
             typer.echo(f"plot written to {plot}")
+
+
+def _emit(
+    path: Path, base: SimConfig, results: list[SimResult], sweeping: bool, quiet: bool
+) -> None:
+    """Write the topology of the best tree result (a sweep) or of the tree run."""
+    from dataclasses import replace
+
+    from dstltree.simulations.emit import write_topology
+    from dstltree.simulations.sweep import best
+
+    trees = [r for r in results if r.design in TREE_DESIGNS]
+    pick = best(trees) if sweeping else (trees[0] if trees else None)
+    if pick is None:
+        raise typer.BadParameter(
+            "no tree setting to emit (none ran, or none stays within the request-rate limit)",
+            param_hint="--emit-topology",
+        )
+    cfg = replace(
+        base,
+        design=pick.design,  # type: ignore[arg-type]
+        branching=pick.branching,
+        target_object_bytes=pick.target_object_bytes,
+    )
+    write_topology(path, pick, cfg)
+    if not quiet:
+        typer.echo(f"topology written to {path}")
 
 
 def _validate(seed: int, as_json: bool) -> None:

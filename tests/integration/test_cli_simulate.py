@@ -230,3 +230,54 @@ def test_plan_errors(app: typer.Typer) -> None:
         app, ["plan", str(DEPLOY / "local.yaml"), "--bytes-per-executor", "1MiB", "--skew", "x"]
     )
     assert r.exit_code == 2 and "FRACTION:FACTOR" in flat(r.output)
+
+
+def test_emit_topology_loads(app: typer.Typer, tmp_path: Path) -> None:
+    """``--emit-topology`` writes the best tree setting of a sweep as a topology file
+    that ``load_topology`` reads back (branching and target of the best run)."""
+    from dstltree.topology.config import load_topology
+
+    out = tmp_path / "recommended.yaml"
+    r = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--executors",
+            "30",
+            "--checkpoints",
+            "4",
+            "--sweep-branching",
+            "2,4",
+            "--sweep-target",
+            "1MiB,4MiB",
+            "--design",
+            "tree",
+            "--json",
+            "--emit-topology",
+            str(out),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    best = json.loads(r.output)["best"]
+    topo = load_topology(out)
+    assert topo.branching == best["branching"]
+    assert int(topo.target_object_bytes) == best["target_object_bytes"]
+    assert topo.plan_window == 4 and topo.upload_attempts == 3
+    assert len(topo.tree(30)) == 30
+    assert out.read_text().startswith("# Recommended by dstl simulate: 30 executors")
+
+
+def test_emit_topology_needs_a_tree_run(app: typer.Typer, tmp_path: Path) -> None:
+    r = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--design",
+            "task",
+            "--checkpoints",
+            "2",
+            "--emit-topology",
+            str(tmp_path / "t.yaml"),
+        ],
+    )
+    assert r.exit_code != 0 and "no tree setting" in flat(r.output)
