@@ -33,9 +33,9 @@ import simpy
 
 from dstltree.simulations.config import SimConfig, SimWorkload
 from dstltree.simulations.nodeshell import NodeCoreCluster
-from dstltree.simulations.storage import SimulatedStore, StoreCounters, Throttle
+from dstltree.simulations.storage import SimulatedStore, Throttle
 from dstltree.topology.designs import TREE_DESIGNS
-from dstltree.topology.latency import HedgingPolicy, get_model
+from dstltree.topology.latency import get_model
 
 __all__ = ["SimResult", "simulate"]
 
@@ -48,7 +48,10 @@ class SimResult:
     store's PUT attempts, counted under the first checkpoint of each object;
     ``objects_each_checkpoint`` counts, per checkpoint, the objects holding its
     segments (an object holding two checkpoints counts in both; writers' DFS fallbacks
-    included, ``fallback_segments`` of them)."""
+    included, ``fallback_segments`` of them). Hedging: ``hedge_copies`` extra attempts
+    started with the first, ``hedges_skipped_throttled`` hedges or copies not started
+    because the store throttled, ``hedges_repeated_throttled`` hedges of uploads
+    already throttled (uploads repeated because of throttling)."""
 
     design: str
     executors: int
@@ -69,6 +72,9 @@ class SimResult:
     each_checkpoint_ms: list[float] = field(default_factory=list)
     objects_each_checkpoint: list[int] = field(default_factory=list)
     fallback_segments: int = 0
+    hedge_copies: int = 0
+    hedges_skipped_throttled: int = 0
+    hedges_repeated_throttled: int = 0
 
     @property
     def requests_per_second(self) -> float:
@@ -95,7 +101,7 @@ class _Sim:
             model = model.scaled(cfg.dfs_latency_scale)
         self.store = SimulatedStore(
             model,
-            HedgingPolicy(cfg.hedge_timeout_s, cfg.max_attempts),
+            cfg.hedging(),
             Throttle(cfg.put_rate_limit),
             rng,
             prefixes=cfg.prefixes,
@@ -167,14 +173,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         k: float(np.percentile(lat, q))
         for k, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9))
     }
-    tot = StoreCounters()
-    for c in measured:
-        k = sim.store.counters[c]
-        tot.objects += k.objects
-        tot.requests += k.requests
-        tot.throttled += k.throttled
-        tot.hedged += k.hedged
-        tot.bytes += k.bytes
+    tot = sim.store.totals(measured)
     nodes = sim.nodes
     objects = [nodes.objects[c] if nodes else sim.store.counters[c].objects for c in measured]
     relayed = sum(nodes.relayed[c] for c in measured) if nodes else 0
@@ -194,6 +193,9 @@ def simulate(cfg: SimConfig) -> SimResult:
         relay_fraction=relayed / tot.bytes if tot.bytes else 0.0,
         throttled_requests=tot.throttled,
         hedged_requests=tot.hedged,
+        hedge_copies=tot.copies,
+        hedges_skipped_throttled=tot.skipped_throttled,
+        hedges_repeated_throttled=tot.repeated_throttled,
         put_rate_limit=cfg.put_rate_limit,
         wall_s=time.perf_counter() - t0,
         each_checkpoint_ms=[round(x, 3) for x in lat],

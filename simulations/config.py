@@ -8,6 +8,7 @@ from typing import Literal
 
 import numpy as np
 
+from dstltree.topology.latency import HedgingPolicy
 from dstltree.topology.tree import Tree, kary_tree
 
 __all__ = ["DESIGNS", "DISTRIBUTIONS", "Design", "SimConfig", "SimWorkload"]
@@ -43,6 +44,12 @@ class SimConfig:
     time 0; checkpoint 0 is triggered at ``startup_s``. ``check_invariants`` builds the
     node cores with ``validate=True`` (:meth:`NodeCore.validate` after every event;
     NodeInvariantError; slow, for tests).
+
+    Hedging (:class:`dstltree.topology.latency.HedgingPolicy`, the real uploader's
+    rule, see :meth:`hedging`): ``hedge_copies`` writes of objects up to
+    ``hedge_copies_max_bytes`` at once, ``hedge_adaptive_percentile`` of recent
+    latencies as the timeout (None: ``hedge_timeout_s``), ``throttle_aware`` (False:
+    hedge even while the store throttles, the rule before throttling was seen).
     """
 
     executors: int = 7
@@ -74,6 +81,10 @@ class SimConfig:
     stats_interval_s: float = 0.2
     startup_s: float = 1.0
     check_invariants: bool = False
+    hedge_copies: int = 1
+    hedge_copies_max_bytes: int = 8 * MiB
+    hedge_adaptive_percentile: float | None = None
+    throttle_aware: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -94,8 +105,20 @@ class SimConfig:
             raise ValueError("dfs_latency_scale must be > 0, persist_delay_s and startup_s >= 0")
         if self.parent_timeout_s <= 0 or self.stats_interval_s <= 0:
             raise ValueError("parent_timeout_s and stats_interval_s must be > 0")
+        self.hedging()  # validates the hedging fields
         if self.checkpoint_interval_s <= 0 or self.plan_window < 1:
             raise ValueError("checkpoint_interval_s must be > 0 and plan_window >= 1")
+
+    def hedging(self) -> HedgingPolicy:
+        """The hedging rule of the simulated store. Raises ValueError for bad values."""
+        return HedgingPolicy(
+            self.hedge_timeout_s,
+            self.max_attempts,
+            copies=self.hedge_copies,
+            copies_max_bytes=self.hedge_copies_max_bytes,
+            adaptive_percentile=self.hedge_adaptive_percentile,
+            throttle_aware=self.throttle_aware,
+        )
 
     @property
     def warmup(self) -> int:

@@ -10,6 +10,7 @@ import yaml
 
 from dstltree.simulations.cluster import SimResult
 from dstltree.simulations.config import SimConfig
+from dstltree.storage.store import DEFAULT_PREFIXES
 from dstltree.topology.config import TopologyConfig, parse_topology
 
 __all__ = ["recommended_topology", "write_topology"]
@@ -22,7 +23,9 @@ def recommended_topology(
     ``result.branching`` (or ``cfg.tree``'s nodes when it was given), its target object
     size (bytes), ``cfg``'s plan window and persist delay (seconds), the parent timeout
     of ``cfg.parent_timeout_s``, and hedging after ``cfg.hedge_timeout_s`` up to
-    ``cfg.max_attempts`` attempts (off: one attempt). Raises TopologyError if the values
+    ``cfg.max_attempts`` attempts (off: one attempt) with its copies and adaptive
+    timeout, objects over at least the real store's default prefixes (the simulated
+    ``cfg.prefixes`` are the ones the store has split so far). Raises TopologyError if the values
     do not validate (e.g. a branching factor above the schema's limit)."""
     hedged = cfg.hedge_timeout_s is not None and cfg.max_attempts > 1
     doc: dict[str, Any] = {
@@ -35,6 +38,10 @@ def recommended_topology(
         "plans": result.design != "tree-noplan",
         "upload_timeout": cfg.hedge_timeout_s if hedged else 1.0,
         "upload_attempts": cfg.max_attempts if hedged else 1,
+        "upload_adaptive_percentile": cfg.hedge_adaptive_percentile if hedged else None,
+        "upload_copies": cfg.hedge_copies if hedged else 1,
+        "upload_copies_max_bytes": cfg.hedge_copies_max_bytes,
+        "object_prefixes": max(cfg.prefixes, DEFAULT_PREFIXES),
     }
     if cfg.tree is not None:
         doc["nodes"] = [

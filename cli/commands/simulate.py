@@ -150,6 +150,22 @@ def simulate_command(
     max_attempts: Annotated[int, typer.Option(help="Hedged attempts at most.")] = 3,
     put_rate_limit: Annotated[float, typer.Option(help="PUT/s per prefix.")] = 3500.0,
     prefixes: Annotated[int, typer.Option(help="Object-store prefixes.")] = 1,
+    hedge_copies: Annotated[
+        int, typer.Option(help="Writes at once of objects up to 8 MiB (the first wins).")
+    ] = 1,
+    hedge_adaptive: Annotated[
+        float | None,
+        typer.Option(help="Hedge after this percentile of recent latencies (default: off)."),
+    ] = None,
+    throttle_aware: Annotated[
+        bool,
+        typer.Option(
+            help="No hedges while the store throttles (--no-throttle-aware: hedge anyway)."
+        ),
+    ] = True,
+    stats_interval: Annotated[
+        float, typer.Option(help="Seconds between a node's Stats reports (the node's: 0.2).")
+    ] = 0.2,
     plan_window: Annotated[
         int | None, typer.Option(help="Checkpoints per plan window (default: topology's, else 4).")
     ] = None,
@@ -218,6 +234,10 @@ def simulate_command(
             max_attempts=max_attempts,
             put_rate_limit=put_rate_limit,
             prefixes=prefixes,
+            hedge_copies=hedge_copies,
+            hedge_adaptive_percentile=hedge_adaptive,
+            throttle_aware=throttle_aware,
+            stats_interval_s=stats_interval,
             hop_latency_s=hop_latency,
             node_bandwidth=float(parse_size(node_bandwidth)),
             cpu_per_message_s=cpu_per_message,

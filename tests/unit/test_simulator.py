@@ -162,3 +162,27 @@ def test_sweep_names_the_best_under_the_limit() -> None:
     b = best(out)
     assert b is not None and b.within_rate_limit
     assert b.checkpoint_ms["p99"] == min(r.checkpoint_ms["p99"] for r in out if r.within_rate_limit)
+
+
+def test_hedging_does_not_repeat_throttled_uploads_unless_told_to() -> None:
+    """Over the rate limit with hedging after 50 ms: the throttle-aware rule (the real
+    uploader's) skips hedges and repeats no throttled upload; the blind rule repeats
+    them. Copies of small objects are counted as such."""
+    cfg = SimConfig(
+        design="task",
+        executors=100,
+        tasks_per_executor=4,
+        put_rate_limit=100,
+        checkpoints=3,
+        hedge_timeout_s=0.05,
+        dfs_latency="local",
+    )
+    aware = simulate(cfg)
+    assert aware.throttled_requests > 0
+    assert aware.hedges_repeated_throttled == 0 and aware.hedges_skipped_throttled > 0
+    blind = simulate(replace(cfg, throttle_aware=False))
+    assert blind.hedges_repeated_throttled > 0 and blind.hedges_skipped_throttled == 0
+    copies = simulate(replace(cfg, put_rate_limit=1e6, hedge_copies=2))
+    assert copies.throttled_requests == 0 and copies.hedge_copies > 0
+    with pytest.raises(ValueError, match="copies"):
+        SimConfig(hedge_copies=0)
