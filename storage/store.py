@@ -207,13 +207,10 @@ _RETRYABLE_ERRNOS = {
     errno.EBUSY,
     getattr(errno, "EREMOTEIO", errno.EIO),
 }
-# S3 / AWS error codes of transient failures (AWS S3 API "Error responses").
-_RETRYABLE_CODES = {
+# Codes and statuses of a store that asks for fewer requests (throttling), a subset of
+# the retryable ones: S3 "503 Slow Down", AWS throttling codes, HTTP 429.
+_THROTTLING_CODES = {
     "SlowDown",
-    "ServiceUnavailable",
-    "InternalError",
-    "RequestTimeout",
-    "RequestTimeoutException",
     "Throttling",
     "ThrottlingException",
     "ThrottledException",
@@ -221,6 +218,13 @@ _RETRYABLE_CODES = {
     "RequestLimitExceeded",
     "TooManyRequestsException",
     "BandwidthLimitExceeded",
+}
+# S3 / AWS error codes of transient failures (AWS S3 API "Error responses").
+_RETRYABLE_CODES = _THROTTLING_CODES | {
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeoutException",
     "PriorRequestNotComplete",
     "OperationAborted",
 }
@@ -319,18 +323,6 @@ def classify(e: BaseException) -> tuple[bool, str | None]:
     return bool(_RETRYABLE_TEXT.search(f"{type(e).__name__}: {e}")), None
 
 
-# Codes and statuses of a store that asks for fewer requests (throttling), a subset of
-# the retryable ones: S3 "503 Slow Down", AWS throttling codes, HTTP 429.
-_THROTTLING_CODES = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottled",
-    "RequestLimitExceeded",
-    "TooManyRequestsException",
-    "BandwidthLimitExceeded",
-}
 _THROTTLING_STATUS = {429, 503}
 _THROTTLING_TEXT = re.compile(
     r"slow ?down|throttl|reduce your request rate|too many requests|\b(?:429|503)\b",

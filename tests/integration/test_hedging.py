@@ -5,10 +5,8 @@ writer) has its own."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
-import fsspec
 import pytest
 
 from dstltree.client.batching import PersistItem
@@ -20,6 +18,7 @@ from dstltree.storage.faults import FaultyFileSystem
 from dstltree.storage.hedging import HedgedUploader, UploadPolicy
 from dstltree.storage.store import ObjectStore, RetryPolicy
 from tests.support.items import persist_item as _item
+from tests.support.memory_fs import faulty_memory, memory_store
 from tests.support.s3_server import S3Target
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,16 +32,12 @@ HEDGE_FAST = UploadPolicy(attempts=2, upload_timeout=0.05)
 def faulty() -> Iterator[FaultyFileSystem]:
     """A fault-injecting in-memory fs; stalls are long (60 s) unless released, and
     every pending wait is released at teardown."""
-    inner = fsspec.filesystem("memory", skip_instance_cache=True)
-    inner.store = {}
-    inner.pseudo_dirs = [""]
-    fs = FaultyFileSystem(inner, "local,scale=0.1,stall_s=600,seed=11")
-    yield fs
-    fs.release()
+    with faulty_memory("local,scale=0.1,stall_s=600,seed=11") as fs:
+        yield fs
 
 
 def _store(fs: FaultyFileSystem) -> ObjectStore:
-    return ObjectStore(f"memory://h-{uuid.uuid4().hex[:8]}", fs=fs, retry=FAST_RETRY)
+    return memory_store(fs, FAST_RETRY, "h")
 
 
 def test_stalled_attempt_loses_to_a_hedge(faulty: FaultyFileSystem) -> None:

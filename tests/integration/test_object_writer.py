@@ -7,7 +7,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-import fsspec
 import pytest
 
 from dstltree.aggregator.core import NodeConfig
@@ -20,6 +19,7 @@ from dstltree.storage.faults import FaultyFileSystem
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import NO_RETRY, ObjectStore
 from tests.support.items import persist_item
+from tests.support.memory_fs import faulty_memory
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,12 +30,8 @@ NO_HEDGING = UploadPolicy(attempts=1)
 @pytest.fixture
 def faulty() -> Iterator[FaultyFileSystem]:
     """An in-memory fs whose stalls last until released (at teardown at the latest)."""
-    inner = fsspec.filesystem("memory", skip_instance_cache=True)
-    inner.store = {}
-    inner.pseudo_dirs = [""]
-    fs = FaultyFileSystem(inner, "none,stall_s=600")
-    yield fs
-    fs.release()
+    with faulty_memory() as fs:
+        yield fs
 
 
 def _node(node_id: str, store: ObjectStore, policy: UploadPolicy) -> Node:

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import fsspec
 import pytest
 
 from dstltree.aggregator.core import NodeConfig
@@ -31,6 +29,7 @@ from dstltree.storage.hedging import (
 )
 from dstltree.storage.store import ObjectStore, RetryPolicy
 from tests.support.items import persist_item
+from tests.support.memory_fs import faulty_memory, memory_store
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,16 +37,12 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def faulty() -> Iterator[FaultyFileSystem]:
-    inner = fsspec.filesystem("memory", skip_instance_cache=True)
-    inner.store = {}
-    inner.pseudo_dirs = [""]
-    fs = FaultyFileSystem(inner, "none,stall_s=600")
-    yield fs
-    fs.release()
+    with faulty_memory() as fs:
+        yield fs
 
 
-def _store(fs: Any) -> ObjectStore:
-    return ObjectStore(f"memory://s-{uuid.uuid4().hex[:8]}", fs=fs, retry=RetryPolicy(1))
+def _store(fs: FaultyFileSystem) -> ObjectStore:
+    return memory_store(fs, RetryPolicy(1), "s")
 
 
 class _Outcomes:

@@ -6,16 +6,15 @@ upload are prepared once for every attempt."""
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import fsspec
 import pytest
 
 from dstltree.storage.faults import FaultyFileSystem
 from dstltree.storage.hedging import HedgedUploader, ReusableThreads, UploadPolicy
 from dstltree.storage.store import ObjectStore, RetryPolicy
+from tests.support.memory_fs import faulty_memory, memory_store
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -23,16 +22,12 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture
 def faulty() -> Iterator[FaultyFileSystem]:
-    inner = fsspec.filesystem("memory", skip_instance_cache=True)
-    inner.store = {}
-    inner.pseudo_dirs = [""]
-    fs = FaultyFileSystem(inner, "none,stall_s=600")
-    yield fs
-    fs.release()
+    with faulty_memory() as fs:
+        yield fs
 
 
-def _store(fs: Any) -> ObjectStore:
-    return ObjectStore(f"memory://t-{uuid.uuid4().hex[:8]}", fs=fs, retry=RetryPolicy(1))
+def _store(fs: FaultyFileSystem) -> ObjectStore:
+    return memory_store(fs, RetryPolicy(1), "t")
 
 
 def test_back_to_back_uploads_reuse_one_thread(tmp_path: Any) -> None:
