@@ -160,9 +160,6 @@ class UploadPolicy:
             raise ValueError(f"attempts must be >= 1, got {self.attempts}")
         if self.upload_timeout <= 0:
             raise ValueError(f"upload_timeout must be > 0 seconds, got {self.upload_timeout}")
-        p = self.adaptive_percentile
-        if p is not None and not 0 < p <= 100:
-            raise ValueError(f"adaptive_percentile must be in (0, 100], got {p}")
         if self.adaptive_floor < 0 or self.adaptive_window < 1 or self.adaptive_min_samples < 1:
             raise ValueError("adaptive_floor must be >= 0, window and min samples >= 1")
         if self.max_parallel_hedges < 0:

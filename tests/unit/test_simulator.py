@@ -94,16 +94,20 @@ def test_deterministic() -> None:
     assert a.requests_per_checkpoint == b.requests_per_checkpoint
 
 
+# 400 tasks writing their own objects against 100 PUT/s: the store throttles
+_OVER_THE_LIMIT = SimConfig(
+    design="task",
+    executors=100,
+    tasks_per_executor=4,
+    put_rate_limit=100,
+    checkpoints=3,
+    hedge_timeout_s=None,
+    dfs_latency="local",
+)
+
+
 def test_throttling_kicks_in_over_the_rate_limit() -> None:
-    cfg = SimConfig(
-        design="task",
-        executors=100,
-        tasks_per_executor=4,
-        put_rate_limit=100,
-        checkpoints=3,
-        hedge_timeout_s=None,
-        dfs_latency="local",
-    )
+    cfg = _OVER_THE_LIMIT
     r = simulate(cfg)
     assert r.throttled_requests > 0 and not r.within_rate_limit
     tree = simulate(replace(cfg, design="tree"))
@@ -168,15 +172,7 @@ def test_hedging_does_not_repeat_throttled_uploads_unless_told_to() -> None:
     """Over the rate limit with hedging after 50 ms: the throttle-aware rule (the real
     uploader's) skips hedges and repeats no throttled upload; the blind rule repeats
     them. Copies of small objects are counted as such."""
-    cfg = SimConfig(
-        design="task",
-        executors=100,
-        tasks_per_executor=4,
-        put_rate_limit=100,
-        checkpoints=3,
-        hedge_timeout_s=0.05,
-        dfs_latency="local",
-    )
+    cfg = replace(_OVER_THE_LIMIT, hedge_timeout_s=0.05)
     aware = simulate(cfg)
     assert aware.throttled_requests > 0
     assert aware.hedges_repeated_throttled == 0 and aware.hedges_skipped_throttled > 0
