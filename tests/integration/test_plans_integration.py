@@ -70,7 +70,19 @@ class Cluster:
 
 
 def _stats(tree: InProcessTree) -> dict:  # type: ignore[type-arg]
-    return {nid: n.statistics() for nid, n in tree.nodes.items()}
+    """Every node's statistics once they show each received byte written: a node
+    refreshes its snapshot after the loop turn that acked, so a snapshot read right
+    after a checkpoint can still miss its last object."""
+
+    def read() -> dict:  # type: ignore[type-arg]
+        return {nid: n.statistics() for nid, n in tree.nodes.items()}
+
+    def settled() -> bool:
+        s = read().values()
+        return sum(x.bytes_written for x in s) == sum(x.bytes_own for x in s)
+
+    wait_until(settled, timeout=10)
+    return read()
 
 
 def _registered(tree: InProcessTree) -> None:
