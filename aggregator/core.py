@@ -19,7 +19,10 @@ Rules (docs/design.md, Data flow 3-4, The plan, Invariants):
   duplicate copy becomes an orphan for cleanup.
 - Acks are sent only after the object holding the item was fully written.
 - Statistics flow up (residual writers and bytes per checkpoint, highest checkpoint
-  seen); plans for window w+1 flow down during window w (FLIP-158, Future directions).
+  seen, newest plan window held): at once when the residual writer count changes,
+  at most every ``stats_interval`` seconds when anything else in them changed, and
+  every ``stats_keepalive`` seconds otherwise (the parent's lease on this node);
+  plans for window w+1 flow down during window w (FLIP-158, Future directions).
 
 Hostile and malformed input (every refusal answers with an error and is counted):
 
@@ -109,6 +112,9 @@ class NodeConfig:
     """Thresholds of one node. Sizes in bytes, times in seconds. ``address`` is this
     node's own endpoint (passed down in plans); ``parent_address`` None at the root.
     ``registration_lease``: a writer or child not heard from for this long is forgotten.
+    ``stats_interval``: the least time between two Stats reports when something in
+    them changed; ``stats_keepalive``: between two reports when nothing did (keep it
+    well under the parent's ``registration_lease``).
     ``checkpoint_window``: checkpoint ids farther than this from the horizon are refused
     while the horizon is held; ``max_*``: peer bounds (module docstring);
     ``max_queued_bytes``: batch plus objects being written (bytes) before the node stops
@@ -125,6 +131,7 @@ class NodeConfig:
     parent_retry_after: float = 5.0
     registration_lease: float = 10.0
     stats_interval: float = 0.2
+    stats_keepalive: float = 1.0
     plans: bool = True
     plan_window: int = 16
     checkpoint_window: int = 100_000
@@ -174,7 +181,7 @@ class NodeStatistics:
     backpressure_seconds: float = 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Sent:
     item: PersistItem
     address: str
@@ -220,6 +227,7 @@ class NodeCore:
         self._max_cp = -1
         self._last_stats = 0.0
         self._reported_writers = -1
+        self._stats_dirty = True  # something in the next Stats differs from the last
         self._counters: dict[str, int] = defaultdict(int)
         self._last: tuple[Event, dict[RemoteOrigin, str], list[Instruction]] | None = None
         self._dispatch = self._handle_event  # bound once: singledispatchmethod binds per call
@@ -324,7 +332,7 @@ class NodeCore:
         if (d := self.batch.deadline()) is not None:
             times.append(d)
         if self.parent is not None:
-            times.append(self._last_stats + self.config.stats_interval)
+            times.append(self._stats_due_at())
         return min(times) if times else None
 
     @property
@@ -530,6 +538,8 @@ class NodeCore:
             return [ReplyBelow(identity, Error(self._out_of_window(cp)))]
         if child is not None and child.identity != identity:
             self._counters["plans_resent"] += sum(1 for k in self._pushed if k[0] == node)
+        if child is None or child.reported_bytes != msg.bytes_per_checkpoint:
+            self._stats_dirty = True  # this node's residual bytes changed
         self._drop_child(node)
         self._children[node] = _Child(identity, msg.writers, msg.bytes_per_checkpoint, now, cp)
         self._peer_children[identity] = self._peer_children.get(identity, 0) + 1
@@ -646,6 +656,7 @@ class NodeCore:
 
     def _reset_horizon(self) -> None:
         self._counters["horizon_resets"] += 1
+        self._stats_dirty = True
         self._live = None
         self._max_cp = -1
         self._own_cp_bytes.clear()
@@ -666,6 +677,7 @@ class NodeCore:
                 self._estimator.update({SELF: 0.0})  # a checkpoint with no own bytes
         self._max_cp = cp
         self._live = None
+        self._stats_dirty = True
 
     # -- messages from upstream ----------------------------------------------------------
     def _on_plan(self, plan: Plan, now: float) -> list[Instruction]:
@@ -683,6 +695,7 @@ class NodeCore:
         if self._plans.get(plan.window) != collector:
             self._counters["plan_changes"] += 1
         self._plans[plan.window] = collector
+        self._stats_dirty = True  # the newest window held may have changed
         self._forget_old_plans(plan.window)
         return self._push_plans(now)
 
@@ -737,9 +750,9 @@ class NodeCore:
         return [WriteObject(oid, data)]
 
     # -- routing and flushing ------------------------------------------------------------
-    def _route(self, item: PersistItem, reason: str, now: float) -> str:
-        """SELF or the upstream address for ``item`` at a flush."""
-        planned = self.collector_for(item.checkpoint_id)
+    def _route(self, checkpoint: int | None, reason: str, now: float) -> str:
+        """SELF or the upstream address at a flush for items of ``checkpoint``."""
+        planned = self.collector_for(checkpoint)
         if planned is not None:
             node_id, address = planned
             if node_id == self.config.node_id or not address:
@@ -752,8 +765,12 @@ class NodeCore:
 
     def _flush(self, reason: str, now: float) -> list[Instruction]:
         groups: dict[str, list[PersistItem]] = defaultdict(list)
+        routes: dict[int | None, str] = {}  # the route depends on the checkpoint only
         for item in self.batch.take(reason, self.expected_writers()):
-            groups[self._route(item, reason, now)].append(item)
+            cp = item.checkpoint_id
+            if (dest := routes.get(cp)) is None:
+                dest = routes[cp] = self._route(cp, reason, now)
+            groups[dest].append(item)
         out: list[Instruction] = []
         for dest, items in groups.items():
             if dest == SELF:
@@ -795,14 +812,20 @@ class NodeCore:
         bytes each (client/wire.py ``persist_messages``)."""
         requests = []
         deadline = now + self.config.parent_timeout
+        sent, ids = self._sent, self._ids
+        forwarded = relayed = 0
         for item in items:
-            fid = next(self._ids)
+            fid = next(ids)
             if item.data is not None:
-                self._sent[fid] = _Sent(item, address, deadline)
-                self._counters["bytes_forwarded"] += item.size
-                if isinstance(item.origin, RemoteOrigin) and item.origin.relayed:
-                    self._counters["bytes_relayed"] += item.size
+                sent[fid] = _Sent(item, address, deadline)
+                size = len(item.data)
+                forwarded += size
+                origin = item.origin
+                if isinstance(origin, RemoteOrigin) and origin.relayed:
+                    relayed += size
             requests.append(PersistRequest(fid, item))
+        self._counters["bytes_forwarded"] += forwarded
+        self._counters["bytes_relayed"] += relayed
         messages = persist_messages(requests, self.config.max_forward_bytes, self.config.node_id)
         return [SendUpstream(address, m) for m in messages]
 
@@ -812,7 +835,10 @@ class NodeCore:
     def _expire_sent(self, now: float) -> list[Instruction]:
         if self._down:
             self._down = {a: until for a, until in self._down.items() if until > now}
-        late = _expired(self._sent.items(), lambda s: s.deadline <= now)  # in send order
+        sent = self._sent
+        if not sent or next(iter(sent.values())).deadline > now:  # the first is due first
+            return []
+        late = _expired(sent.items(), lambda s: s.deadline <= now)  # in send order
         if not late:
             return []
         self._counters["parent_timeouts"] += 1
@@ -827,6 +853,7 @@ class NodeCore:
         for _, address in self._ancestors[1:]:
             if address and address != self.parent and self._up(address, now):
                 self.parent = address
+                self._stats_dirty = True  # report to the new parent soon
                 self._plans.clear()  # the next plan comes from the new parent
                 self._pushed.clear()  # and goes down again, even for known windows
                 return
@@ -844,6 +871,11 @@ class NodeCore:
 
     def _expire_leases(self, now: float) -> None:
         lease = self.config.registration_lease
+        writers, children = self._writers, self._children  # oldest first
+        if (not writers or now - next(iter(writers.values())) <= lease) and (
+            not children or now - next(iter(children.values())).seen <= lease
+        ):
+            return
         gone = _expired(self._writers.items(), lambda seen: now - seen > lease)
         for log_id in gone:
             self._forget_writer(log_id)
@@ -851,12 +883,13 @@ class NodeCore:
         for node in left:
             self._drop_child(node)
         if left:
+            self._stats_dirty = True
             self._pushed = {k: v for k, v in self._pushed.items() if k[0] in self._children}
         if gone or left:
             self._check_horizon()
 
     def _own_estimate(self) -> float:
-        return self._estimator.estimate().get(SELF, 0.0)
+        return self._estimator.mean(SELF)
 
     def _child_reports(self) -> list[float]:
         return [c.reported_bytes for c in self._children.values()]
@@ -913,18 +946,25 @@ class NodeCore:
             out.append(ReplyBelow(child.identity, Plan(window, collector, address, chain)))
         return out
 
+    def _stats_due_at(self) -> float:
+        """When the next Stats report is due (seconds) unless the writers change."""
+        c = self.config
+        return self._last_stats + (c.stats_interval if self._stats_dirty else c.stats_keepalive)
+
     def _report_stats(self, now: float) -> list[Instruction]:
-        """Stats to the parent every ``stats_interval`` seconds, and at once when the
-        residual writer count changes (the parent's all-persisted rule depends on it)."""
+        """Stats to the parent at once when the residual writer count changes (the
+        parent's all-persisted rule depends on it), at most every ``stats_interval``
+        seconds when another field changed, every ``stats_keepalive`` seconds otherwise
+        (the parent renews this node's lease on each)."""
         if self.parent is None:
             return []
         collects = self._collects()
         writers = 0 if collects else self.writers_below
-        due = now >= self._last_stats + self.config.stats_interval
-        if not due and writers == self._reported_writers:
+        if writers == self._reported_writers and now < self._stats_due_at():
             return []
         self._last_stats = now
         self._reported_writers = writers
+        self._stats_dirty = False
         residual = self._own_estimate() + sum(self._child_reports())
         held = max(self._plans) if self._plans else -1
         nbytes = 0.0 if collects else residual

@@ -249,6 +249,7 @@ class ByteEstimator:
             raise ValueError(f"history must be >= 1, got {history}")
         self.history = history
         self._samples: dict[str, deque[float]] = {}
+        self._means: dict[str, float] | None = None  # estimate() until the next update
 
     def update(self, observed: Mapping[str, float]) -> None:
         """Record one checkpoint: node id -> bytes (>= 0; ValueError otherwise)."""
@@ -259,10 +260,21 @@ class ByteEstimator:
             self._samples[n] = deque(maxlen=self.history)
         for n, q in self._samples.items():
             q.append(float(observed.get(n, 0.0)))
+        self._means = None
 
     def estimate(self) -> dict[str, float]:
-        """node id -> mean bytes per checkpoint over its recorded history."""
-        return {n: sum(q) / len(q) for n, q in self._samples.items()}
+        """node id -> mean bytes per checkpoint over its recorded history (a new dict
+        each call; the means are computed once per update)."""
+        if self._means is None:
+            self._means = {n: sum(q) / len(q) for n, q in self._samples.items()}
+        return dict(self._means)
+
+    def mean(self, node: str) -> float:
+        """``estimate()[node]``, 0.0 for a node never seen (no copy)."""
+        if self._means is None:
+            self.estimate()
+        assert self._means is not None
+        return self._means.get(node, 0.0)
 
 
 def planned_object_sizes(plan: TreePlan) -> list[int]:

@@ -263,11 +263,11 @@ def test_the_node_re_homes_to_the_next_live_ancestor_when_the_parent_is_silent()
     _planned(core, 0, "p", PARENT, 0.0)
     (fwd,) = _of(_below(core, _persist("w1", 1, 10), 0.1), SendUpstream, Persist)
     assert fwd.address == PARENT
-    core.handle(TimePassed(1.2))  # the parent did not answer within parent_timeout
+    out = core.handle(TimePassed(1.2))  # the parent did not answer within parent_timeout
     assert core.parent == GRANDPARENT
     assert core.collector_for(1) is None, "the old parent's plans are dropped"
-    (stats,) = _of(core.handle(TimePassed(1.5)), SendUpstream, Stats)
-    assert stats.address == GRANDPARENT
+    (stats,) = _of(out, SendUpstream, Stats)
+    assert stats.address == GRANDPARENT, "the new parent hears of this node at once"
     (send,) = _of(_below(core, _persist("w1", 2, 10, rid=2), 1.6), SendUpstream, Persist)
     assert send.address == GRANDPARENT
     # the new parent's plan is taken

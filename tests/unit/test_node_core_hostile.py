@@ -19,6 +19,7 @@ from dstltree.aggregator.events import (
     ObjectWritten,
     ReplyBelow,
     ReplyFailed,
+    SendUpstream,
     ShuttingDown,
     TimePassed,
     WriteObject,
@@ -239,11 +240,33 @@ def test_a_child_reporting_an_older_plan_window_gets_the_newer_plans_again() -> 
     assert _plans(out) == [(CHILD, 1)]
 
 
+def _stats(out: list[Instruction]) -> list[Stats]:
+    return [i.message for i in out if isinstance(i, SendUpstream) and isinstance(i.message, Stats)]
+
+
 def test_a_child_reports_the_newest_plan_window_it_holds() -> None:
     core = _core(plans=True, plan_window=4, stats_interval=0.1)
-    core.handle(MessageFromUpstream(0.0, PARENT, Plan(3, "p", PARENT, (("p", PARENT),))))
-    stats = [i.message for i in core.handle(TimePassed(0.5)) if isinstance(i.message, Stats)]
-    assert stats[0].plan_window == 3
+    (first,) = _stats(core.handle(TimePassed(0.0)))
+    assert first.plan_window == -1
+    plan = Plan(3, "p", PARENT, (("p", PARENT),))
+    assert not _stats(core.handle(MessageFromUpstream(0.05, PARENT, plan))), "rate-limited"
+    assert core.next_deadline() == 0.1
+    (stats,) = _stats(core.handle(TimePassed(0.1)))
+    assert stats.plan_window == 3
+
+
+def test_unchanged_stats_go_up_only_as_keepalives() -> None:
+    core = _core(stats_interval=0.1, stats_keepalive=1.0)
+    assert len(_stats(core.handle(TimePassed(0.0)))) == 1
+    assert core.next_deadline() == 1.0, "nothing changed: the next report is the keepalive"
+    assert not _stats(core.handle(TimePassed(0.5)))
+    (keepalive,) = _stats(core.handle(TimePassed(1.0)))
+    assert keepalive.writers == 0 and keepalive.max_checkpoint == -1
+    (joined,) = _stats(_below(core, _persist("w1", 1), 1.02))
+    assert (joined.writers, joined.max_checkpoint) == (1, 1), "a writer count goes up at once"
+    assert not _stats(_below(core, _persist("w1", 2, rid=2), 1.05))
+    (newer,) = _stats(core.handle(TimePassed(1.12)))
+    assert newer.max_checkpoint == 2, "another change goes up after stats_interval"
 
 
 # -- shutdown ------------------------------------------------------------------------------
