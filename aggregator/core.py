@@ -601,6 +601,8 @@ class NodeCore:
         """Batch one request; the reason it is refused (an error ack), or None."""
         item = request.item.from_origin(RemoteOrigin(identity, request.id, relayed))
         log_id, cp, size = item.meta.log_id, item.checkpoint_id, item.size
+        if item.writers is not None and not relayed:
+            return "only a node sends a summary of writers"
         if not self._admit_checkpoint(cp):
             return self._out_of_window(cp)
         if not relayed:  # from this executor's own writers (a persist renews the lease)
@@ -781,23 +783,34 @@ class NodeCore:
 
     def _markers_upstream(self, written: list[PersistItem], now: float) -> list[Instruction]:
         """Items written here that would otherwise have gone upstream (a size cut): the
-        node upstream still counts their writers for the all-persisted rule, so it gets
-        a data-less marker per (writer, checkpoint) instead of waiting for its delay."""
-        markers: dict[str, dict[tuple[str, int], PersistItem]] = defaultdict(dict)
+        node upstream still counts their writers for the all-persisted rule, so it gets,
+        per checkpoint, one data-less summary standing for them (own writers counted
+        once by log id, summaries from below added) instead of waiting for its delay."""
+        logs: dict[tuple[str, int], set[str]] = defaultdict(set)
+        summed: dict[tuple[str, int], int] = defaultdict(int)
+        upstream: dict[int, str | None] = {}
         for item in written:
-            upstream = self._upstream_of(item, now)
-            if upstream is None or item.checkpoint_id is None:
+            cp = item.checkpoint_id
+            if cp is None:
                 continue
-            key = (item.meta.log_id, item.checkpoint_id)
-            markers[upstream][key] = PersistItem.marker(key[0], item.meta.sqn_to, key[1])
-        return [
-            i for address, m in markers.items() for i in self._send(address, list(m.values()), now)
-        ]
+            if cp not in upstream:
+                upstream[cp] = self._upstream_of(cp, now)
+            if (address := upstream[cp]) is None:
+                continue
+            if item.writers is None:
+                logs[(address, cp)].add(item.meta.log_id)
+            else:
+                summed[(address, cp)] += item.writers
+        by_address: dict[str, list[PersistItem]] = defaultdict(list)
+        for key in sorted(logs.keys() | summed.keys()):
+            n = len(logs.get(key, ())) + summed.get(key, 0)
+            by_address[key[0]].append(PersistItem.summary(self.config.node_id, key[1], n))
+        return [i for a, items in by_address.items() for i in self._send(a, items, now)]
 
-    def _upstream_of(self, item: PersistItem, now: float) -> str | None:
-        """Where ``item`` goes when it is not written here: the planned collector, else
-        the parent; None when that is this node or unreachable."""
-        planned = self.collector_for(item.checkpoint_id)
+    def _upstream_of(self, checkpoint: int, now: float) -> str | None:
+        """Where items of ``checkpoint`` go when they are not written here: the planned
+        collector, else the parent; None when that is this node or unreachable."""
+        planned = self.collector_for(checkpoint)
         if planned is not None:
             node_id, address = planned
             if node_id == self.config.node_id or not address or not self._up(address, now):

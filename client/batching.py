@@ -43,17 +43,28 @@ class PersistItem:
     """One writer's persist (or pre-emptive upload) request: the segment's ``meta``, the
     ``checkpoint_id`` it was persisted for (None: pre-emptive), its encoded bytes
     ``data`` (None for a marker: "this writer persisted for ``checkpoint_id`` and had no
-    new changes") and its ``origin``, whom to ack (None until the receiver sets it)."""
+    new changes") and its ``origin``, whom to ack (None until the receiver sets it).
+    ``writers``: None for a writer's own item (counted once by its log id for the
+    all-persisted rule); for a node's summary marker, the number of writers it stands
+    for (:meth:`summary`)."""
 
     meta: SegmentMeta
     checkpoint_id: int | None
     data: Buffer | None = field(default=None, repr=False)
     origin: Origin | None = None
+    writers: int | None = None
 
     @classmethod
     def marker(cls, log_id: str, sqn: int, checkpoint_id: int) -> PersistItem:
         """A data-less item: writer ``log_id`` persisted for ``checkpoint_id`` up to ``sqn``."""
         return cls(SegmentMeta(log_id, sqn, sqn), checkpoint_id)
+
+    @classmethod
+    def summary(cls, node_id: str, checkpoint_id: int, writers: int) -> PersistItem:
+        """A data-less item from node ``node_id``: ``writers`` (>= 1) writers persisted
+        for ``checkpoint_id`` and their items were written below; the node upstream
+        adds it to that checkpoint's count (one item instead of one marker per writer)."""
+        return cls(SegmentMeta(node_id, 0, 0), checkpoint_id, writers=writers)
 
     @property
     def size(self) -> int:
@@ -62,7 +73,7 @@ class PersistItem:
     def from_origin(self, origin: Origin | None) -> PersistItem:
         """This item with ``origin`` (built directly: ``dataclasses.replace`` costs
         several times more per item on the node's hot path)."""
-        return PersistItem(self.meta, self.checkpoint_id, self.data, origin)
+        return PersistItem(self.meta, self.checkpoint_id, self.data, origin, self.writers)
 
     def future(self) -> Future[SegmentRef | None]:
         """The future of a :class:`LocalOrigin` item; TypeError for any other origin."""
@@ -81,14 +92,29 @@ class Batch:
     nbytes: int = 0
     first_at: float | None = None
     _persisted: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    _summed: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, item: PersistItem, now: float) -> None:
         if not self.items:
             self.first_at = now
         self.items.append(item)
         self.nbytes += item.size
-        if item.checkpoint_id is not None:
-            self._persisted[item.checkpoint_id].add(item.meta.log_id)
+        cp = item.checkpoint_id
+        if cp is not None:
+            if item.writers is None:
+                self._persisted[cp].add(item.meta.log_id)
+            else:  # a node's summary marker: writers counted below it
+                self._summed[cp] += item.writers
+
+    def _checkpoints(self) -> set[int]:
+        if not self._summed:
+            return set(self._persisted)
+        return self._persisted.keys() | self._summed.keys()
+
+    def persisted(self, checkpoint: int) -> int:
+        """Writers known to have persisted for ``checkpoint`` (own items by log id, plus
+        the nodes' summaries)."""
+        return len(self._persisted.get(checkpoint, ())) + self._summed.get(checkpoint, 0)
 
     def due(self, now: float, expected_writers: int) -> str | None:
         """Why the batch must be flushed now, or None."""
@@ -97,7 +123,7 @@ class Batch:
         if self.nbytes >= self.target_bytes:
             return "size"
         if expected_writers > 0 and any(
-            len(w) >= expected_writers for w in self._persisted.values()
+            self.persisted(c) >= expected_writers for c in self._checkpoints()
         ):
             return "all-persisted"
         if self.first_at is not None and now - self.first_at >= self.persist_delay:
@@ -119,10 +145,14 @@ class Batch:
         self.nbytes = 0
         self.first_at = None
         if reason == "size":
-            kept = {c: w for c, w in self._persisted.items() if len(w) < expected_writers}
-            self._persisted = defaultdict(set, kept)
+            kept = [c for c in self._checkpoints() if self.persisted(c) < expected_writers]
+            self._persisted = defaultdict(
+                set, {c: self._persisted[c] for c in kept if c in self._persisted}
+            )
+            self._summed = defaultdict(int, {c: self._summed[c] for c in kept if c in self._summed})
         else:
             self._persisted = defaultdict(set)
+            self._summed = defaultdict(int)
         return items
 
     def __len__(self) -> int:

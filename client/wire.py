@@ -8,9 +8,10 @@ Header shapes (``t`` is the type)::
 
     register    {t, log}                      a writer of this client exists
     unregister  {t, log}
-    persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc}, ...], via}
+    persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc, w?}, ...], via}
                 + one payload frame per item with size > 0, in item order; ``via`` is
-                the sending node's id when a node passes items on (None from clients)
+                the sending node's id when a node passes items on (None from clients);
+                ``w`` only on a node's summary marker (size 0): the writers it stands for
     ack         {t, items: [{id, path, off} | {id, err}, ...]}
     stats       {t, node, writers, bytes, cp, pw}
                                               a child's residual writers and bytes per
@@ -51,7 +52,7 @@ class PersistRequest:
 
     def to_wire(self) -> dict[str, Any]:
         m = self.item.meta
-        return {
+        d = {
             "id": self.id,
             "log": m.log_id,
             "sqn": [m.sqn_from, m.sqn_to],
@@ -60,6 +61,9 @@ class PersistRequest:
             "size": m.length,
             "crc": m.crc32,
         }
+        if self.item.writers is not None:
+            d["w"] = self.item.writers
+        return d
 
 
 @dataclass(frozen=True)
@@ -291,7 +295,20 @@ def _request(d: Any, frame: Any) -> PersistRequest:
     for k in kgs:
         _int(k)
     meta = SegmentMeta(_log_id(d["log"]), lo, hi, kgs, size, _int(d.get("crc", 0)))
-    return PersistRequest(rid, PersistItem(meta, None if cp is None else _int(cp), frame))
+    cp = None if cp is None else _int(cp)
+    writers = _summary_writers(rid, d, size, cp)
+    return PersistRequest(rid, PersistItem(meta, cp, frame, writers=writers))
+
+
+def _summary_writers(rid: int, d: dict[str, Any], size: int, cp: int | None) -> int | None:
+    """The ``w`` of a summary marker: 1..MAX_WRITERS, only on a data-less item of a
+    checkpoint (WireError otherwise); None when absent."""
+    if "w" not in d:
+        return None
+    w = _int(d["w"])
+    if not 1 <= w <= MAX_WRITERS or size != 0 or cp is None:
+        raise WireError(f"item {rid}: a summary of {w} writers needs size 0 and a checkpoint")
+    return w
 
 
 def _ack_entry(d: Any) -> AckEntry:

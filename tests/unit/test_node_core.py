@@ -107,7 +107,44 @@ def test_a_size_cut_written_here_sends_markers_upstream() -> None:
     (send,) = _of(out, SendUpstream, Persist)
     (marker,) = send.message.requests
     assert send.address == PARENT and send.message.payloads() == []
-    assert (marker.item.meta.log_id, marker.item.checkpoint_id, marker.item.size) == ("w1", 0, 0)
+    item = marker.item
+    assert (item.meta.log_id, item.checkpoint_id, item.size, item.writers) == ("n", 0, 0, 1)
+
+
+def _summary(node: str, cp: int, writers: int, rid: int = 1) -> Persist:
+    return Persist((PersistRequest(rid, PersistItem.summary(node, cp, writers)),), node)
+
+
+def test_a_summary_from_below_counts_its_writers_for_the_all_persisted_rule() -> None:
+    core = _core(delay=10.0)
+    _below(core, Stats("child", 3, 0.0, 0), 0.0, who=CHILD)  # 3 writers below the child
+    _below(core, Register("w1"), 0.0)
+    assert core.expected_writers() == 4
+    assert _below(core, _persist("w1", 0, 10), 0.01) == []
+    assert _below(core, _summary("child", 0, 2), 0.02, who=CHILD) == [], "3 of 4 persisted"
+    out = _below(core, _persist("c3", 0, 10, rid=2, via="child"), 0.03, who=CHILD)
+    (send,) = _of(out, SendUpstream, Persist)
+    assert [r.item.meta.log_id for r in send.message.requests] == ["w1", "child", "c3"]
+
+
+def test_a_size_cut_sums_own_writers_and_summaries_into_one_marker_per_checkpoint() -> None:
+    core = _core(target=100, delay=10.0)
+    _below(core, Stats("child", 10, 0.0, 0), 0.0, who=CHILD)
+    _below(core, _summary("child", 0, 5), 0.0, who=CHILD)
+    _below(core, _persist("w2", 1, 10, rid=2), 0.0)
+    out = _below(core, _persist("w1", 0, 150, rid=3), 0.01)
+    assert len(_of(out, WriteObject)) == 1
+    (send,) = _of(out, SendUpstream, Persist)
+    got = sorted((r.item.checkpoint_id, r.item.writers) for r in send.message.requests)
+    assert got == [(0, 6), (1, 1)], "one summary per checkpoint: 5 below plus w1; w2"
+
+
+def test_a_summary_from_a_client_is_refused() -> None:
+    core = _core()
+    out = _below(core, Persist((PersistRequest(7, PersistItem.summary("x", 0, 9)),)), 0.0)
+    (ack,) = _of(out, ReplyBelow, PersistAck)
+    assert ack.message.items[0].id == 7 and "summary" in (ack.message.items[0].error or "")
+    assert core.batch.persisted(0) == 0
 
 
 def test_a_crashed_tasks_writers_stop_counting_within_two_checkpoints() -> None:

@@ -165,6 +165,28 @@ def test_stats_round_trip_the_plan_window_and_old_stats_still_decode() -> None:
     assert load([msgpack.packb(old)]) == Stats("c", 2, 3.0, 4, None)
 
 
+def test_a_summary_marker_round_trips_and_a_plain_item_has_no_writer_count() -> None:
+    msg = Persist((PersistRequest(3, PersistItem.summary("n7", 12, 40)),), "n7")
+    (req,) = load(dump(msg)).requests  # type: ignore[attr-defined]
+    assert (req.item.meta.log_id, req.item.checkpoint_id, req.item.writers) == ("n7", 12, 40)
+    (plain,) = load(dump(_persist("w1", 1))).requests  # type: ignore[attr-defined]
+    assert plain.item.writers is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"w": 0}, {"w": 2**40}, {"w": True}, {"w": 3, "cp": None}, {"w": 3, "size": 4}],
+)
+def test_hostile_summary_counts_do_not_decode(change: dict[str, object]) -> None:
+    item = {"id": 1, "log": "n", "sqn": [0, 0], "cp": 1, "kgs": [], "size": 0, "crc": 0}
+    item |= change
+    frames = [msgpack.packb({"t": "persist", "items": [item], "via": "n"})]
+    if item["size"]:
+        frames.append(b"xxxx")
+    with pytest.raises(WireError):
+        load(frames)
+
+
 # -- peer bounds ---------------------------------------------------------------------------
 def test_writers_beyond_the_per_peer_bound_are_refused_and_counted() -> None:
     core = _core(parent=None, max_writers_per_peer=3, max_writers=5)
