@@ -32,6 +32,7 @@ import numpy as np
 import simpy
 
 from dstltree.simulations.config import SimConfig, SimWorkload
+from dstltree.simulations.gcpolicy import rare_collections
 from dstltree.simulations.nodeshell import NodeCoreCluster
 from dstltree.simulations.storage import SimulatedStore, Throttle
 from dstltree.topology.designs import TREE_DESIGNS
@@ -164,9 +165,10 @@ def simulate(cfg: SimConfig) -> SimResult:
     """Run one configuration; deterministic for ``cfg.seed``. ValueError for an unknown
     latency model (see :func:`dstltree.topology.latency.get_model`)."""
     t0 = time.perf_counter()
-    sim = _Sim(cfg)
-    proc = sim.env.process(sim.checkpoints())
-    sim.env.run(until=proc if sim.nodes is not None else None)
+    with rare_collections():
+        sim = _Sim(cfg)
+        proc = sim.env.process(sim.checkpoints())
+        sim.env.run(until=proc if sim.nodes is not None else None)
     measured = range(cfg.warmup, cfg.warmup + cfg.checkpoints)
     lat = [(sim.done[c] - cfg.startup_s - c * cfg.checkpoint_interval_s) * 1000 for c in measured]
     pct = {
