@@ -27,7 +27,8 @@ What the shell models:
   first come first served; a message is handled when its CPU is spent. When no
   message waits the shell ticks the core (the real loop ticks after draining its
   socket); it also ticks at ``startup_s`` and ``checkpoint_interval_s`` after each
-  completion, when the next trigger is due (the real loop ticks every 10 ms).
+  completion, when the next trigger is due, and while none is triggered again every
+  ``LOOP_TICK_S`` (the real loop ticks every 10 ms).
 * **Storage work.** ``PersistCheckpoint`` becomes ``CheckpointWritten`` after one
   request of the latency model for the metadata's size (estimated:
   ``METADATA_BYTES_PER_TASK`` per task plus ``METADATA_BYTES_PER_SEGMENT`` per
@@ -88,6 +89,7 @@ from dstltree.storage.store import ObjectStore
 from dstltree.topology.latency import LatencyModel
 
 __all__ = [
+    "LOOP_TICK_S",
     "METADATA_BYTES_PER_SEGMENT",
     "METADATA_BYTES_PER_TASK",
     "SIM_JOB_URL",
@@ -96,6 +98,8 @@ __all__ = [
 
 #: The job prefix the simulated objects are named under (nothing is written there).
 SIM_JOB_URL = "memory://dstl-sim/job"
+#: Seconds between the real coordinator loop's ticks (``Coordinator(tick=0.01)``).
+LOOP_TICK_S = 0.01
 #: Estimated checkpoint metadata (JSON) per task and per segment reference, bytes.
 METADATA_BYTES_PER_TASK = 160
 METADATA_BYTES_PER_SEGMENT = 150
@@ -111,7 +115,9 @@ class CoordinatorCluster:
     ``cfg.warmup + cfg.checkpoints`` completed. ``workload`` gives each checkpoint's
     bytes per task when its trigger reaches the tasks; ``model`` the metadata write's
     latency. ``core`` is the :class:`CoordinatorState` (built with ``validate=True``
-    when ``cfg.check_invariants``). Raises RuntimeError when the core refuses,
+    when ``cfg.check_invariants``); ``messages`` counts the messages it received
+    (hellos and acks). Object paths are the store's random names: no figure depends
+    on them. Raises RuntimeError when the core refuses,
     fences or ignores a simulated message or aborts a checkpoint.
     """
 
@@ -157,13 +163,19 @@ class CoordinatorCluster:
         self.completed: dict[int, float] = {}
         self.messages = 0  # received by the coordinator
         self.finished = env.event()
+        self.in_flight: int | None = None  # triggered, not completed
         self._cpu_free = 0.0
         self._queued = 0
 
     # -- the clock -----------------------------------------------------------------------
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         """Call ``fn(*args)`` at time ``t`` (seconds; now if in the past)."""
-        ev = self.env.timeout(max(0.0, t - self.env.now))
+        self.after(t - self.env.now, fn, *args)
+
+    def after(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn(*args)`` ``delay`` seconds from now (the time is exactly
+        ``now + delay``, as the core computes its due times)."""
+        ev = self.env.timeout(max(0.0, delay))
         ev.callbacks.append(lambda _e: fn(*args))
 
     def start(self) -> None:
@@ -175,7 +187,7 @@ class CoordinatorCluster:
         for t, ident in enumerate(self.idents):
             node = ids[t // self.per_executor]
             self._to_coordinator(ident, protocol.Hello(t, _ATTEMPT, node))
-        self.at(self.cfg.startup_s, self._tick)
+        self.after(self.cfg.startup_s, self._due_tick)
 
     # -- the coordinator -----------------------------------------------------------------
     def _feed(self, event: Event) -> None:
@@ -185,9 +197,16 @@ class CoordinatorCluster:
         if not self.finished.triggered:
             self._feed(Tick(self.env.now))
 
+    def _due_tick(self) -> None:
+        """A tick when the next trigger is due; while none happened (not every task
+        said hello yet, not due yet), again every ``LOOP_TICK_S`` (the real loop's)."""
+        self._tick()
+        if self.in_flight is None and not self.finished.triggered:
+            self.after(LOOP_TICK_S, self._due_tick)
+
     def _to_coordinator(self, ident: bytes, msg: protocol.Message) -> None:
         """A task's message reaches the coordinator one hop later."""
-        self.at(self.env.now + self.cfg.hop_latency_s, self._arrive, ident, msg)
+        self.after(self.cfg.hop_latency_s, self._arrive, ident, msg)
 
     def _arrive(self, ident: bytes, msg: protocol.Message) -> None:
         """Queued for the coordinator's CPU (first come first served)."""
@@ -205,7 +224,6 @@ class CoordinatorCluster:
 
     def _run(self, out: list[Instruction]) -> None:
         """Carry out the core's instructions (see the module docstring)."""
-        now = self.env.now
         triggered = None
         for ins in out:
             if isinstance(ins, SendToTask):
@@ -215,8 +233,8 @@ class CoordinatorCluster:
                     raise RuntimeError(f"unexpected command to a simulated task: {ins}")
             elif isinstance(ins, PersistCheckpoint):
                 cid = ins.checkpoint.checkpoint_id
-                done = now + self.model.sample(self.rng, _metadata_bytes(ins.checkpoint))
-                self.at(done, self._feed, CheckpointWritten(done, cid))
+                latency = self.model.sample(self.rng, _metadata_bytes(ins.checkpoint))
+                self.after(latency, self._written, cid)
             elif isinstance(ins, CheckpointCompleted):
                 self._completed(ins.checkpoint.checkpoint_id - 1)
             else:
@@ -237,12 +255,16 @@ class CoordinatorCluster:
         else:
             raise RuntimeError(f"the coordinator core said {ins!r} to the simulator")
 
+    def _written(self, cid: int) -> None:
+        self._feed(CheckpointWritten(self.env.now, cid))
+
     def _trigger(self, c: int) -> None:
         """Checkpoint ``c`` reaches every task one hop after the core's trigger."""
         if c >= self.total:
             return  # the run is over: nothing more is measured
         self.triggered[c] = self.env.now
-        self.at(self.env.now + self.cfg.hop_latency_s, self._persist, c)
+        self.in_flight = c
+        self.after(self.cfg.hop_latency_s, self._persist, c)
 
     def _persist(self, c: int) -> None:
         self.nodes.trigger(c, self.workload.next())
@@ -250,10 +272,11 @@ class CoordinatorCluster:
     def _completed(self, c: int) -> None:
         now = self.env.now
         self.completed[c] = now
+        self.in_flight = None
         if c + 1 >= self.total:
             self.finished.succeed()
         else:
-            self.at(now + self.cfg.checkpoint_interval_s, self._tick)
+            self.after(self.cfg.checkpoint_interval_s, self._due_tick)
 
     # -- tasks ---------------------------------------------------------------------------
     def _writer_done(self, c: int, i: int, j: int, ref: SegmentRef | None) -> None:

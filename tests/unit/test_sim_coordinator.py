@@ -56,8 +56,10 @@ def test_every_checkpoint_completes_through_the_core(design: str) -> None:
 
 
 def test_completion_follows_the_last_ack_and_checkpoints_do_not_overlap() -> None:
-    cfg = _SMALL
+    # an interval longer than the start-up: the first trigger waits until it is due
+    cfg = replace(_SMALL, checkpoint_interval_s=1.5)
     sim, coord = _run(cfg)
+    assert coord.triggered[0] == pytest.approx(cfg.checkpoint_interval_s, abs=0.011)
     for c in sorted(coord.completed):
         trigger, end, last_ack = sim.spans(c)
         # the trigger reaches the tasks a hop later; the last ack needs a hop back
