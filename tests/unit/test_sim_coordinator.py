@@ -98,3 +98,13 @@ def test_fixed_trigger_without_the_coordinator() -> None:
     assert r.checkpoint_ms == r.writers_ms  # latency to the last writer's ack
     flat = simulate(replace(cfg, design="task", coordinator=True))
     assert not flat.coordinator  # task and executor designs keep the fixed trigger
+
+
+def test_the_core_checks_what_simulated_tasks_acknowledge() -> None:
+    """Acks pass the core's real checks: objects named outside the job's prefixes are
+    refused, and the shell stops with the refusal rather than counting it done."""
+    sim = _Sim(replace(_SMALL, check_invariants=False))
+    assert sim.nodes is not None and sim.coord is not None
+    sim.nodes.object_path = lambda: "s3://elsewhere/o1.dstl"
+    with pytest.raises(RuntimeError, match="outside this job's object prefixes"):
+        sim.run()
