@@ -205,16 +205,16 @@ class CoordinatorCluster:
             self.after(LOOP_TICK_S, self._due_tick)
 
     def _to_coordinator(self, ident: bytes, msg: protocol.Message) -> None:
-        """A task's message reaches the coordinator one hop later."""
-        self.after(self.cfg.hop_latency_s, self._arrive, ident, msg)
-
-    def _arrive(self, ident: bytes, msg: protocol.Message) -> None:
-        """Queued for the coordinator's CPU (first come first served)."""
+        """A task's message reaches the coordinator one hop later and waits for its CPU
+        (first come first served). Messages are sent in time order and the hop is
+        fixed, so they arrive in the order sent: the time it is handled is known now
+        (one simulation event per message)."""
         now = self.env.now
-        self._cpu_free = max(now, self._cpu_free) + self.cfg.cpu_per_message_s
+        arrival = now + self.cfg.hop_latency_s
+        self._cpu_free = max(arrival, self._cpu_free) + self.cfg.cpu_per_message_s
         self._queued += 1
         self.messages += 1
-        self.at(self._cpu_free, self._handle, ident, msg)
+        self.after(self._cpu_free - now, self._handle, ident, msg)
 
     def _handle(self, ident: bytes, msg: protocol.Message) -> None:
         self._queued -= 1
