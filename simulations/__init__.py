@@ -1,7 +1,8 @@
 """A discrete-event simulator (simpy) of a dstltree cluster for choosing the branching
 factor and target object size; its tree designs run the real node core
-(``aggregator.core.NodeCore``, shell in ``simulations.nodeshell``) and the latency
-models of ``topology.latency``."""
+(``aggregator.core.NodeCore``, shell in ``simulations.nodeshell``), optionally the real
+coordinator core (``coordinator.state.CoordinatorState``, shell in
+``simulations.coordshell``) and the latency models of ``topology.latency``."""
 
 from dstltree.simulations.cluster import SimResult, simulate
 from dstltree.simulations.config import DESIGNS, SimConfig

@@ -13,11 +13,23 @@ Designs (as in ``dstl bench``):
   the real one does) or off (hop by hop); the shell around it is
   :mod:`dstltree.simulations.nodeshell`, which says what it models and what not.
 
-Checkpoint ``c`` is triggered at ``startup_s + c * checkpoint_interval_s`` (writers
-register and nodes exchange Stats from time 0). Its latency runs from its trigger (all
-tasks at once) to the last ack reaching a task. ``relay_fraction`` is the bytes sent
-onward by nodes that did not produce them, divided by all bytes written (a byte relayed
-twice counts twice).
+Triggers (writers register and nodes exchange Stats from time 0):
+
+* ``coordinator`` on (tree designs only; off by default): the real coordinator core
+  triggers and completes the checkpoints (:mod:`dstltree.simulations.coordshell`, which
+  says what it models and what not). At most one checkpoint is in flight: the next is
+  triggered ``checkpoint_interval_s`` after the previous one completed (FLIP-158, "At
+  most 1 concurrent checkpoint"), the first at ``startup_s`` (or once every task said
+  hello), so checkpoints never overlap. A checkpoint's latency runs from the core's
+  trigger to its completion (every task acknowledged, the metadata written);
+  ``writers_ms`` from the same trigger to the last writer's ack.
+* ``coordinator`` off, and the ``task`` and ``executor`` designs always: checkpoint
+  ``c`` is triggered at ``startup_s + c * checkpoint_interval_s`` whatever the others
+  do (checkpoints may overlap); its latency runs from its trigger (all tasks at once)
+  to the last writer's ack (``writers_ms`` is the same).
+
+``relay_fraction`` is the bytes sent onward by nodes that did not produce them, divided
+by all bytes written (a byte relayed twice counts twice).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import numpy as np
 import simpy
 
 from dstltree.simulations.config import SimConfig, SimWorkload
+from dstltree.simulations.coordshell import CoordinatorCluster
 from dstltree.simulations.gcpolicy import rare_collections
 from dstltree.simulations.nodeshell import NodeCoreCluster
 from dstltree.simulations.storage import SimulatedStore, Throttle
@@ -44,9 +57,14 @@ __all__ = ["SimResult", "simulate"]
 @dataclass(frozen=True)
 class SimResult:
     """Measured checkpoints only. Latencies in ms (``checkpoint_ms`` percentiles,
-    ``each_checkpoint_ms`` per checkpoint, from its trigger to the last writer's ack),
-    sizes in bytes, ``wall_s`` seconds (the simulation's own run time). Requests are the
-    store's PUT attempts, counted under the first checkpoint of each object;
+    ``each_checkpoint_ms`` per checkpoint: from its trigger to its completion by the
+    coordinator core when ``coordinator``, else to the last writer's ack;
+    ``writers_ms`` percentiles from the trigger to the last writer's ack), sizes in
+    bytes, ``coordinator_ms`` percentiles from the last writer's ack to the
+    completion (the coordinator's share: the ack's hop, the acks queued for its CPU,
+    the metadata write; empty without the coordinator), ``wall_s`` seconds (the
+    simulation's own run time). Requests are the store's PUT attempts, counted under
+    the first checkpoint of each object;
     ``objects_each_checkpoint`` counts, per checkpoint, the objects holding its
     segments (an object holding two checkpoints counts in both; writers' DFS fallbacks
     included, ``fallback_segments`` of them). Hedging: ``hedge_copies`` extra attempts
@@ -76,6 +94,9 @@ class SimResult:
     hedge_copies: int = 0
     hedges_skipped_throttled: int = 0
     hedges_repeated_throttled: int = 0
+    coordinator: bool = False
+    writers_ms: dict[str, float] = field(default_factory=dict)
+    coordinator_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def requests_per_second(self) -> float:
@@ -113,6 +134,11 @@ class _Sim:
         )
         self.done: dict[int, float] = self.nodes.done if self.nodes else {}
         self.cpu_free = [0.0] * cfg.executors
+        self.coord = (
+            CoordinatorCluster(cfg, self.env, self.nodes, self.workload, model)
+            if self.nodes is not None and cfg.coordinator
+            else None
+        )
 
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         ev = self.env.timeout(max(0.0, t - self.env.now))
@@ -148,6 +174,7 @@ class _Sim:
         self.ack(c, self.store.put(c, t, nbytes) if nbytes > 0 else t)
 
     def checkpoints(self):  # simpy process
+        """Trigger every checkpoint on the fixed interval (no coordinator)."""
         if self.nodes is not None:
             self.nodes.start()
         yield self.env.timeout(self.cfg.startup_s)
@@ -160,6 +187,33 @@ class _Sim:
         while self.nodes is not None and self.nodes.left:
             yield self.env.timeout(self.cfg.checkpoint_interval_s)
 
+    def run(self) -> None:
+        """Every checkpoint to its end: the coordinator core triggers them, or the
+        fixed interval."""
+        if self.coord is not None:
+            assert self.nodes is not None
+            self.nodes.start()
+            self.coord.start()
+            self.env.run(until=self.coord.finished)
+            return
+        proc = self.env.process(self.checkpoints())
+        self.env.run(until=proc if self.nodes is not None else None)
+
+    def spans(self, c: int) -> tuple[float, float, float]:
+        """Checkpoint ``c``'s trigger, end and last writer's ack (seconds)."""
+        if self.coord is not None:
+            start = self.coord.triggered[c]
+            return start, self.coord.completed[c], self.done[c]
+        start = self.cfg.startup_s + c * self.cfg.checkpoint_interval_s
+        return start, self.done[c], self.done[c]
+
+
+def _percentiles(ms: list[float]) -> dict[str, float]:
+    return {
+        k: float(np.percentile(ms, q))
+        for k, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9))
+    }
+
 
 def simulate(cfg: SimConfig) -> SimResult:
     """Run one configuration; deterministic for ``cfg.seed``. ValueError for an unknown
@@ -167,14 +221,12 @@ def simulate(cfg: SimConfig) -> SimResult:
     t0 = time.perf_counter()
     with rare_collections():
         sim = _Sim(cfg)
-        proc = sim.env.process(sim.checkpoints())
-        sim.env.run(until=proc if sim.nodes is not None else None)
+        sim.run()
     measured = range(cfg.warmup, cfg.warmup + cfg.checkpoints)
-    lat = [(sim.done[c] - cfg.startup_s - c * cfg.checkpoint_interval_s) * 1000 for c in measured]
-    pct = {
-        k: float(np.percentile(lat, q))
-        for k, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9))
-    }
+    spans = [sim.spans(c) for c in measured]
+    lat = [(end - start) * 1000 for start, end, _ in spans]
+    writers = [(acked - start) * 1000 for start, _, acked in spans]
+    coord = sim.coord
     tot = sim.store.totals(measured)
     nodes = sim.nodes
     objects = [nodes.objects[c] if nodes else sim.store.counters[c].objects for c in measured]
@@ -188,7 +240,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         target_object_bytes=cfg.target_object_bytes,
         checkpoints=n,
         checkpoint_interval_s=cfg.checkpoint_interval_s,
-        checkpoint_ms=pct,
+        checkpoint_ms=_percentiles(lat),
         requests_per_checkpoint=tot.requests / n,
         objects_per_checkpoint=sum(objects) / n,
         mean_object_bytes=tot.bytes / tot.objects if tot.objects else 0.0,
@@ -203,4 +255,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         each_checkpoint_ms=[round(x, 3) for x in lat],
         objects_each_checkpoint=objects,
         fallback_segments=nodes.fallbacks if nodes else 0,
+        coordinator=coord is not None,
+        writers_ms=_percentiles(writers),
+        coordinator_ms=_percentiles([(e - a) * 1000 for _, e, a in spans]) if coord else {},
     )

@@ -50,6 +50,14 @@ class SimConfig:
     ``hedge_copies_max_bytes`` at once, ``hedge_adaptive_percentile`` of recent
     latencies as the timeout (None: ``hedge_timeout_s``), ``throttle_aware`` (False:
     hedge even while the store throttles, the rule before throttling was seen).
+
+    ``coordinator`` (tree designs only): the real coordinator core triggers and
+    completes the checkpoints (:mod:`dstltree.simulations.coordshell`): the next one
+    ``checkpoint_interval_s`` after the previous completed, at most one in flight
+    (FLIP-158), latency from its trigger to its completion. False (the default: a run
+    takes about three times as long, see docs/tuning.md), and always for the ``task``
+    and ``executor`` designs: checkpoint ``c`` is triggered at ``startup_s + c *
+    checkpoint_interval_s`` (they may overlap), latency to the last writer's ack.
     """
 
     executors: int = 7
@@ -85,6 +93,7 @@ class SimConfig:
     hedge_copies_max_bytes: int = 8 * MiB
     hedge_adaptive_percentile: float | None = None
     throttle_aware: bool = True
+    coordinator: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

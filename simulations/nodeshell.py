@@ -38,7 +38,9 @@ as they are; the node core re-stamps each item's origin as the real one does), C
 byte, the writers' own ack timeouts and segment encoding, socket high-water marks and
 back-pressure (``NodeCore.accepting`` is not consulted), ``ObjectFailed`` (the
 simulated store retries until the object is durable), crashes, leases running out,
-authentication, and the coordinator (checkpoints are triggered on a fixed interval).
+authentication, and the coordinator (the caller triggers checkpoints: on a fixed
+interval, or the coordinator core of :mod:`dstltree.simulations.coordshell`, which
+hooks in through ``on_writer_done`` and ``object_path``).
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ class NodeCoreCluster:
         self.logs = [[f"t{i}.{j}" for j in range(tasks)] for i in range(len(self.ids))]
         self.sqn = [[0] * tasks for _ in self.ids]  # next sequence number per writer
         self.rids = itertools.count(1)
-        self.pending: dict[int, tuple[int, int, int]] = {}  # rid -> (checkpoint, node, size)
+        self.pending: dict[int, tuple[int, int, int, SegmentMeta | None]] = {}
+        # rid -> (checkpoint, executor, task, its segment or None for a marker)
         self.left: dict[int, int] = {}
         self.done: dict[int, float] = {}
         self.relayed: defaultdict[int, int] = defaultdict(int)
@@ -124,6 +127,11 @@ class NodeCoreCluster:
         self.fallbacks = 0
         self._zero = memoryview(b"")
         self._paths = itertools.count()
+        # hooks of the coordinator shell (simulations.coordshell): a writer's segment
+        # is durable (checkpoint, executor, task, its SegmentRef or None for a marker),
+        # and the name of each new object (default: o0, o1, ...)
+        self.on_writer_done: Callable[[int, int, int, SegmentRef | None], None] | None = None
+        self.object_path: Callable[[], str] = lambda: f"o{next(self._paths)}"
 
     def _host(self, tree: Any, node: str) -> _Host:
         cfg = self.cfg
@@ -178,32 +186,40 @@ class NodeCoreCluster:
             for j, size in enumerate(row):
                 lo = sqn[j]
                 rid = next(rids)
-                pending[rid] = (c, i, size)
                 if size:
                     sqn[j] = lo + 1
                     meta = SegmentMeta(logs[j], lo, lo + 1, (), size)
                     item = PersistItem(meta, c, self._payload(size))
+                    pending[rid] = (c, i, j, meta)
                 else:
                     item = PersistItem.marker(logs[j], lo, c)
+                    pending[rid] = (c, i, j, None)
                 requests.append(PersistRequest(rid, item))
             self._arrive(i, True, self.writer_ident[i], Persist(tuple(requests)))
 
     def _acked(self, entries: Any) -> None:
         now = self.env.now
         for e in entries:
-            c, i, size = self.pending.pop(e.id)
+            c, i, j, meta = self.pending.pop(e.id)
             if e.error is not None:  # the writer writes its segment itself
                 self.fallbacks += 1
                 self.objects[c] += 1
-                self.at(float(self.store.put(c, now, size)), self._writer_done, c)
+                size = 0 if meta is None else meta.length
+                ref = None if meta is None else SegmentRef(meta, self.object_path(), 0)
+                durable = float(self.store.put(c, now, size))
+                self.at(durable, self._writer_done, c, i, j, ref)
             else:
-                self._writer_done(c)
+                ref = None if meta is None or e.path is None else SegmentRef(meta, e.path, e.offset)
+                self._writer_done(c, i, j, ref)
 
-    def _writer_done(self, c: int) -> None:
+    def _writer_done(self, c: int, i: int, j: int, ref: SegmentRef | None) -> None:
+        """Writer j of executor i has its ack (its segment ``ref`` is durable)."""
         self.left[c] -= 1
         if self.left[c] == 0:
             self.done[c] = self.env.now
             del self.left[c]
+        if self.on_writer_done is not None:
+            self.on_writer_done(c, i, j, ref)
 
     # -- transport -----------------------------------------------------------------------
     def _arrive(self, v: int, below: bool, key: Any, msg: Message) -> None:
@@ -300,7 +316,7 @@ class NodeCoreCluster:
         self.at(durable, self._written, v, ins)
 
     def _written(self, v: int, ins: WriteObject) -> None:
-        path = f"o{next(self._paths)}"
+        path = self.object_path()
         refs, off = [], 0
         for i in ins.items:
             refs.append(SegmentRef(i.meta, path, off))

@@ -166,6 +166,14 @@ def simulate_command(
     stats_interval: Annotated[
         float, typer.Option(help="Seconds between a node's Stats reports (the node's: 0.2).")
     ] = 0.2,
+    coordinator: Annotated[
+        bool,
+        typer.Option(
+            help="Tree designs: the coordinator core triggers each checkpoint an interval "
+            "after the previous completed, latency to its completion (default "
+            "--no-coordinator: fixed triggers, latency to the last writer's ack)."
+        ),
+    ] = False,
     plan_window: Annotated[
         int | None, typer.Option(help="Checkpoints per plan window (default: topology's, else 4).")
     ] = None,
@@ -204,12 +212,8 @@ def simulate_command(
     from dstltree.simulations.config import SimConfig
     from dstltree.simulations.sweep import best
     from dstltree.simulations.sweep import plot as plot_results
-    from dstltree.topology.latency import get_model
 
-    try:
-        get_model(dfs_latency)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--dfs-latency") from None
+    _check_model(dfs_latency)
     shape = _shape(topology, executors, branching, target_object_bytes, plan_window)
     sweeping = sweep_branching is not None or sweep_target is not None
     designs = _designs(design, DESIGNS if sweeping else ("tree",))
@@ -237,6 +241,7 @@ def simulate_command(
             hedge_copies=hedge_copies,
             hedge_adaptive_percentile=hedge_adaptive,
             throttle_aware=throttle_aware,
+            coordinator=coordinator,
             stats_interval_s=stats_interval,
             hop_latency_s=hop_latency,
             node_bandwidth=float(parse_size(node_bandwidth)),
@@ -257,6 +262,16 @@ def simulate_command(
     _print_results(results, chosen, sweeping, as_json, plot)
     if emit_topology is not None:
         _emit(emit_topology, base, results, sweeping, as_json)
+
+
+def _check_model(name: str) -> None:
+    """BadParameter for an unknown latency model."""
+    from dstltree.topology.latency import get_model
+
+    try:
+        get_model(name)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--dfs-latency") from None
 
 
 class _Shape(NamedTuple):

@@ -281,3 +281,20 @@ def test_emit_topology_needs_a_tree_run(app: typer.Typer, tmp_path: Path) -> Non
         ],
     )
     assert r.exit_code != 0 and "no tree setting" in flat(r.output)
+
+
+def test_simulate_coordinator_flag(app: typer.Typer) -> None:
+    """--coordinator: the coordinator core triggers and completes the checkpoints, so a
+    checkpoint's latency includes the acks and the metadata write after the last
+    writer's ack; the default keeps the fixed trigger."""
+    args = ["simulate", "--checkpoints", "3", "--dfs-latency", "local", "--json"]
+    fixed = runner.invoke(app, args)
+    assert fixed.exit_code == 0, fixed.output
+    off = json.loads(fixed.output)
+    assert off["coordinator"] is False and off["coordinator_ms"] == {}
+    assert off["checkpoint_ms"] == off["writers_ms"]
+    r = runner.invoke(app, [*args, "--coordinator"])
+    assert r.exit_code == 0, r.output
+    on = json.loads(r.output)
+    assert on["coordinator"] is True
+    assert on["checkpoint_ms"]["p50"] > on["writers_ms"]["p50"] and on["coordinator_ms"]["p50"] > 0
