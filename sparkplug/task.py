@@ -56,6 +56,7 @@ class TaskConfig:
     node_for_executor: dict[str, str] = field(default_factory=dict)  # one node per executor
     node_for_host: dict[str, str] = field(default_factory=dict)  # topology nodes by host
     ack_timeout: float = 10.0
+    max_pending_acks: int = 2  # checkpoints persisting while the task goes on (sparkplug/acks.py)
     max_parallelism: int = 128
     batch_records: int = 256
     persist_changelog: bool = True

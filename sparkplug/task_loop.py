@@ -7,8 +7,10 @@ thread, driven by coordinator commands and exchange deliveries.
   TriggerCheckpoint it records its split states and sends barrier ``cp`` on every
   channel; it reports splits read to their end (SplitsFinished).
 - Operator: processes the records of every input channel with the user's function;
-  when barrier ``cp`` arrived on all channels (aligned), persists the changelog, stages
-  the sink output and acknowledges ``cp`` with the reader's split states of ``cp``.
+  when barrier ``cp`` arrived on all channels (aligned), starts the changelog's persist,
+  stages the sink output and goes on processing; ``cp`` is acknowledged, with the
+  reader's split states of ``cp``, once the persist is durable (sparkplug/acks.py:
+  asynchronous checkpoints, at most ``TaskConfig.max_pending_acks`` waiting).
 - Commands: AssignSplits, TriggerCheckpoint, Materialize, ApplyMaterialization,
   CheckpointComplete (stop carrying committables), Finish (return), Fenced (return).
 """
@@ -23,6 +25,7 @@ from typing import Any
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.task_link import TaskLink
+from dstltree.sparkplug.acks import PendingAcks
 from dstltree.sparkplug.exchange import Aligned, Exchange
 from dstltree.sparkplug.keygroups import task_of_key
 from dstltree.sparkplug.pipeline import apply_steps, key_of
@@ -35,6 +38,7 @@ from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 IDLE_WAIT = 0.005  # seconds a task with nothing to do waits for deliveries
+ACK_WAIT = 0.001  # ... while an acknowledgement waits for its persist
 
 
 def _interface(host: str) -> str:
@@ -114,6 +118,7 @@ class TaskLoop:
         self._steps, self._key, self._fn = p.steps, p.key_by, p.function
         self._link: TaskLink | None = None
         self._rate_start: float | None = None
+        self.acks = PendingAcks(self._send_ack, cfg.max_pending_acks, cfg.ack_timeout * 3)
 
     # -- driving -----------------------------------------------------------------------
     def run(self, link: TaskLink, gather: Any) -> int:
@@ -140,9 +145,11 @@ class TaskLoop:
         for cmd in link.poll():
             if self._command(cmd):
                 return True
+        self.acks.send_ready()
         busy = self._read()
         self.exchange.flush()
-        for item in self.exchange.receive(0.0 if busy else IDLE_WAIT):
+        wait = 0.0 if busy else ACK_WAIT if self.acks else IDLE_WAIT
+        for item in self.exchange.receive(wait):
             if isinstance(item, Aligned):
                 self._checkpoint(item.checkpoint_id)
             else:
@@ -197,31 +204,33 @@ class TaskLoop:
         self.records += len(items)
 
     def _checkpoint(self, cp: int) -> None:
-        """Barrier ``cp`` aligned: persist, stage the sink output, acknowledge."""
-        handles = self.handles
+        """Barrier ``cp`` aligned, the synchronous phase: start the changelog's persist
+        (its SQN range ends here), stage the sink output, and leave the acknowledgement
+        to :class:`PendingAcks` (sent once the persist is durable)."""
         writer = self.backend.writer
+        future = None
         if writer is not None:
             future = writer.persist_durably(self.after_sqn, checkpoint_id=cp)
-            handles = (*handles, future.result(timeout=self.cfg.ack_timeout * 3))
         if self.sink is not None:
             staged = self.sink.prepare_commit(cp)
             if staged is not None:
                 self.uncommitted.append(staged)
-        assert self._link is not None
         kgs = self.backend.key_groups
-        self._link.ack_checkpoint(
-            cp,
-            TaskCheckpoint(
-                self.task,
-                self.cfg.attempt,
-                self.records_before + self.records,
-                self.materialized,
-                handles,
-                (kgs.start, kgs.stop),
-                self.barrier_states.pop(cp, ()),
-                tuple(self.uncommitted),
-            ),
+        state = TaskCheckpoint(
+            self.task,
+            self.cfg.attempt,
+            self.records_before + self.records,
+            self.materialized,
+            self.handles,
+            (kgs.start, kgs.stop),
+            self.barrier_states.pop(cp, ()),
+            tuple(self.uncommitted),
         )
+        self.acks.add(cp, state, future)
+
+    def _send_ack(self, cp: int, state: TaskCheckpoint) -> None:
+        assert self._link is not None
+        self._link.ack_checkpoint(cp, state)
 
     # -- commands ----------------------------------------------------------------------
     def _command(self, cmd: protocol.Command) -> bool:

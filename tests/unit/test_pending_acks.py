@@ -1,0 +1,100 @@
+"""Asynchronous checkpoints: acknowledgements wait for their persist, in order."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+
+from dstltree.client.errors import PersistError
+from dstltree.client.handle import ChangelogHandle
+from dstltree.coordinator.checkpoint import TaskCheckpoint
+from dstltree.sparkplug.acks import PendingAcks
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _acks(limit: int = 2, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    sent: list[tuple[int, TaskCheckpoint]] = []
+    clock = _Clock()
+    acks = PendingAcks(lambda cp, st: sent.append((cp, st)), limit, timeout, clock)
+    return acks, sent, clock
+
+
+def _handle(lo: int, hi: int) -> ChangelogHandle:
+    return ChangelogHandle("w", (lo, hi), ())
+
+
+def test_an_ack_waits_for_its_persist_and_carries_its_handle() -> None:
+    acks, sent, _ = _acks()
+    f: Future[ChangelogHandle] = Future()
+    old = _handle(0, 3)
+    acks.add(1, TaskCheckpoint(0, 0, changelog=(old,)), f)
+    assert sent == [] and len(acks) == 1, "the task goes on while the persist runs"
+    assert acks.send_ready() == 0
+    f.set_result(_handle(3, 7))
+    assert acks.send_ready() == 1
+    ((cp, state),) = sent
+    assert cp == 1 and state.changelog == (old, _handle(3, 7))
+
+
+def test_acks_go_in_checkpoint_order_even_when_a_later_persist_ends_first() -> None:
+    acks, sent, _ = _acks(limit=3)
+    first: Future[ChangelogHandle] = Future()
+    second: Future[ChangelogHandle] = Future()
+    acks.add(1, TaskCheckpoint(0, 0), first)
+    acks.add(2, TaskCheckpoint(0, 0), second)
+    second.set_result(_handle(5, 9))
+    assert acks.send_ready() == 0 and sent == []
+    first.set_result(_handle(0, 5))
+    assert acks.send_ready() == 2
+    assert [cp for cp, _ in sent] == [1, 2]
+
+
+def test_without_a_changelog_the_ack_goes_at_once() -> None:
+    acks, sent, _ = _acks()
+    acks.add(4, TaskCheckpoint(0, 0, records=9), None)
+    assert sent == [(4, TaskCheckpoint(0, 0, records=9))] and len(acks) == 0
+
+
+def test_beyond_the_limit_add_blocks_on_the_oldest() -> None:
+    acks, sent, _ = _acks(limit=1, timeout=0.05)
+    done: Future[ChangelogHandle] = Future()
+    pending: Future[ChangelogHandle] = Future()
+    acks.add(1, TaskCheckpoint(0, 0), pending)
+    pending.set_result(_handle(0, 1))  # completes before the next barrier's add returns
+    acks.add(2, TaskCheckpoint(0, 0), done)
+    assert [cp for cp, _ in sent] == [1] and len(acks) == 1
+    with pytest.raises(TimeoutError):  # the oldest never completes: back-pressure ends in a timeout
+        acks.add(3, TaskCheckpoint(0, 0), Future())
+
+
+def test_a_failed_persist_fails_the_task() -> None:
+    acks, sent, _ = _acks()
+    f: Future[ChangelogHandle] = Future()
+    acks.add(1, TaskCheckpoint(0, 0), f)
+    f.set_exception(PersistError("upload failed"))
+    with pytest.raises(PersistError):
+        acks.send_ready()
+    assert sent == []
+
+
+def test_a_persist_past_its_deadline_fails_the_task() -> None:
+    acks, _, clock = _acks(timeout=2.0)
+    acks.add(1, TaskCheckpoint(0, 0), Future())
+    clock.now = 1.9
+    assert acks.send_ready() == 0
+    clock.now = 2.1
+    with pytest.raises(TimeoutError, match="checkpoint 1"):
+        acks.send_ready()
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError):
+        PendingAcks(lambda cp, st: None, limit=0)
