@@ -8,16 +8,27 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import pytest
 
 from dstltree.bench.report import to_json
 from dstltree.bench.validate import ValidateSettings, run_validation
+from dstltree.client.batching import Batch
 from dstltree.topology.latency import get_model
 
 
 @pytest.mark.timeout(120)
-def test_reduced_validation_requests_agree() -> None:
+def test_reduced_validation_requests_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the simulator runs in this process: count its node cores' flush reasons
+    reasons: Counter[str | None] = Counter()
+    take = Batch.take
+
+    def counting_take(self: Batch, reason: str | None = None, expected_writers: int = 0) -> list:
+        reasons[reason] += 1
+        return take(self, reason, expected_writers)
+
+    monkeypatch.setattr(Batch, "take", counting_take)
     vs = ValidateSettings(
         checkpoints=12,
         plan_window=4,
@@ -25,7 +36,12 @@ def test_reduced_validation_requests_agree() -> None:
         hop_latency_s=0.004,
         seed=0,
     )
+    # the persist delay is far beyond scheduling noise (a writer's request late on a
+    # loaded machine must not let a delay flush cut an extra object on the real side)
+    assert vs.persist_delay >= 2 * vs.checkpoint_interval
     doc = run_validation(vs)
+    # size cuts and the all-persisted rule decide every flush, never the delay
+    assert reasons["delay"] == 0 and reasons["size"] > 0 and reasons["all-persisted"] > 0
     real, sim = doc["real"], doc["sim"]
     assert real["fallback_segments"] == 0
     assert real["uploads_total"] == real["objects_total"]  # hedging off, no retries
