@@ -11,10 +11,20 @@ from typing import Any
 
 from dstltree.simulations.cluster import SimResult, simulate
 from dstltree.simulations.config import Design, SimConfig
+from dstltree.topology.latency import get_model
 
-__all__ = ["best", "plot", "sweep"]
+__all__ = ["best", "floor_ms", "plot", "sweep"]
 
 _FLAT: tuple[str, ...] = ("task", "executor")  # designs that ignore branching and target
+
+
+def floor_ms(model: str = "flip158-s3") -> float:
+    """The floor of a checkpoint's tail (ms): one request's p99 at the model's reference
+    size, hedged for the FLIP-158 S3 model (its ``flip158-s3-hedged`` table: 937 ms;
+    FLIP-158, "DFS write latency"). Raises KeyError for an unknown model."""
+    if model == "flip158-s3":
+        model = "flip158-s3-hedged"
+    return get_model(model).quantile(99) * 1000
 
 
 def sweep(
@@ -43,16 +53,30 @@ def sweep(
         return list(pool.map(simulate, cfgs))
 
 
-def best(results: Sequence[SimResult]) -> SimResult | None:
-    """The result with the lowest checkpoint p99 among those within the request-rate
-    limit (no throttled request, PUT/s under the limit); ties go to the lower p50, then
-    to fewer requests. None if no result stays within the limit."""
-    ok = [r for r in results if r.within_rate_limit]
+def best(
+    results: Sequence[SimResult], prefixes: int = 1, p99_slack: float = 0.05
+) -> SimResult | None:
+    """The recommended setting: among the results within the request-rate limit (no
+    throttled request, PUT/s at most ``put_rate_limit`` x ``prefixes``, the limit being
+    per prefix: S3's 3,500 PUT/s per prefix), those whose checkpoint p99 is within
+    ``p99_slack`` (a fraction) of the lowest p99, and of these the one with the fewest
+    requests per checkpoint (users pay per request); ties go to the lower p99, then the
+    lower p50. None if no result stays within the limit. Raises ValueError if
+    ``prefixes`` < 1 or ``p99_slack`` < 0."""
+    if prefixes < 1 or p99_slack < 0:
+        raise ValueError(f"prefixes must be >= 1 and p99_slack >= 0: {prefixes}, {p99_slack}")
+    ok = [
+        r
+        for r in results
+        if r.throttled_requests == 0 and r.requests_per_second <= r.put_rate_limit * prefixes
+    ]
     if not ok:
         return None
+    floor = min(r.checkpoint_ms["p99"] for r in ok)
+    near = [r for r in ok if r.checkpoint_ms["p99"] <= floor * (1 + p99_slack)]
     return min(
-        ok,
-        key=lambda r: (r.checkpoint_ms["p99"], r.checkpoint_ms["p50"], r.requests_per_checkpoint),
+        near,
+        key=lambda r: (r.requests_per_checkpoint, r.checkpoint_ms["p99"], r.checkpoint_ms["p50"]),
     )
 
 
@@ -95,11 +119,19 @@ def _draw_panel(
         )
 
 
-def plot(results: Sequence[SimResult], path: str | Path, title: str = "") -> Path:
+def plot(
+    results: Sequence[SimResult],
+    path: str | Path,
+    title: str = "",
+    prefixes: int = 1,
+    floor_ms: float | None = None,
+) -> Path:
     """Checkpoint p50 and p99 (ms) and requests per checkpoint against the swept
     parameter (target object size if it varies, else branching), one line per design
     (per design and branching when both vary). ``task``/``executor`` are flat lines.
-    Writes a PNG to ``path`` and returns it."""
+    The request panel marks the store's limit (``put_rate_limit`` x ``prefixes``
+    requests per checkpoint interval), the p99 panel the floor ``floor_ms`` (one
+    request's p99, ms) when given. Writes a PNG to ``path`` and returns it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,8 +171,12 @@ def plot(results: Sequence[SimResult], path: str | Path, title: str = "") -> Pat
         ax.grid(True, which="both", alpha=0.3)
     if results:
         r0 = results[0]
-        limit = r0.put_rate_limit * r0.checkpoint_interval_s
-        axes[2].axhline(limit, color="red", lw=1, label=f"{r0.put_rate_limit:g} PUT/s limit")
+        rate = r0.put_rate_limit * prefixes
+        limit = rate * r0.checkpoint_interval_s
+        axes[2].axhline(limit, color="red", lw=1, label=f"{rate:g} PUT/s limit")
+    if floor_ms is not None:
+        axes[1].axhline(floor_ms, color="grey", lw=1, label=f"floor {floor_ms:.0f} ms")
+        axes[1].legend(fontsize=7)
     axes[2].legend(fontsize=7)
     if title:
         fig.suptitle(title)

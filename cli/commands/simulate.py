@@ -108,7 +108,7 @@ def _print_table(results: list[Any], best: Any | None) -> None:
             else f" branching={best.branching} target={_mib(best.target_object_bytes)}"
         )
         console.print(
-            f"best (lowest p99 within the request-rate limit, marked *): "
+            f"best (fewest requests with p99 within 5 % of the lowest, no throttling; *): "
             f"{best.design}{where} p99={best.checkpoint_ms['p99']:.0f} ms"
         )
 
@@ -189,7 +189,8 @@ def simulate_command(
         Path | None,
         typer.Option(
             help="Write the recommended topology YAML (deploy/*.yaml format): the best "
-            "tree setting of the sweep (lowest p99 within the rate limit), else the tree run."
+            "tree setting of the sweep (fewest requests with p99 within 5 % of the lowest, no "
+            "throttling), else the tree run."
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -210,7 +211,7 @@ def simulate_command(
         return
 
     from dstltree.simulations.config import SimConfig
-    from dstltree.simulations.sweep import best
+    from dstltree.simulations.sweep import best, floor_ms
     from dstltree.simulations.sweep import plot as plot_results
 
     _check_model(dfs_latency)
@@ -251,13 +252,15 @@ def simulate_command(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     results = _run(base, designs, sweep_branching, sweep_target, jobs)
-    chosen = best(results)
+    chosen = best(results, base.prefixes)
     if plot is not None:
         plot_results(
             results,
             plot,
             title=f"{shape.executors} executors x {tasks_per_executor} "
             f"tasks, {bytes_per_checkpoint}/task, {dfs_latency}",
+            prefixes=base.prefixes,
+            floor_ms=floor_ms(dfs_latency),
         )
     _print_results(results, chosen, sweeping, as_json, plot)
     if emit_topology is not None:
@@ -376,7 +379,7 @@ def _emit(
     from dstltree.simulations.sweep import best
 
     trees = [r for r in results if r.design in TREE_DESIGNS]
-    pick = best(trees) if sweeping else (trees[0] if trees else None)
+    pick = best(trees, base.prefixes) if sweeping else (trees[0] if trees else None)
     if pick is None:
         raise typer.BadParameter(
             "no tree setting to emit (none ran, or none stays within the request-rate limit)",

@@ -118,7 +118,10 @@ def test_sweep_with_plot(app: typer.Typer, tmp_path: Path) -> None:
     assert trees == {(b, t * 2**20) for b in (2, 4) for t in (1, 4)}
     assert [d for d, _b, _t in runs].count("executor") == 1  # flat: not swept
     ok = [r for r in out["results"] if r["throttled_requests"] == 0]
-    assert out["best"]["checkpoint_ms"]["p99"] == min(r["checkpoint_ms"]["p99"] for r in ok)
+    low = min(r["checkpoint_ms"]["p99"] for r in ok)  # best: fewest requests near it
+    near = [r for r in ok if r["checkpoint_ms"]["p99"] <= low * 1.05]
+    assert out["best"]["requests_per_checkpoint"] == min(r["requests_per_checkpoint"] for r in near)
+    assert out["best"]["checkpoint_ms"]["p99"] <= low * 1.05
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
