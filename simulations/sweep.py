@@ -136,6 +136,7 @@ def plot(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     tree_runs = [r for r in results if r.design not in _FLAT]
     targets = sorted({r.target_object_bytes for r in tree_runs})
@@ -168,6 +169,8 @@ def plot(
         ax.set_yscale("log")
         if x_is_target or len(xpts) > 1:
             ax.set_xscale("log", base=2)
+            ax.set_xticks(xpts, [f"{x:g}" for x in xpts])  # the swept values, not powers
+            ax.xaxis.set_minor_locator(NullLocator())
         ax.grid(True, which="both", alpha=0.3)
     if results:
         r0 = results[0]
