@@ -277,6 +277,10 @@ class NodeCoreCluster:
         if h.timer != when:
             return  # superseded by an earlier timer
         h.timer = _INF
+        nd = h.core.next_deadline()
+        if nd is not None and nd > self.env.now:  # it moved later (a flush, a report)
+            self._arm(v)
+            return
         self._run(v, h.core.handle(TimePassed(self.env.now)))
 
     def _run(self, v: int, out: list[Instruction]) -> None:
