@@ -10,6 +10,7 @@ No I/O and no clock: callers pass ``now`` (seconds, monotonic).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -106,9 +107,10 @@ class Batch:
             else:  # a node's summary marker: writers counted below it
                 self._summed[cp] += item.writers
 
-    def _checkpoints(self) -> set[int]:
+    def _checkpoints(self) -> Iterable[int]:
+        """The checkpoints counted here (no copy unless summaries arrived)."""
         if not self._summed:
-            return set(self._persisted)
+            return self._persisted.keys()
         return self._persisted.keys() | self._summed.keys()
 
     def persisted(self, checkpoint: int) -> int:
