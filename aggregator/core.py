@@ -851,9 +851,7 @@ class NodeCore:
         sent = self._sent
         if not sent or next(iter(sent.values())).deadline > now:  # the first is due first
             return []
-        late = _expired(sent.items(), lambda s: s.deadline <= now)  # in send order
-        if not late:
-            return []
+        late = _expired(sent.items(), lambda s: s.deadline <= now)  # in send order: not empty
         self._counters["parent_timeouts"] += 1
         for address in {self._sent[fid].address for fid in late}:
             self._down[address] = now + self.config.parent_retry_after

@@ -104,8 +104,16 @@ class SimResult:
 
     @property
     def within_rate_limit(self) -> bool:
-        """No request was throttled and the PUT rate stays under the limit."""
-        return self.throttled_requests == 0 and self.requests_per_second <= self.put_rate_limit
+        """No request was throttled and the PUT rate stays under one prefix's limit."""
+        return self.under_limit(1)
+
+    def under_limit(self, prefixes: int) -> bool:
+        """No request was throttled and the PUT rate stays under ``put_rate_limit`` x
+        ``prefixes`` (the limit is per prefix)."""
+        return (
+            self.throttled_requests == 0
+            and self.requests_per_second <= self.put_rate_limit * prefixes
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}

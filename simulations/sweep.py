@@ -65,11 +65,7 @@ def best(
     ``prefixes`` < 1 or ``p99_slack`` < 0."""
     if prefixes < 1 or p99_slack < 0:
         raise ValueError(f"prefixes must be >= 1 and p99_slack >= 0: {prefixes}, {p99_slack}")
-    ok = [
-        r
-        for r in results
-        if r.throttled_requests == 0 and r.requests_per_second <= r.put_rate_limit * prefixes
-    ]
+    ok = [r for r in results if r.under_limit(prefixes)]
     if not ok:
         return None
     floor = min(r.checkpoint_ms["p99"] for r in ok)

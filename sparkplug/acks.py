@@ -52,7 +52,6 @@ class PendingAcks:
             raise ValueError(f"limit must be >= 1 and timeout > 0, got {limit}, {timeout}")
         self._ack, self.limit, self.timeout, self._clock = ack, limit, timeout, clock
         self._pending: deque[_AwaitingPersist] = deque()
-        self.longest_wait = 0.0  # seconds the task waited at add (back-pressure)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -66,11 +65,8 @@ class PendingAcks:
         deadline = self._clock() + self.timeout
         self._pending.append(_AwaitingPersist(checkpoint_id, state, persisted, deadline))
         self.send_ready()
-        if len(self._pending) > self.limit:
-            t0 = self._clock()
-            while len(self._pending) > self.limit:
-                self._send_oldest(block=True)
-            self.longest_wait = max(self.longest_wait, self._clock() - t0)
+        while len(self._pending) > self.limit:
+            self._send_oldest(block=True)
 
     def send_ready(self) -> int:
         """Send the acknowledgements whose persists completed, oldest first, stopping at
@@ -86,16 +82,15 @@ class PendingAcks:
         handle: ChangelogHandle | None
         if f is not None and not f.done():
             left = p.deadline - self._clock()
-            if not block and left > 0:
-                return False
             if left <= 0:
                 raise TimeoutError(
                     f"checkpoint {p.checkpoint_id}: the changelog persist took more than "
                     f"{self.timeout} s"
                 )
-            handle = f.result(timeout=left)  # TimeoutError past the deadline
-        else:
-            handle = None if f is None else f.result()  # a failed persist raises here
+            if not block:
+                return False
+        # a failed persist raises here; a blocking wait past the deadline: TimeoutError
+        handle = None if f is None else f.result(timeout=p.deadline - self._clock())
         self._pending.popleft()
         state = (
             p.state if handle is None else replace(p.state, changelog=(*p.state.changelog, handle))

@@ -265,16 +265,16 @@ class ByteEstimator:
     def estimate(self) -> dict[str, float]:
         """node id -> mean bytes per checkpoint over its recorded history (a new dict
         each call; the means are computed once per update)."""
-        if self._means is None:
-            self._means = {n: sum(q) / len(q) for n, q in self._samples.items()}
-        return dict(self._means)
+        return dict(self._cached_means())
 
     def mean(self, node: str) -> float:
         """``estimate()[node]``, 0.0 for a node never seen (no copy)."""
+        return self._cached_means().get(node, 0.0)
+
+    def _cached_means(self) -> dict[str, float]:
         if self._means is None:
-            self.estimate()
-        assert self._means is not None
-        return self._means.get(node, 0.0)
+            self._means = {n: sum(q) / len(q) for n, q in self._samples.items()}
+        return self._means
 
 
 def planned_object_sizes(plan: TreePlan) -> list[int]:
