@@ -420,3 +420,4 @@ class Node:
             sock.close(0)
         os.close(self._wake_r)
         os.close(self._wake_w)
+        self.store.close()  # its object files created ahead and never used

@@ -22,7 +22,7 @@ from dstltree.aggregator.node import Node
 from dstltree.security.curve import Curve, auth_refusals, register_refusal_metrics
 from dstltree.security.settings import SecuritySettings, cluster_keys_for_nodes
 from dstltree.storage.hedging import UploadPolicy
-from dstltree.storage.store import ObjectStore
+from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore
 from dstltree.topology.config import TopologyConfig
 from dstltree.topology.endpoints import is_loopback
 
@@ -71,10 +71,14 @@ def build_node(
     """The node ``node_id`` at ``depth`` of ``topo``, bound to ``bind`` and known to
     others as ``advertise`` (default: the bound endpoint), with its own object writer
     hedging uploads per the topology (:func:`upload_policy`). ``store``: default, the
-    topology's base path with its ``object_prefixes``. ``security``: see
+    topology's base path with its ``object_prefixes`` and RESERVED_OBJECTS object files
+    created ahead (closed with the node). ``security``: see
     :func:`node_security` (None = plaintext)."""
     store = store or ObjectStore(
-        topo.base_path, topo.storage_options, prefixes=topo.object_prefixes
+        topo.base_path,
+        topo.storage_options,
+        prefixes=topo.object_prefixes,
+        reserve_objects=RESERVED_OBJECTS,
     )
     cfg = node_config(topo, node_id, depth, parent)
     policy = upload_policy(topo)

@@ -20,7 +20,7 @@ from dstltree.client.segment import CODECS
 from dstltree.client.uploader import SegmentUploader
 from dstltree.client.writer import DEFAULT_SQUASH_ENTRIES, ChangelogWriter
 from dstltree.storage.hedging import UploadPolicy
-from dstltree.storage.store import ObjectStore
+from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore
 
 if TYPE_CHECKING:
     from dstltree.security.curve import Curve
@@ -85,7 +85,12 @@ class ChangelogClient:
         """
         if compression is not None and compression not in CODECS:
             raise ValueError(f"unknown segment compression {compression!r} (known: {CODECS})")
-        store = ObjectStore(base_path, storage_options, fs=fs)
+        store = ObjectStore(
+            base_path,
+            storage_options,
+            fs=fs,
+            reserve_objects=RESERVED_OBJECTS if node is None else 0,
+        )
         uploader: SegmentUploader
         if node is None:
             uploader = DirectUploader(
@@ -144,6 +149,7 @@ class ChangelogClient:
         for w in self._writers:
             w.close()
         self.uploader.close()
+        self.store.close()
 
     def __enter__(self) -> ChangelogClient:
         return self

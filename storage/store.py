@@ -56,6 +56,7 @@ from tenacity import (
 )
 
 from dstltree.storage.errors import RetryableStorageError, StorageError
+from dstltree.storage.reserve import ObjectReservations
 
 Buffer = bytes | bytearray | memoryview
 """What the store writes: bytes-like parts, written back to back."""
@@ -72,6 +73,9 @@ CHECKPOINT_DIR = "checkpoints"
 #: prefixes leave room for far more objects per second than a tree writes; it is also
 #: the two-hex-digit layout of earlier versions
 DEFAULT_PREFIXES = 256
+#: object files a node's or a direct client's local store keeps created ahead
+#: (``ObjectStore(reserve_objects=...)``, :mod:`dstltree.storage.reserve`)
+RESERVED_OBJECTS = 8
 
 T = TypeVar("T")
 
@@ -145,6 +149,24 @@ def _link_exclusive(tmp: str, path: str) -> None:
         os.fsync(dst.fileno())
 
 
+def _put_in_place(path: str, chunks: Sequence[Buffer]) -> int | None:
+    """Write ``chunks`` into the existing reserved file ``path`` and fsync it (its
+    name is durable already); None when the file is gone, before or while it was
+    written (the caller then writes it the usual way). Raises OSError."""
+    try:
+        fd = os.open(path, _IN_PLACE_FLAGS)
+    except FileNotFoundError:
+        return None
+    try:
+        size = _write_all(fd, chunks)
+        os.fsync(fd)
+        if os.fstat(fd).st_nlink == 0:  # deleted meanwhile: these bytes have no name
+            return None
+    finally:
+        os.close(fd)
+    return size
+
+
 def _makedirs_durable(parent: str) -> None:
     """Create ``parent`` and its missing ancestors, fsyncing the directory each new one
     was created in (a new directory entry is durable only once its parent is synced)."""
@@ -164,6 +186,7 @@ def _makedirs_durable(parent: str) -> None:
 
 
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_IN_PLACE_FLAGS = os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
 _MAX_KNOWN_DIRS = 65536  # directories an ObjectStore remembers (then it forgets them all)
 
@@ -435,7 +458,10 @@ class ObjectStore:
     ``prefixes`` (>= 1, default DEFAULT_PREFIXES) is how many hashed prefixes new
     changelog objects are spread over (:meth:`new_object_path`); readers take paths
     as handles store them, so changing it never hides an object. ValueError for
-    ``prefixes < 1``.
+    ``prefixes < 1``. ``reserve_objects`` (default 0): on a bare local filesystem, how
+    many object files :meth:`new_object_path` keeps created ahead so that a put writes
+    into an existing file with one fsync (:mod:`dstltree.storage.reserve`); call
+    :meth:`close` to delete the unused ones.
     """
 
     def __init__(
@@ -446,6 +472,7 @@ class ObjectStore:
         *,
         retry: RetryPolicy | None = None,
         prefixes: int = DEFAULT_PREFIXES,
+        reserve_objects: int = 0,
     ) -> None:
         if prefixes < 1:
             raise ValueError(f"prefixes must be >= 1, got {prefixes}")
@@ -470,6 +497,20 @@ class ObjectStore:
         self.root: str = str(root).rstrip("/") or "/"
         self.base_url = self.url(self.root)
         self._changelog_url = self.join(CHANGELOG_DIR)
+        self._reserved: ObjectReservations | None = None
+        if reserve_objects > 0 and self._bare_local:
+            self._reserved = ObjectReservations(
+                lambda: self._path(self._fresh_object_path()),
+                self._ensure_dir,
+                fsync_dir,
+                reserve_objects,
+            )
+
+    def close(self) -> None:
+        """Delete the object files created ahead and not handed out (idempotent); the
+        store stays usable (it names objects the usual way afterwards)."""
+        if self._reserved is not None:
+            self._reserved.close()
 
     # -- retries -----------------------------------------------------------------------
     def _call(
@@ -547,7 +588,13 @@ class ObjectStore:
         from a random id (never from user input); the prefix, one of ``prefixes``
         (:func:`object_prefix`), spreads objects over store partitions so that each
         stays under its request-rate limit. Every prefix lies under
-        :meth:`changelog_root`, which listings and orphan cleanup walk."""
+        :meth:`changelog_root`, which listings and orphan cleanup walk. With
+        ``reserve_objects`` the name is one whose empty file exists already."""
+        if self._reserved is not None and (path := self._reserved.take()) is not None:
+            return self.url(path)
+        return self._fresh_object_path()
+
+    def _fresh_object_path(self) -> str:
         oid = os.urandom(16).hex()
         return f"{self._changelog_url}/{object_prefix(oid, self.prefixes)}/{oid}{OBJECT_SUFFIX}"
 
@@ -597,8 +644,11 @@ class ObjectStore:
         Raises StorageError."""
         chunks = self.prepare(parts, exclusive)
         path = self._path(url)
+        in_place = not exclusive and self._reserved is not None and self._reserved.claim(path)
 
         def once() -> int:
+            if in_place and (size := _put_in_place(path, chunks)) is not None:
+                return size
             if self.writes_parts(exclusive):
                 return self._put_local(path, chunks, exclusive)
             data = chunks[0]

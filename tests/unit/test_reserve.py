@@ -1,0 +1,92 @@
+"""Object files created ahead (storage/reserve.py): a put writes into the reserved file
+with one fsync, an orphan sweep never deletes a reservation, a vanished reservation
+falls back to the ordinary write, close deletes what was never handed out."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from dstltree.coordinator.cleanup import list_data_files, scan_orphans
+from dstltree.storage import reserve
+from dstltree.storage.store import ObjectExistsError, ObjectStore
+from tests.support.waiting import wait_until
+
+
+def _store(tmp_path: Path, n: int = 4) -> ObjectStore:
+    store = ObjectStore(str(tmp_path), reserve_objects=n)
+    store.new_object_path()  # the first call starts the refill thread
+    assert store._reserved is not None
+    reserved = store._reserved
+    wait_until(lambda: reserved.ready() == n)
+    return store
+
+
+def test_put_writes_into_the_reserved_file(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    path = store.new_object_path()
+    before = os.stat(path)
+    assert before.st_size == 0 and before.st_mtime > time.time() + reserve.FUTURE_S / 2
+    assert store.put(path, [b"abc", b"def"]) == 6
+    after = os.stat(path)
+    assert after.st_ino == before.st_ino, "written in place, not renamed over"
+    assert store.read(path) == b"abcdef" and after.st_mtime <= time.time() + 1
+    assert not [p for p in os.listdir(os.path.dirname(path)) if ".tmp-" in p]
+    store.close()
+
+
+def test_the_orphan_sweep_spares_reservations(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    reserved = list_data_files(store)
+    assert len(reserved) == 4
+    scan = scan_orphans(store, [], cutoff=time.time() + 60)  # everything written before
+    assert scan.orphans == () and sorted(scan.spared) == sorted(reserved)
+    store.close()
+
+
+def test_a_vanished_reservation_is_written_the_usual_way(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    path = store.new_object_path()
+    os.unlink(path)  # e.g. the final sweep of a finished run
+    assert store.put(path, b"payload") == 7
+    assert store.read(path) == b"payload"
+    store.close()
+
+
+def test_close_deletes_unused_reservations_and_the_store_stays_usable(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    used = store.new_object_path()
+    store.put(used, b"x")
+    store.close()
+    assert list_data_files(store) == [used]
+    fresh = store.new_object_path()
+    assert not os.path.exists(fresh)
+    store.put(fresh, b"y")
+    assert store.read(fresh) == b"y"
+
+
+def test_stale_reservations_are_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _store(tmp_path, n=2)
+    before = set(list_data_files(store))
+    monkeypatch.setattr(reserve, "MAX_AGE_S", -1.0)
+    path = store.new_object_path()
+    assert path not in before and not os.path.exists(path), "a fresh name instead"
+    assert not before & set(list_data_files(store)), "the stale files are gone"
+    store.close()
+
+
+def test_exclusive_and_wrapped_stores_never_reserve(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    path = store.new_object_path()
+    with pytest.raises(ObjectExistsError):
+        store.put(path, b"x", exclusive=True)  # the reserved name is taken
+    store.close()
+    assert ObjectStore("memory://reserve-test", reserve_objects=4)._reserved is None
+
+
+def test_a_reserved_target_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="target"):
+        reserve.ObjectReservations(lambda: "x", lambda _: None, lambda _: None, 0)
