@@ -21,7 +21,7 @@ from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.node import Node
 from dstltree.client.api import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
-from dstltree.storage.store import ObjectStore
+from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore
 
 _WINDOW_BYTES = 64 * 1024 * 1024  # bytes in flight of a throughput sender
 _SMALL_CHANGE = 100  # bytes of one change of the "1 MB of small changes" figure
@@ -40,9 +40,9 @@ def _rate(nbytes: int, seconds: float, cpu: float) -> dict[str, float]:
 
 def _raw_receiver(router: zmq.Socket, write_dir: str | None) -> None:
     """Receive until an empty frame; acknowledge each message whose first frame is
-    b"a" (after writing and fsyncing its body under ``write_dir`` when given) and the
-    final empty one."""
-    n = 0
+    b"a" (after writing and fsyncing its body to a NEW file under ``write_dir`` when
+    given: created for it, as a store creates an object) and the final empty one."""
+    n, run = 0, os.urandom(4).hex()  # names never used before: no write into an old file
     while True:
         ident, flag, body = router.recv_multipart(copy=False)
         if not len(body):
@@ -50,7 +50,8 @@ def _raw_receiver(router: zmq.Socket, write_dir: str | None) -> None:
             return
         if write_dir is not None:
             n += 1
-            fd = os.open(os.path.join(write_dir, f"raw-{n}"), os.O_WRONLY | os.O_CREAT, 0o644)
+            path = os.path.join(write_dir, f"raw-{run}-{n}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.write(fd, body.buffer)
                 os.fsync(fd)
@@ -106,7 +107,7 @@ def node_chain(base_path: str, depth: int, target_bytes: int) -> Iterator[list[N
     """``depth`` in-process nodes in a chain (root first, security None) writing under
     ``base_path``; the root writes objects of ``target_bytes``, the others forward
     hop by hop (no plans). Clients connect to the last one."""
-    store = ObjectStore(base_path)
+    store = ObjectStore(base_path, reserve_objects=RESERVED_OBJECTS)  # as build_node's
     nodes: list[Node] = []
     try:
         for i in range(depth):
