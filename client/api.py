@@ -7,7 +7,7 @@ executor, falling back to DFS when the node does not answer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -52,7 +52,7 @@ class ChangelogClient:
     def open(
         cls,
         base_path: str,
-        node: str | None = None,
+        node: str | Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         *,
         fs: fsspec.AbstractFileSystem | None = None,
@@ -65,14 +65,19 @@ class ChangelogClient:
         security: Curve | None = None,
         compression: str | None = None,
         max_message_bytes: int = 16 * 1024 * 1024,
+        hold_down: float = 5.0,
     ) -> ChangelogClient:
         """Open a client on ``base_path`` (fsspec URL).
 
         ``node=None``: segments are written in-process; ``persist_delay`` (seconds) and
         ``target_object_bytes`` batch the writers of this client into one object (the
         defaults write one object per segment). ``node``: a ZeroMQ endpoint of the
-        aggregator node; a segment not acked within ``ack_timeout`` seconds is written
-        straight to DFS instead. ``upload_policy`` sets hedging of in-process uploads
+        aggregator node, or several in order of preference (the executor's node first,
+        then a neighbour's): a lost connection moves the unacknowledged segments to the
+        next one at once, the preferred node gets them back after ``hold_down`` seconds
+        up (:class:`~dstltree.client.node_uploader.NodeUploader`); a segment not acked
+        within ``ack_timeout`` seconds is written straight to DFS instead.
+        ``upload_policy`` sets hedging of in-process uploads
         (default: storage.hedging.UploadPolicy()). Starting an upload blocks while
         more than ``max_in_flight_bytes`` of this client's segments are not yet durable
         (back-pressure on ``append``; Flink's default, 100 MB). ``security``: CURVE to
@@ -106,6 +111,7 @@ class ChangelogClient:
                 upload_policy=upload_policy,
                 security=security,
                 max_message_bytes=max_message_bytes,
+                hold_down=hold_down,
             )
         return cls(store, uploader, preemptive_bytes, max_in_flight_bytes, compression)
 

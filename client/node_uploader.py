@@ -20,6 +20,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -28,7 +29,9 @@ import zmq
 from dstltree.client.batching import PersistItem
 from dstltree.client.direct import DirectUploader
 from dstltree.client.errors import DstlError
+from dstltree.client.failover import NodePreference
 from dstltree.client.handle import SegmentRef
+from dstltree.client.links import MonitoredDealer
 from dstltree.client.wire import (
     Error,
     Message,
@@ -70,7 +73,9 @@ class UploaderStatistics:
     directly (``fallbacks``), items the node answered with an error (``node_errors``:
     failed ack entries plus ``error_replies``, the node's ``Error`` messages), and
     messages ZeroMQ would not queue (``send_failures``: the items time out and fall back),
-    and ``next_down_s``, seconds the node is marked down at its next silence."""
+    ``next_down_s``, seconds the node is marked down at its next silence, moves to the
+    next node after a lost connection (``failovers``) and the items sent again there
+    (``resent``)."""
 
     acked_by_node: int
     fallbacks: int
@@ -78,6 +83,8 @@ class UploaderStatistics:
     error_replies: int = 0
     send_failures: int = 0
     next_down_s: float = 0.0
+    failovers: int = 0
+    resent: int = 0
 
 
 def configure_dealer(sock: zmq.Socket) -> None:
@@ -89,9 +96,16 @@ def configure_dealer(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
 
 
-class NodeUploader:
-    """Sends persist items to the node at ``address`` (a ZeroMQ endpoint).
+_LEAVE_LINGER_MS = 200  # ms a connection we leave keeps trying to send its last messages
 
+
+class NodeUploader:
+    """Sends persist items to the node at ``address`` (a ZeroMQ endpoint), or to the
+    first of several nodes in order of preference (:mod:`dstltree.client.failover`):
+    when ZeroMQ's heartbeats (every ``heartbeat`` s, a silence of three intervals) or
+    the socket monitor report the connection lost, the items not yet acknowledged go
+    again to the next node at once; the preferred node gets the traffic back once a
+    probe connection to it stayed up for ``hold_down`` s.
 
     Times in seconds: an item not acked within ``ack_timeout`` goes to DFS directly and
     marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, while
@@ -103,7 +117,7 @@ class NodeUploader:
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         store: ObjectStore,
         ack_timeout: float = 10.0,
         lease_renewal: float = 2.0,
@@ -112,8 +126,13 @@ class NodeUploader:
         upload_policy: UploadPolicy | None = None,
         security: Curve | None = None,
         max_message_bytes: int = 16 * 1024 * 1024,
+        heartbeat: float = 0.1,
+        hold_down: float = 5.0,
     ) -> None:
-        self.address = address
+        addresses = (address,) if isinstance(address, str) else tuple(address)
+        self._pref = NodePreference(addresses, hold_down)
+        self._heartbeat = heartbeat
+        self._probe: MonitoredDealer | None = None  # its probe of a more preferred node
         self.max_message_bytes = max_message_bytes
         self._security = security
         self.store = store
@@ -139,7 +158,9 @@ class NodeUploader:
         self._thread_done = False
         self._fds_to_thread = False  # close() gave up waiting: the thread closes the pipe
         self._stop = threading.Event()
-        self._counts = {"acked": 0, "fallbacks": 0, "errors": 0, "replies": 0, "send": 0}
+        self._counts = dict.fromkeys(
+            ("acked", "fallbacks", "errors", "replies", "send", "failovers", "resent"), 0
+        )
         self._thread = threading.Thread(target=self._loop, name="dstl-node-client", daemon=True)
         self._thread.start()
 
@@ -198,6 +219,16 @@ class NodeUploader:
         self._fallback.close()
 
     @property
+    def address(self) -> str:
+        """The node items go to now (the first of ``addresses`` unless it failed)."""
+        return self._pref.address
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The nodes in order of preference."""
+        return self._pref.addresses
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -210,7 +241,14 @@ class NodeUploader:
     def statistics(self) -> UploaderStatistics:
         c = self._counts
         return UploaderStatistics(
-            c["acked"], c["fallbacks"], c["errors"], c["replies"], c["send"], self._down_for
+            c["acked"],
+            c["fallbacks"],
+            c["errors"],
+            c["replies"],
+            c["send"],
+            self._down_for,
+            c["failovers"],
+            c["resent"],
         )
 
     # -- pipe and lifecycle (callers hold no lock unless said) ----------------------------
@@ -252,13 +290,9 @@ class NodeUploader:
             self._wake()
 
     def _loop(self) -> None:
-        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        configure_dealer(sock)
-        configure_client(sock, self._security)
-        sock.connect(self.address)
         poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        link = self._open(self._pref.address, poller)
         next_renewal = time.monotonic() + self._renewal
         try:
             while not self._stop.is_set():
@@ -266,20 +300,100 @@ class NodeUploader:
                 if self._wake_r in ready:
                     os.read(self._wake_r, 4096)
                     self._wake_pending = False
-                self._send_outbox(sock)
-                if sock in ready:
-                    self._receive(sock)
+                self._send_outbox(link.sock)
+                if link.sock in ready:
+                    self._receive(link.sock)
                 now = time.monotonic()
+                link = self._watch_links(link, ready, poller, now)
                 self._expire(now)
                 if now >= next_renewal:
                     next_renewal = now + self._renewal
-                    with self._lock:
-                        for log_id in self._writers:
-                            self._send(sock, Register(log_id))
+                    self._register_all(link.sock)
         finally:
-            sock.close(0)
+            link.close(poller)
+            if self._probe is not None:
+                self._probe.close(poller)
             self._fall_back_all()
             self._thread_exit()
+
+    def _open(self, address: str, poller: zmq.Poller | None) -> MonitoredDealer:
+        def configure(sock: zmq.Socket) -> None:
+            configure_dealer(sock)
+            configure_client(sock, self._security)
+
+        return MonitoredDealer.open(address, configure, poller, self._heartbeat)
+
+    def _register_all(self, sock: zmq.Socket) -> None:
+        with self._lock:
+            writers = list(self._writers)
+        for log_id in writers:
+            self._send(sock, Register(log_id))
+
+    def _unregister_all(self, link: MonitoredDealer) -> None:
+        """Withdraw the writers from a node still alive that we leave, so that it does
+        not wait for them at its next checkpoint; the socket lingers briefly to send."""
+        with self._lock:
+            writers = list(self._writers)
+        for log_id in writers:
+            self._send(link.sock, Unregister(log_id))
+        link.sock.setsockopt(zmq.LINGER, _LEAVE_LINGER_MS)
+
+    # -- failover (the I/O thread) -------------------------------------------------------
+    def _watch_links(
+        self, link: MonitoredDealer, ready: dict, poller: zmq.Poller, now: float
+    ) -> MonitoredDealer:
+        """Act on the monitors: a lost connection to the current node moves to the next
+        node (its unacknowledged items sent again there); a probe of a more preferred
+        node that stayed up for the hold-down brings the traffic back. Returns the
+        connection to send on."""
+        pref = self._pref
+        if link.monitor in ready and link.lost() and pref.lost(now) is not None:
+            self._counts["failovers"] += 1
+            return self._switch(link, poller, now, f"lost the connection to {link.address}")
+        probe = self._probe
+        if probe is not None and probe.monitor in ready:
+            for up in probe.changes():
+                pref.probe_seen(up, now)
+        if pref.should_return(now) is not None:
+            self._unregister_all(link)  # the node we leave stops counting our writers
+            return self._switch(link, poller, now, f"it stayed up for {pref.hold_down:g} s")
+        self._keep_probe(poller)
+        return link
+
+    def _keep_probe(self, poller: zmq.Poller) -> None:
+        """A probe connection to the node to return to, while there is one."""
+        pref, probe = self._pref, self._probe
+        target = pref.probe_target()
+        if target is None and probe is not None:
+            probe.close(poller)
+            self._probe = None
+        elif target is not None and probe is None:
+            self._probe = self._open(pref.addresses[target], None)
+            poller.register(self._probe.monitor, zmq.POLLIN)
+
+    def _switch(
+        self, old: MonitoredDealer, poller: zmq.Poller, now: float, why: str
+    ) -> MonitoredDealer:
+        """Send to the node the preference chose from now on: a new connection, the
+        writers registered, every unacknowledged item sent again (the old node's copy,
+        if it wrote one, is never referenced: an orphan for the sweep)."""
+        log.info("node %s -> %s: %s", old.address, self._pref.address, why)
+        old.close(poller)
+        if self._probe is not None and self._probe.address == self._pref.address:
+            self._probe.close(poller)
+            self._probe = None
+        link = self._open(self._pref.address, poller)
+        self._register_all(link.sock)
+        pending, self._pending = self._pending, {}
+        deadline = now + self.ack_timeout
+        requests = []
+        for rid, p in pending.items():
+            self._pending[rid] = _AwaitingAck(p.item, p.future, deadline)
+            requests.append(PersistRequest(rid, p.item))
+        self._counts["resent"] += len(requests)
+        for msg in persist_messages(requests, self.max_message_bytes):
+            self._send(link.sock, msg)
+        return link
 
     def _poll_ms(self) -> int:
         """The next poll's timeout, ms: 0 if the outbox already holds something, else

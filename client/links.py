@@ -1,0 +1,83 @@
+"""A DEALER that knows when its peer is gone: ZeroMQ's own heartbeats (ZMTP PING/PONG)
+and the socket monitor's connection events, instead of waiting out an acknowledgement
+timeout. Used by a writer towards its nodes and by a node towards its parents."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+
+def configure_heartbeat(sock: zmq.Socket, interval: float) -> None:
+    """ZeroMQ's own heartbeats (ZMTP PING/PONG) every ``interval`` s; the connection is
+    dropped (a disconnect event) after three intervals without traffic from the peer
+    (``HEARTBEAT_IVL``, ``HEARTBEAT_TIMEOUT``, ``HEARTBEAT_TTL``). 0: off."""
+    if interval <= 0:
+        return
+    ivl = max(1, int(interval * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, 3 * ivl)
+
+
+_LINK_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+
+@dataclass
+class MonitoredDealer:
+    """A DEALER connected to one node, with its socket monitor (connection events).
+    ``configure`` sets the socket's own options (limits, CURVE) before it connects."""
+
+    address: str
+    sock: zmq.Socket
+    monitor: zmq.Socket
+
+    @classmethod
+    def open(
+        cls,
+        address: str,
+        configure: Callable[[zmq.Socket], None],
+        poller: zmq.Poller | None,
+        heartbeat: float,
+        ctx: zmq.Context | None = None,
+    ) -> MonitoredDealer:
+        """Connect (asynchronously, as ZeroMQ does) and register socket and monitor
+        with ``poller`` when given."""
+        sock: zmq.Socket[bytes] = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
+        configure(sock)
+        configure_heartbeat(sock, heartbeat)
+        monitor = sock.get_monitor_socket(_LINK_EVENTS)
+        monitor.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        if poller is not None:
+            poller.register(sock, zmq.POLLIN)
+            poller.register(monitor, zmq.POLLIN)
+        return cls(address, sock, monitor)
+
+    def changes(self) -> list[bool]:
+        """The connection events queued on the monitor, oldest first: True for a
+        completed handshake (up), False for a disconnect (down)."""
+        out = []
+        while int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            event = recv_monitor_message(self.monitor, zmq.NOBLOCK)["event"]
+            out.append(event == zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        return out
+
+    def lost(self) -> bool:
+        """Whether the monitor reported a disconnect since the last call (items in
+        flight to the node may be gone with it, even if it is back already)."""
+        return False in self.changes()
+
+    def close(self, poller: zmq.Poller | None) -> None:
+        for s in (self.sock, self.monitor):
+            if poller is not None:
+                with contextlib.suppress(KeyError):
+                    poller.unregister(s)
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close()  # its LINGER: 0, or a short one when leaving a live node
