@@ -79,6 +79,7 @@ from dstltree.aggregator.events import (
     SendUpstream,
     ShuttingDown,
     TimePassed,
+    UpstreamLost,
     WriteObject,
 )
 from dstltree.client.batching import Batch, PersistItem, RemoteOrigin
@@ -179,6 +180,7 @@ class NodeStatistics:
     malformed_upstream: int = 0
     backpressure_pauses: int = 0
     backpressure_seconds: float = 0.0
+    upstream_losses: int = 0
 
 
 @dataclass(slots=True)
@@ -282,6 +284,10 @@ class NodeCore:
         if isinstance(msg, Plan) and event.address == self.parent:
             return self._on_plan(msg, event.now)
         return []
+
+    @_handle_event.register
+    def _(self, event: UpstreamLost) -> list[Instruction]:
+        return self._upstream_lost(event.address, event.now)
 
     @_handle_event.register
     def _(self, event: ObjectWritten) -> list[Instruction]:
@@ -401,6 +407,7 @@ class NodeCore:
             c["plans_resent"],
             c["undeliverable_replies"],
             self.backlog_bytes,
+            upstream_losses=c["upstream_losses"],
             **shell,
         )
 
@@ -858,6 +865,39 @@ class NodeCore:
         if self.parent is not None and not self._up(self.parent, now):
             self._rehome(now)
         return self._write([self._sent.pop(fid).item for fid in late])
+
+    def _upstream_lost(self, address: str, now: float) -> list[Instruction]:
+        """``address`` is gone now, not after ``parent_timeout``: it is marked down,
+        the node re-homes if it was the parent, and the items it had not acknowledged
+        go on along their route now (written here when there is none). A copy the lost
+        node wrote anyway is never referenced: an orphan for cleanup."""
+        self._down[address] = now + self.config.parent_retry_after
+        if address == self.parent:
+            self._rehome(now)
+        lost = [fid for fid, s in self._sent.items() if s.address == address]
+        if not lost:
+            return []
+        self._counters["upstream_losses"] += 1
+        groups: dict[str, list[PersistItem]] = defaultdict(list)
+        for fid in lost:
+            item = self._sent.pop(fid).item
+            groups[self._reroute(item.checkpoint_id, now)].append(item)
+        out: list[Instruction] = []
+        for dest, items in groups.items():
+            if dest == SELF:
+                out += self._write(items) + self._markers_upstream(items, now)
+            else:
+                out += self._send(dest, items, now)
+        return out
+
+    def _reroute(self, checkpoint: int | None, now: float) -> str:
+        """Where an item sent to a lost node goes now: its planned collector or the
+        (new) parent when up, else SELF."""
+        if checkpoint is not None and (up := self._upstream_of(checkpoint, now)) is not None:
+            return up
+        if self.parent is not None and self._up(self.parent, now):
+            return self.parent
+        return SELF
 
     def _rehome(self, now: float) -> None:
         """The parent is unreachable: report to the next live ancestor instead."""

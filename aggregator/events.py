@@ -45,6 +45,15 @@ class MessageFromUpstream:
 
 
 @dataclass(frozen=True)
+class UpstreamLost:
+    """The connection to the upstream node at ``address`` was lost (the socket
+    monitor saw a disconnect: the peer closed, reset, or missed ZeroMQ heartbeats)."""
+
+    now: float
+    address: str
+
+
+@dataclass(frozen=True)
 class TimePassed:
     """Nothing arrived; deadlines up to ``now`` are due."""
 
@@ -93,6 +102,7 @@ Event = (
     MessageFromBelow
     | MalformedFromBelow
     | MessageFromUpstream
+    | UpstreamLost
     | TimePassed
     | ObjectWritten
     | ObjectFailed

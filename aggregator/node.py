@@ -43,11 +43,13 @@ from dstltree.aggregator.events import (
     SendUpstream,
     ShuttingDown,
     TimePassed,
+    UpstreamLost,
     WriteObject,
 )
 from dstltree.aggregator.object_writer import ObjectWriter
 from dstltree.client.direct import Written
 from dstltree.client.errors import WireError
+from dstltree.client.links import MonitoredDealer
 from dstltree.client.wire import dump, load
 from dstltree.security.curve import Curve, configure_client, configure_server
 from dstltree.storage.hedging import ReusableThreads, UploadPolicy
@@ -104,7 +106,10 @@ class Node:
     socket; ``shutdown_timeout``: seconds
     :meth:`serve` waits at stop for running writes and upstream acks. ``security``:
     CURVE for the ROUTER (accepting node and writer keys) and the DEALERs to other nodes
-    (:meth:`Curve.for_node`); None = plaintext (tests; the launchers default to CURVE)."""
+    (:meth:`Curve.for_node`); None = plaintext (tests; the launchers default to CURVE).
+    ``heartbeat``: seconds between ZeroMQ heartbeats on the DEALERs to other nodes; a
+    connection silent for three of them, or closed, is reported to the core at once
+    (``UpstreamLost``: its unacknowledged items go on along their new route)."""
 
     def __init__(
         self,
@@ -119,8 +124,10 @@ class Node:
         hwm: int = 1000,
         shutdown_timeout: float = 5.0,
         security: Curve | None = None,
+        heartbeat: float = 0.1,
     ) -> None:
         self.store = store
+        self.heartbeat = heartbeat
         self._security = security
         self.max_message_bytes = max_message_bytes
         self.hwm = hwm
@@ -138,7 +145,7 @@ class Node:
         # a Persist passed on stays well under the limit the parent applies (its own)
         forward = min(config.max_forward_bytes, max_message_bytes // 2)
         self.core = NodeCore(replace(config, address=self.address, max_forward_bytes=forward))
-        self._upstream: dict[str, zmq.Socket] = {}
+        self._upstream: dict[str, MonitoredDealer] = {}
         self._poller = zmq.Poller()
         self._poller.register(self._front, zmq.POLLIN)
         # objects being written (at most upload_threads) and those waiting for a slot;
@@ -190,9 +197,13 @@ class Node:
         handled = False  # the core's time-driven rules ran after an event of this turn
         if self._front in ready and self._front_polled:
             handled = self._drain_front(now)
-        for address, sock in list(self._upstream.items()):
-            if sock in ready:
-                handled = self._drain_up(address, sock, now) or handled
+        for address, link in list(self._upstream.items()):
+            if link.sock in ready:
+                handled = self._drain_up(address, link.sock, now) or handled
+            if link.monitor in ready and link.lost():
+                log.info("lost the connection to %s", address)
+                self._run(self.core.handle(UpstreamLost(now, address)))
+                handled = True
         if self._wake_r in ready:
             os.read(self._wake_r, 4096)
         handled = self._drain_results() or handled
@@ -310,15 +321,16 @@ class Node:
 
     def _socket_to(self, address: str) -> zmq.Socket:
         """The DEALER to an upstream node, opened on first use (one per address)."""
-        sock = self._upstream.get(address)
-        if sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            _configure_dealer(sock, self.max_message_bytes, self.hwm)
-            configure_client(sock, self._security)
-            sock.connect(address)
-            self._upstream[address] = sock
-            self._poller.register(sock, zmq.POLLIN)
-        return sock
+        link = self._upstream.get(address)
+        if link is None:
+
+            def configure(sock: zmq.Socket) -> None:
+                _configure_dealer(sock, self.max_message_bytes, self.hwm)
+                configure_client(sock, self._security)
+
+            link = MonitoredDealer.open(address, configure, self._poller, self.heartbeat, self._ctx)
+            self._upstream[address] = link
+        return link.sock
 
     def _drain_results(self) -> bool:
         """Feed finished writes to the core; True if there were any."""
@@ -416,8 +428,8 @@ class Node:
             self._update_metrics()
             self.metrics.close()
         self._front.close(_CLOSE_LINGER_MS)
-        for sock in self._upstream.values():
-            sock.close(0)
+        for link in self._upstream.values():
+            link.close(self._poller)
         os.close(self._wake_r)
         os.close(self._wake_w)
         self.store.close()  # its object files created ahead and never used

@@ -18,6 +18,7 @@ from dstltree.aggregator.events import (
     ReplyBelow,
     SendUpstream,
     TimePassed,
+    UpstreamLost,
     WriteObject,
 )
 from dstltree.client.batching import PersistItem
@@ -387,3 +388,38 @@ def test_an_item_above_max_forward_bytes_goes_alone() -> None:
     _below(core, _many(3, 150), 0.0)
     sends = _of(core.handle(TimePassed(0.06)), SendUpstream, Persist)
     assert [len(s.message.requests) for s in sends] == [1, 1, 1]
+
+
+# -- a lost upstream connection (socket monitor, heartbeats) -----------------------------------
+def test_a_lost_parent_is_noticed_at_once_and_its_unacked_items_are_written_here() -> None:
+    core = _core(delay=0.0)
+    (fwd,) = _of(_below(core, _persist("w1", 0, 10, rid=4), 0.0), SendUpstream, Persist)
+    out = core.handle(UpstreamLost(0.05, PARENT))  # long before parent_timeout (1 s)
+    (write,) = _of(out, WriteObject)
+    assert [i.meta.log_id for i in write.items] == ["w1"]
+    stats = core.statistics()
+    assert (stats.upstream_losses, stats.parent_timeouts, stats.in_flight_up) == (1, 0, 0)
+    assert stats.parent_down
+    acks = _of(_written(core, write, 0.1), ReplyBelow)
+    assert acks == [ReplyBelow(CLIENT, PersistAck((AckEntry(4, "/o", 0),)))]
+    late = PersistAck((AckEntry(fwd.message.requests[0].id, "/elsewhere", 0),))
+    assert core.handle(MessageFromUpstream(0.2, PARENT, late)) == [], "a late ack is ignored"
+
+
+def test_a_lost_parent_s_items_go_to_the_next_live_ancestor() -> None:
+    core = _core(delay=0.0, plans=True, plan_window=4, target=10**6)
+    _planned(core, 0, "p", PARENT, 0.0)
+    (fwd,) = _of(_below(core, _persist("w1", 1, 10, rid=2), 0.1), SendUpstream, Persist)
+    assert fwd.address == PARENT
+    out = core.handle(UpstreamLost(0.2, PARENT))
+    (resend,) = _of(out, SendUpstream, Persist)
+    assert resend.address == GRANDPARENT and core.parent == GRANDPARENT
+    assert [r.item.meta.log_id for r in resend.message.requests] == ["w1"]
+    assert _of(out, WriteObject) == []
+
+
+def test_losing_an_address_with_nothing_in_flight_only_marks_it_down() -> None:
+    core = _core(delay=0.0)
+    out = core.handle(UpstreamLost(0.0, PARENT))
+    assert _of(out, WriteObject) == [] and _of(out, SendUpstream, Persist) == []
+    assert core.statistics().parent_down and core.statistics().upstream_losses == 0

@@ -21,6 +21,7 @@ from dstltree.aggregator.events import (
     ReplyBelow,
     SendUpstream,
     TimePassed,
+    UpstreamLost,
     WriteObject,
 )
 from dstltree.client.batching import PersistItem, RemoteOrigin
@@ -98,6 +99,13 @@ class NodeMachine(RuleBasedStateMachine):
     def time_passes(self, dt: float) -> None:
         self.now += dt
         self._handle(TimePassed(self.now))
+
+    @rule()
+    def parent_lost(self) -> None:
+        """The socket monitor saw the parent's connection drop: items in flight there
+        go on at once (written here: no ancestors without plans); late acks for them
+        are ignored."""
+        self._handle(UpstreamLost(self.now, PARENT))
 
     @precondition(lambda self: bool(self.writes))
     @rule(data=st.data(), ok=st.booleans())

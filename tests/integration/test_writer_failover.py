@@ -1,0 +1,131 @@
+"""A writer with two nodes (client/failover.py, client/node_uploader.py): when its node
+is killed hard, the loss is seen through ZeroMQ (socket monitor, heartbeats) and the
+unacknowledged segments go to the second node at once, with no write straight to DFS;
+the restarted node gets the traffic back after the hold-down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from dstltree.aggregator.launcher import start_node_process
+from dstltree.client import ChangelogClient
+from tests.support.tree_fixtures import start
+from tests.support.waiting import wait_until
+
+
+def test_a_killed_node_s_segments_go_to_the_next_node_and_come_back_after_the_hold_down(
+    tmp_path: Path,
+) -> None:
+    base = str(tmp_path / "dfs")
+    # a long persist delay: the node holds a segment without a checkpoint until it dies
+    with start(tmp_path, persist_delay=60.0, parent_timeout=30.0) as tree:
+        a, b = tree.address("a"), tree.address("b")
+        client = ChangelogClient.open(
+            base, node=[a, b], ack_timeout=60.0, hold_down=0.5, security=tree.client_security
+        )
+        try:
+            up = client.uploader
+            w = client.create_writer("task0", range(2))
+            w.append(0, b"before the kill")
+            held = w.persist_durably(0)  # no checkpoint: stays in a's batch
+            wait_until(lambda: up._pending != {}, timeout=10)  # type: ignore[attr-defined]
+            t0 = time.monotonic()
+            tree.nodes["a"].kill()
+            wait_until(lambda: up.address == b, timeout=10)
+            print(f"\nnode loss noticed after {1000 * (time.monotonic() - t0):.0f} ms")
+            w.append(1, b"after the kill")
+            handle = w.persist_durably(0, checkpoint_id=1).result(timeout=20)
+            assert held.result(timeout=1).sqn_range == (0, 1)
+            stats = up.statistics()  # type: ignore[attr-defined]
+            assert (stats.failovers, stats.resent, stats.fallbacks) == (1, 1, 0)
+            assert list(client.read_changes(handle, 0)) == [b"before the kill"]
+            assert list(client.read_changes(handle, 1)) == [b"after the kill"]
+
+            old = tree.nodes["a"]
+            assert tree.workdir is not None
+            tree.nodes["a"] = start_node_process(
+                tmp_path / "topology.yaml",
+                "a",
+                old.depth,
+                tree.address("root"),
+                tree.workdir,
+                bind=old.address,
+                exit_with_pid=os.getpid(),
+                keys_dir=None if tree.keys is None else tree.keys.directory,
+            )
+            wait_until(lambda: up.address == a, timeout=20)
+            w.append(0, b"back home")
+            after = w.persist_durably(handle.sqn_range[1], checkpoint_id=2).result(timeout=20)
+            assert list(client.read_changes(after, 0)) == [b"back home"]
+            assert up.statistics().fallbacks == 0  # type: ignore[attr-defined]
+        finally:
+            client.close()
+
+
+def test_a_frozen_node_is_noticed_by_zeromq_heartbeats(tmp_path: Path) -> None:
+    """SIGSTOP: the process keeps its sockets (no reset reaches the writer), so only the
+    heartbeats (every 0.1 s, three missed) tell the writer the node is gone."""
+    base = str(tmp_path / "dfs")
+    with start(tmp_path, persist_delay=60.0, parent_timeout=30.0) as tree:
+        a, b = tree.address("a"), tree.address("b")
+        client = ChangelogClient.open(
+            base, node=[a, b], ack_timeout=60.0, hold_down=60.0, security=tree.client_security
+        )
+        frozen = tree.nodes["a"].pid
+        try:
+            up = client.uploader
+            w = client.create_writer("task0", range(1))
+            w.append(0, b"held by a")
+            held = w.persist_durably(0)
+            wait_until(lambda: up._pending != {}, timeout=10)  # type: ignore[attr-defined]
+            t0 = time.monotonic()
+            os.kill(frozen, signal.SIGSTOP)
+            wait_until(lambda: up.address == b, timeout=10)
+            print(f"\nfrozen node noticed after {1000 * (time.monotonic() - t0):.0f} ms")
+            handle = w.persist_durably(0, checkpoint_id=1).result(timeout=20)
+            assert held.result(timeout=1).sqn_range == (0, 1)
+            assert list(client.read_changes(handle, 0)) == [b"held by a"]
+            stats = up.statistics()  # type: ignore[attr-defined]
+            assert (stats.failovers, stats.resent, stats.fallbacks) == (1, 1, 0)
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+            client.close()
+
+
+CHAIN = [
+    {"id": "root", "bind": "auto"},
+    {"id": "a", "bind": "auto", "parent": "root"},
+    {"id": "a1", "bind": "auto", "parent": "a"},
+]
+
+
+def test_a_node_whose_parent_freezes_goes_on_without_waiting_for_the_parent_timeout(
+    tmp_path: Path,
+) -> None:
+    """a1's parent ``a`` is frozen while holding nothing yet: a1's segment forwarded to
+    it is never acknowledged. a1 sees the heartbeats stop and sends the segment on (to
+    the next ancestor it knows, else writes it itself) long before its parent timeout
+    (60 s) or the writer's ack timeout (60 s) would."""
+    base = str(tmp_path / "dfs")
+    with start(tmp_path, CHAIN, persist_delay=0.05, parent_timeout=60.0) as tree:
+        client = ChangelogClient.open(
+            base, node=tree.address("a1"), ack_timeout=60.0, security=tree.client_security
+        )
+        frozen = tree.nodes["a"].pid
+        try:
+            w = client.create_writer("task0", range(1))
+            w.append(0, b"warm-up")
+            w.persist_durably(0, checkpoint_id=1).result(timeout=30)
+            os.kill(frozen, signal.SIGSTOP)
+            w.append(0, b"while a is frozen")
+            t0 = time.monotonic()
+            handle = w.persist_durably(0, checkpoint_id=2).result(timeout=30)
+            print(f"\npersist across the frozen parent: {1000 * (time.monotonic() - t0):.0f} ms")
+            assert list(client.read_changes(handle, 0)) == [b"warm-up", b"while a is frozen"]
+            assert client.uploader.statistics().fallbacks == 0  # type: ignore[attr-defined]
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+            client.close()
