@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from itertools import repeat
+from typing import cast
 
 from dstltree.client.batching import PersistItem
 from dstltree.client.errors import DstlError, PersistError
@@ -418,7 +419,8 @@ def _render_sets(d: LastWins, set_prefix: bytes, clear_prefix: bytes) -> list[by
     """:func:`_render` of all of ``d``'s entries: when none is a clear (None), each
     change is one C-level join of prefix, key and value (no intermediate bytes)."""
     try:
-        return list(map(b"".join, zip(repeat(set_prefix), d.keys(), d.values())))
+        values = cast("Iterable[bytes]", d.values())  # a None raises TypeError in join
+        return list(map(b"".join, zip(repeat(set_prefix), d.keys(), values)))
     except TypeError:  # a None value (a clear) among them
         return _render(list(d.items()), set_prefix, clear_prefix)
 
