@@ -80,6 +80,7 @@ from dstltree.aggregator.events import (
     ShuttingDown,
     TimePassed,
     UpstreamLost,
+    UpstreamUp,
     WriteObject,
 )
 from dstltree.client.batching import Batch, PersistItem, RemoteOrigin
@@ -102,6 +103,7 @@ _T = TypeVar("_T")
 _K = TypeVar("_K")
 SELF = ""  # route: write here
 _PLANS_KEPT = 3  # plan windows remembered below the newest (bookkeeping bound)
+_MAX_LOST = 1024  # upstream addresses remembered as lost (bookkeeping bound)
 
 
 class NodeInvariantError(RuntimeError):
@@ -113,6 +115,10 @@ class NodeConfig:
     """Thresholds of one node. Sizes in bytes, times in seconds. ``address`` is this
     node's own endpoint (passed down in plans); ``parent_address`` None at the root.
     ``registration_lease``: a writer or child not heard from for this long is forgotten.
+    ``parent_retry_after``: an upstream address that timed out or whose connection was
+    lost is not used for this long, and after a lost connection not before the
+    connection is back and stayed up for this long (hold-down); then the node returns
+    to its configured parent if it had re-homed.
     ``stats_interval``: the least time between two Stats reports when something in
     them changed; ``stats_keepalive``: between two reports when nothing did (keep it
     well under the parent's ``registration_lease``).
@@ -220,6 +226,7 @@ class NodeCore:
         self._writing: dict[int, tuple[PersistItem, ...]] = {}
         self._ids: Iterator[int] = itertools.count(1)
         self._down: dict[str, float] = {}  # address -> down until
+        self._lost: set[str] = set()  # connection lost, not re-established since
         self._plans: dict[int, tuple[str, str]] = {}  # window -> collector (id, address)
         self._pushed: dict[tuple[str, int], bytes] = {}  # (child, window) -> identity
         self._writing_bytes = 0
@@ -288,6 +295,14 @@ class NodeCore:
     @_handle_event.register
     def _(self, event: UpstreamLost) -> list[Instruction]:
         return self._upstream_lost(event.address, event.now)
+
+    @_handle_event.register
+    def _(self, event: UpstreamUp) -> list[Instruction]:
+        if event.address in self._lost:  # back: used again after the hold-down
+            self._lost.discard(event.address)
+            until = event.now + self.config.parent_retry_after
+            self._down[event.address] = max(self._down.get(event.address, until), until)
+        return []
 
     @_handle_event.register
     def _(self, event: ObjectWritten) -> list[Instruction]:
@@ -850,7 +865,17 @@ class NodeCore:
         return [SendUpstream(address, m) for m in messages]
 
     def _up(self, address: str, now: float) -> bool:
-        return now >= self._down.get(address, float("-inf"))
+        return address not in self._lost and now >= self._down.get(address, float("-inf"))
+
+    def _return_home(self, now: float) -> None:
+        """Back to the configured parent once it is usable again (re-homed away from it
+        after a timeout or a lost connection; module docstring)."""
+        home = self.config.parent_address
+        if home is not None and self.parent != home and self._up(home, now):
+            self.parent = home
+            self._stats_dirty = True
+            self._plans.clear()
+            self._pushed.clear()
 
     def _expire_sent(self, now: float) -> list[Instruction]:
         if self._down:
@@ -872,6 +897,9 @@ class NodeCore:
         go on along their route now (written here when there is none). A copy the lost
         node wrote anyway is never referenced: an orphan for cleanup."""
         self._down[address] = now + self.config.parent_retry_after
+        if len(self._lost) >= _MAX_LOST:  # bounded: forget (they are retried on use)
+            self._lost.clear()
+        self._lost.add(address)
         if address == self.parent:
             self._rehome(now)
         lost = [fid for fid, s in self._sent.items() if s.address == address]
@@ -912,6 +940,8 @@ class NodeCore:
     # -- time-driven rules ---------------------------------------------------------------
     def _housekeeping(self, now: float) -> list[Instruction]:
         out = self._expire_sent(now)
+        if self.parent != self.config.parent_address:
+            self._return_home(now)
         self._expire_leases(now)
         reason = self.batch.due(now, self.expected_writers())
         if reason is not None:

@@ -54,6 +54,15 @@ class UpstreamLost:
 
 
 @dataclass(frozen=True)
+class UpstreamUp:
+    """The connection to the upstream node at ``address`` is (again) established (the
+    socket monitor saw a completed handshake)."""
+
+    now: float
+    address: str
+
+
+@dataclass(frozen=True)
 class TimePassed:
     """Nothing arrived; deadlines up to ``now`` are due."""
 
@@ -103,6 +112,7 @@ Event = (
     | MalformedFromBelow
     | MessageFromUpstream
     | UpstreamLost
+    | UpstreamUp
     | TimePassed
     | ObjectWritten
     | ObjectFailed

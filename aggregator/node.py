@@ -44,6 +44,7 @@ from dstltree.aggregator.events import (
     ShuttingDown,
     TimePassed,
     UpstreamLost,
+    UpstreamUp,
     WriteObject,
 )
 from dstltree.aggregator.object_writer import ObjectWriter
@@ -200,10 +201,12 @@ class Node:
         for address, link in list(self._upstream.items()):
             if link.sock in ready:
                 handled = self._drain_up(address, link.sock, now) or handled
-            if link.monitor in ready and link.lost():
-                log.info("lost the connection to %s", address)
-                self._run(self.core.handle(UpstreamLost(now, address)))
-                handled = True
+            if link.monitor in ready:
+                for up in link.changes():
+                    log.info("connection to %s %s", address, "up" if up else "lost")
+                    kind = UpstreamUp if up else UpstreamLost
+                    self._run(self.core.handle(kind(now, address)))
+                    handled = True
         if self._wake_r in ready:
             os.read(self._wake_r, 4096)
         handled = self._drain_results() or handled

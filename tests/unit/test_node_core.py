@@ -19,6 +19,7 @@ from dstltree.aggregator.events import (
     SendUpstream,
     TimePassed,
     UpstreamLost,
+    UpstreamUp,
     WriteObject,
 )
 from dstltree.client.batching import PersistItem
@@ -423,3 +424,37 @@ def test_losing_an_address_with_nothing_in_flight_only_marks_it_down() -> None:
     out = core.handle(UpstreamLost(0.0, PARENT))
     assert _of(out, WriteObject) == [] and _of(out, SendUpstream, Persist) == []
     assert core.statistics().parent_down and core.statistics().upstream_losses == 0
+
+
+def test_the_node_returns_to_its_parent_once_it_is_back_for_the_hold_down() -> None:
+    core = _core(delay=0.0, plans=True, plan_window=4, target=10**6, parent_retry_after=2.0)
+    _planned(core, 0, "p", PARENT, 0.0)
+    core.handle(UpstreamLost(0.1, PARENT))
+    assert core.parent == GRANDPARENT
+    core.handle(TimePassed(5.0))
+    assert core.parent == GRANDPARENT, "still lost: no handshake since"
+    core.handle(UpstreamUp(5.0, PARENT))
+    core.handle(TimePassed(6.9))
+    assert core.parent == GRANDPARENT, "back for 1.9 s only"
+    core.handle(TimePassed(7.0))
+    assert core.parent == PARENT
+    (send,) = _of(_below(core, _persist("w1", 9, 10), 7.1), SendUpstream, Persist)
+    assert send.address == PARENT
+
+
+def test_a_lost_root_parent_is_not_used_again_before_its_connection_is_back() -> None:
+    core = _core(delay=0.0, parent_retry_after=1.0)  # no plan: no other ancestor
+    core.handle(UpstreamLost(0.0, PARENT))
+    out = _below(core, _persist("w1", 0, 10), 3.0)  # long after parent_retry_after
+    assert len(_of(out, WriteObject)) == 1 and _of(out, SendUpstream, Persist) == []
+    core.handle(UpstreamUp(3.1, PARENT))
+    assert _of(_below(core, _persist("w1", 1, 10, rid=2), 3.5), SendUpstream, Persist) == []
+    (send,) = _of(_below(core, _persist("w1", 2, 10, rid=3), 4.2), SendUpstream, Persist)
+    assert send.address == PARENT
+
+
+def test_an_up_event_of_an_address_never_lost_changes_nothing() -> None:
+    core = _core(delay=0.0)
+    core.handle(UpstreamUp(0.0, PARENT))  # the first connect
+    (send,) = _of(_below(core, _persist("w1", 0, 10), 0.1), SendUpstream, Persist)
+    assert send.address == PARENT

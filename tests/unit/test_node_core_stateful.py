@@ -22,6 +22,7 @@ from dstltree.aggregator.events import (
     SendUpstream,
     TimePassed,
     UpstreamLost,
+    UpstreamUp,
     WriteObject,
 )
 from dstltree.client.batching import PersistItem, RemoteOrigin
@@ -106,6 +107,11 @@ class NodeMachine(RuleBasedStateMachine):
         go on at once (written here: no ancestors without plans); late acks for them
         are ignored."""
         self._handle(UpstreamLost(self.now, PARENT))
+
+    @rule()
+    def parent_back(self) -> None:
+        """Its connection is re-established (used again after the hold-down)."""
+        self._handle(UpstreamUp(self.now, PARENT))
 
     @precondition(lambda self: bool(self.writes))
     @rule(data=st.data(), ok=st.booleans())
