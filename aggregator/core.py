@@ -15,7 +15,9 @@ Rules (docs/design.md, Data flow 3-4, The plan, Invariants):
 - Frames are passed on untouched; acks go back to whoever sent the items.
 - An item not acked within ``parent_timeout`` is written by this node itself; the
   unresponsive address is marked down and, if it was the parent, the node re-homes to
-  its next live ancestor (plans carry the ancestors). A late ack is ignored; the
+  its next configured parent (a DAG's second way up), else its next live ancestor
+  (plans carry the ancestors); it returns to the most preferred configured parent
+  once that one is usable again. A late ack is ignored; the
   duplicate copy becomes an orphan for cleanup.
 - Acks are sent only after the object holding the item was fully written.
 - Statistics flow up (residual writers and bytes per checkpoint, highest checkpoint
@@ -114,6 +116,8 @@ class NodeInvariantError(RuntimeError):
 class NodeConfig:
     """Thresholds of one node. Sizes in bytes, times in seconds. ``address`` is this
     node's own endpoint (passed down in plans); ``parent_address`` None at the root.
+    ``fallback_addresses``: the further parents' endpoints in order of preference (a
+    DAG's second ways up), tried before the plan's ancestors when the parent is lost.
     ``registration_lease``: a writer or child not heard from for this long is forgotten.
     ``parent_retry_after``: an upstream address that timed out or whose connection was
     lost is not used for this long, and after a lost connection not before the
@@ -132,6 +136,7 @@ class NodeConfig:
     node_id: str
     parent_address: str | None
     target_bytes: int
+    fallback_addresses: tuple[str, ...] = ()
     address: str = ""
     persist_delay: float = 0.05
     parent_timeout: float = 2.0
@@ -867,15 +872,25 @@ class NodeCore:
     def _up(self, address: str, now: float) -> bool:
         return address not in self._lost and now >= self._down.get(address, float("-inf"))
 
-    def _return_home(self, now: float) -> None:
-        """Back to the configured parent once it is usable again (re-homed away from it
-        after a timeout or a lost connection; module docstring)."""
+    def _configured_parents(self) -> tuple[str, ...]:
         home = self.config.parent_address
-        if home is not None and self.parent != home and self._up(home, now):
-            self.parent = home
-            self._stats_dirty = True
-            self._plans.clear()
-            self._pushed.clear()
+        return () if home is None else (home, *self.config.fallback_addresses)
+
+    def _return_home(self, now: float) -> None:
+        """To the most preferred configured parent that is usable again (re-homed away
+        from it after a timeout or a lost connection; module docstring)."""
+        for address in self._configured_parents():
+            if address == self.parent:
+                return
+            if self._up(address, now):
+                self._move_to(address)
+                return
+
+    def _move_to(self, address: str) -> None:
+        self.parent = address
+        self._stats_dirty = True  # report to the new parent soon
+        self._plans.clear()  # the next plan comes from the new parent
+        self._pushed.clear()  # and goes down again, even for known windows
 
     def _expire_sent(self, now: float) -> list[Instruction]:
         if self._down:
@@ -928,13 +943,12 @@ class NodeCore:
         return SELF
 
     def _rehome(self, now: float) -> None:
-        """The parent is unreachable: report to the next live ancestor instead."""
-        for _, address in self._ancestors[1:]:
+        """The parent is unreachable: report to the next usable configured parent (in
+        order of preference), else to the next live ancestor the plans named."""
+        chain = (*self._configured_parents(), *(a for _, a in self._ancestors[1:]))
+        for address in chain:
             if address and address != self.parent and self._up(address, now):
-                self.parent = address
-                self._stats_dirty = True  # report to the new parent soon
-                self._plans.clear()  # the next plan comes from the new parent
-                self._pushed.clear()  # and goes down again, even for known windows
+                self._move_to(address)
                 return
 
     # -- time-driven rules ---------------------------------------------------------------

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,9 @@ class LocalTree:
     nodes: dict[str, NodeHandle] = field(default_factory=dict)
     workdir: Path | None = None
     keys: ClusterKeys | None = None
+    topology_file: Path | None = None  # what start_tree started them from (restart)
+    base_path: str | None = None
+    plans: bool = True
 
     @property
     def client_security(self) -> Curve | None:
@@ -63,6 +67,34 @@ class LocalTree:
     def metrics_url(self, node_id: str) -> str | None:
         """The node's metrics URL (topology ``metrics_port``), or None."""
         return self.nodes[node_id].metrics_url
+
+    def parent_addresses(self, node_id: str) -> tuple[str, ...]:
+        """The running endpoints of ``node_id``'s parents, in order of preference."""
+        return tuple(self.nodes[p].address for p in self.tree.parents(node_id))
+
+    def restart(self, node_id: str, timeout: float = 30.0) -> NodeHandle:
+        """Start node ``node_id`` again after it died (or kill it first): same id,
+        depth, endpoint and parents, so that its children and writers reconnect to
+        it. Raises RuntimeError unless the tree was started by :func:`start_tree`."""
+        old = self.nodes[node_id]
+        if self.workdir is None or self.topology_file is None:
+            raise RuntimeError("restart: this tree was not started by start_tree")
+        old.kill()
+        h = start_node_process(
+            self.topology_file,
+            node_id,
+            old.depth,
+            self.parent_addresses(node_id),
+            self.workdir,
+            bind=old.address,
+            base_path=self.base_path,
+            exit_with_pid=os.getpid(),
+            timeout=timeout,
+            plans=self.plans,
+            keys_dir=None if self.keys is None else self.keys.directory,
+        )
+        self.nodes[node_id] = h
+        return h
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every node (leaves first), SIGKILL after ``timeout`` seconds."""
@@ -94,7 +126,7 @@ def start_node_process(
     topology_file: Path,
     node_id: str,
     depth: int,
-    parent: str | None,
+    parent: str | Sequence[str] | None,
     workdir: Path,
     bind: str = "tcp://127.0.0.1:0",
     base_path: str | None = None,
@@ -105,6 +137,7 @@ def start_node_process(
 ) -> NodeHandle:
     """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address
     file (advertised endpoint, then metrics URL when the topology sets ``metrics_port``).
+    ``parent``: the parent's endpoint, or the parents' in order of preference.
     The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM
     and a snapshot to ``workdir/<node_id>.snapshot.json`` on SIGUSR1. ``keys_dir``: the
     cluster key directory, passed in ``$DSTL_KEYS`` (never on the command line; it wins
@@ -127,8 +160,8 @@ def start_node_process(
         "--address-file",
         str(addr_file),
     ]
-    if parent:
-        cmd += ["--parent", parent]
+    for endpoint in [parent] if isinstance(parent, str) else parent or ():
+        cmd += ["--parent", endpoint]  # in order of preference
     if base_path:
         cmd += ["--base-path", base_path]
     if exit_with_pid:
@@ -180,15 +213,15 @@ def start_tree(
         topology, tree, workdir=wd, keys=_tree_keys(topology, topology_file, wd, keys)
     )
     keys_dir = None if running.keys is None else running.keys.directory
+    running.topology_file, running.base_path, running.plans = topology_file, base_path, plans
     try:
-        for node_id in tree.nodes:
-            parent = tree.parent(node_id)
+        for node_id in tree.topological():  # every parent before its children
             spec = specs.get(node_id)
             h = start_node_process(
                 topology_file,
                 node_id,
                 tree.depth(node_id),
-                running.nodes[parent].address if parent else None,
+                running.parent_addresses(node_id),
                 wd,
                 bind=local_bind(spec) if spec is not None else "tcp://127.0.0.1:0",
                 base_path=base_path,

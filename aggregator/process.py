@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,14 +27,26 @@ from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore
 from dstltree.topology.config import TopologyConfig
 from dstltree.topology.endpoints import is_loopback
 
+Parents = str | Sequence[str] | None  # one endpoint or several in order of preference
+
+
+def parent_endpoints(parents: Parents) -> tuple[str, ...]:
+    """``parents`` as a tuple of endpoints in order of preference (() for a root)."""
+    if parents is None:
+        return ()
+    return (parents,) if isinstance(parents, str) else tuple(parents)
+
 
 def node_config(
-    topo: TopologyConfig, node_id: str, depth: int, parent: str | None, plans: bool = True
+    topo: TopologyConfig, node_id: str, depth: int, parent: Parents, plans: bool = True
 ) -> NodeConfig:
-    """The node's thresholds; its parent timeout is ``topo.ack_timeout(depth)``."""
+    """The node's thresholds; its parent timeout is ``topo.ack_timeout(depth)``;
+    ``parent``: the parent's endpoint, or the parents' in order of preference."""
+    first, *more = parent_endpoints(parent) or (None,)
     return NodeConfig(
         node_id=node_id,
-        parent_address=parent,
+        parent_address=first,
+        fallback_addresses=tuple(a for a in more if a is not None),
         target_bytes=int(topo.target_object_bytes),
         persist_delay=topo.persist_delay,
         parent_timeout=topo.ack_timeout(depth),
@@ -62,7 +75,7 @@ def build_node(
     node_id: str,
     depth: int,
     bind: str,
-    parent: str | None,
+    parent: Parents,
     store: ObjectStore | None = None,
     metrics: NodeMetrics | None = None,
     advertise: str | None = None,
@@ -139,7 +152,7 @@ def run_node(
     node_id: str,
     depth: int,
     bind: str,
-    parent: str | None,
+    parent: Parents,
     address_file: Path | None = None,
     exit_with_pid: int | None = None,
     stats_file: Path | None = None,

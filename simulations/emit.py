@@ -45,7 +45,11 @@ def recommended_topology(
     }
     if cfg.tree is not None:
         doc["nodes"] = [
-            {"id": n, "bind": "auto", **({"parent": p} if (p := cfg.tree.parent(n)) else {})}
+            {
+                "id": n,
+                "bind": "auto",
+                **({"parents": list(p)} if (p := cfg.tree.parents(n)) else {}),
+            }
             for n in cfg.tree.nodes
         ]
     else:

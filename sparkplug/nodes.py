@@ -2,13 +2,16 @@
 
 - Nodes by host (the topology names hosts): started by a supervisor on each host
   (``dstl node --topology F --node-id ID``); nothing is started here, tasks find the
-  node of their executor's host (dstltree.sparkplug.task.find_node).
+  node of their executor's host (dstltree.sparkplug.task.find_nodes), then a
+  neighbour's.
 - Local mode (``local[N]``): the nodes of a topology file run as processes on this
-  machine; task ``i`` uses node ``i mod n`` (each node stands for one executor).
+  machine; task ``i`` uses node ``i mod n`` (each node stands for one executor), then
+  node ``i + 1 mod n``.
 - ``local-cluster[...]`` or a cluster where nothing can be installed on the hosts: one
   node per executor, started from a barrier stage that fills every task slot (so every
   executor runs at least one of its tasks; the first task on each executor starts the
-  node), arranged as a k-ary tree over the executors in address order. A stage that
+  node), arranged as a k-ary tree over the executors in address order, each node with a
+  second parent in another subtree unless the topology says ``second_parents: false``. A stage that
   does not reach every registered executor fails with NodeLaunchError. Nodes exit with
   their executor JVM and are stopped by a second barrier stage on the executors
   (SIGTERM to the node whose PID the first stage left on that host), never by PID from
@@ -179,6 +182,7 @@ def _start_on_executor(
     from pyspark import BarrierTaskContext
 
     from dstltree.aggregator.launcher import start_node_process
+    from dstltree.topology.tree import second_parent_indices
 
     ctx = BarrierTaskContext.get()
     me = ctx.partitionId()
@@ -193,7 +197,10 @@ def _start_on_executor(
     if first_task[executor][0] != me:
         return []  # another task on this executor starts its node
     index = executors.index(executor)
-    parent = None if index == 0 else first_task[executors[(index - 1) // branching]][1]
+    parents = [] if index == 0 else [first_task[executors[(index - 1) // branching]][1]]
+    second = second_parent_indices(len(executors), branching) if doc.get("second_parents") else {}
+    if index in second:  # a DAG: the way up while the first parent is lost
+        parents.append(first_task[executors[second[index]]][1])
     depth, i = 0, index
     while i > 0:
         i, depth = (i - 1) // branching, depth + 1
@@ -205,7 +212,7 @@ def _start_on_executor(
         topo_file,
         f"e{index}",
         depth,
-        parent,
+        parents,
         workdir,
         bind=f"tcp://{host}:{port}",
         exit_with_pid=_executor_pid(),

@@ -103,11 +103,12 @@ def run_task(
     from dstltree.sparkplug.task_loop import TaskLoop
 
     store = ObjectStore(cfg.base_path, cfg.storage_options)
-    node = find_node(cfg, task, executor)
+    nodes = find_nodes(cfg, task, executor)
+    node = nodes[0] if nodes else None
     sec = cfg.security or JobSecurity()
     client = ChangelogClient.open(
         cfg.base_path,
-        node=node,
+        node=list(nodes) or None,
         storage_options=cfg.storage_options,
         ack_timeout=cfg.ack_timeout,
         security=sec.nodes,
@@ -131,25 +132,42 @@ def run_task(
     return {"task": task, "attempt": cfg.attempt, "records": records}
 
 
-def find_node(cfg: TaskConfig, task: int, executor: str | None) -> str | None:
-    """The endpoint of this task's aggregator node: ``DSTL_NODE`` in the environment
-    (``spark.executorEnv.DSTL_NODE``), else the topology's node of the executor's host,
-    else the local-mode or launcher placement. None (with a warning): the changelog
-    goes straight to the DFS, and the coordinator counts the task."""
+def find_nodes(cfg: TaskConfig, task: int, executor: str | None) -> tuple[str, ...]:
+    """The endpoints of this task's aggregator nodes in order of preference: its own
+    node, then a neighbour's (the next host's, executor's or task's node in the
+    placement), which the writer uses while its own node is lost. ``DSTL_NODE`` in the
+    environment (``spark.executorEnv.DSTL_NODE``, comma-separated for several) wins,
+    else the topology's node of the executor's host, else the local-mode or launcher
+    placement. () (with a warning): the changelog goes straight to the DFS, and the
+    coordinator counts the task."""
     env = os.environ.get("DSTL_NODE", "").strip()
     if env:
-        return env
+        return tuple(e.strip() for e in env.split(",") if e.strip())
     host = executor_host(executor)
-    node = (
-        cfg.node_for_host.get(host)
-        or cfg.node_for_task.get(task)
-        or cfg.node_for_executor.get(executor or "")
-    )
-    if not node and (cfg.node_for_host or cfg.node_for_executor or cfg.node_for_task):
+    for placement, key in (
+        (cfg.node_for_host, host),
+        (cfg.node_for_task, task),
+        (cfg.node_for_executor, executor or ""),
+    ):
+        if key in placement:
+            return _with_neighbour(placement, key)
+    if cfg.node_for_host or cfg.node_for_executor or cfg.node_for_task:
         log.warning(
             "task %d on %s: no aggregator node for this host; writing to the DFS", task, host
         )
-    return node or None
+    return ()
+
+
+def _with_neighbour(placement: dict[Any, str], key: Any) -> tuple[str, ...]:
+    """``placement[key]``, then the node of the next key in sorted order (wrapping
+    around) whose node differs, if any."""
+    own = placement[key]
+    keys = sorted(placement)
+    i = keys.index(key)
+    for k in keys[i + 1 :] + keys[:i]:
+        if placement[k] != own:
+            return (own, placement[k])
+    return (own,)
 
 
 def restore(

@@ -23,6 +23,11 @@ DFS location::
     nodes:
       - {id: root, bind: auto}
       - {id: a, bind: auto, parent: root}
+      - {id: b, bind: auto, parent: root}
+      - {id: b1, bind: auto, parents: [b, a]}   # a DAG: a is b1's way up while b is down
+
+More than one node may have no parent: each such root writes to the DFS. The parents
+must form a DAG (no cycle) of known nodes; the first parents form the plan's trees.
 
 Nodes by host (beside a cluster: the executors on ``host`` use that node)::
 
@@ -31,7 +36,8 @@ Nodes by host (beside a cluster: the executors on ``host`` use that node)::
       - {id: a, host: 10.0.0.6, bind: "tcp://10.0.0.6:7700", parent: root}
       - {id: b, bind: "tcp://0.0.0.0:7700", advertise: "tcp://b.example:7700", parent: root}
 
-or generated, one node ``n<i>`` per host, host i's parent host (i - 1) // branching::
+or generated, one node ``n<i>`` per host, host i's parent host (i - 1) // branching and
+its second parent a node in another subtree (``second_parents: false`` for a tree)::
 
     hosts: [10.0.0.5, 10.0.0.6, 10.0.0.7]
     branching: 2
@@ -79,7 +85,7 @@ from dstltree.topology.endpoints import (
     split_tcp,
     tcp_endpoint,
 )
-from dstltree.topology.tree import TopologyError, Tree, kary_tree
+from dstltree.topology.tree import TopologyError, Tree, kary_tree, second_parent_indices
 
 __all__ = [
     "MAX_BRANCHING",
@@ -107,7 +113,9 @@ class NodeSpec(BaseModel):
     """One aggregator node: ``id``, ``bind`` address (``tcp://host:port`` with a concrete
     host or ``0.0.0.0`` / ``*`` for every interface, ``ipc://path``, or ``auto`` for a
     free loopback port chosen at start), ``parent`` node id, ``host`` (the host whose
-    executors use this node, as Spark reports executor hosts: an IP or a name) and
+    executors use this node, as Spark reports executor hosts: an IP or a name),
+    ``parents`` (instead of ``parent``: node ids in order of preference, the first one the
+    parent of the plan's tree, the others the ways up while it is down) and
     ``advertise`` (the ``tcp://host:port`` others connect to; default: the bind when it
     names a concrete host, else ``tcp://<host>:<bind port>``; see :attr:`advertised`).
 
@@ -121,8 +129,26 @@ class NodeSpec(BaseModel):
     id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     bind: str = "auto"
     parent: str | None = None
+    parents: tuple[str, ...] | None = Field(default=None, min_length=1, max_length=8)
     host: str | None = None
     advertise: str | None = Field(default=None, validate_default=True)
+
+    @model_validator(mode="after")
+    def _check_parents(self) -> NodeSpec:
+        if self.parents is not None and self.parent not in (None, self.parents[0]):
+            raise ValueError(
+                f"parents: the first parent {self.parents[0]!r} differs from parent "
+                f"{self.parent!r} (give one of them)"
+            )
+        return self
+
+    @property
+    def parent_ids(self) -> tuple[str, ...]:
+        """Every parent in order of preference (``parents``, else ``parent``); ()
+        for a root."""
+        if self.parents is not None:
+            return self.parents
+        return () if self.parent is None else (self.parent,)
 
     @field_validator("bind")
     @classmethod
@@ -188,7 +214,7 @@ def _check_concrete(endpoint: str) -> None:
 class TopologyConfig(BaseModel):
     """A validated topology. Sizes are bytes (``4MiB`` strings accepted), times seconds.
 
-    Exactly one shape: ``nodes`` (an explicit tree), ``hosts`` + ``branching`` +
+    Exactly one shape: ``nodes`` (an explicit tree or DAG), ``hosts`` + ``branching`` +
     ``node_port`` (one node ``n<i>`` per host; after validation :attr:`nodes` holds the
     generated nodes, and :meth:`model_dump` gives ``hosts`` back, not ``nodes``), or
     ``branching`` alone (one node per executor, placed when the job starts)."""
@@ -200,6 +226,9 @@ class TopologyConfig(BaseModel):
     branching: int | None = Field(default=None, ge=1, le=MAX_BRANCHING)
     node_port: int | None = Field(default=None, ge=1, le=65535)
     bind_all: bool = False
+    # generated topologies (hosts, branching): every node gets a second parent in
+    # another subtree (topology.tree.second_parent_indices); false = a tree
+    second_parents: bool = True
     target_object_bytes: ByteSize = Field(default=ByteSize(4 * 1024 * 1024), gt=0, le=MAX_BYTES)
     persist_delay: float = Field(default=0.05, ge=0.0, le=60.0)
     plan_window: int = Field(default=16, ge=1, le=MAX_PLAN_WINDOW)
@@ -233,7 +262,7 @@ class TopologyConfig(BaseModel):
         if self.hosts is not None:
             _check_hosts(self)
             assert self.branching is not None and self.node_port is not None
-            self.nodes = _host_nodes(self.hosts, self.branching, self.node_port, self.bind_all)
+            self.nodes = _host_nodes(self, self.hosts, self.branching, self.node_port)
             return self
         if self.node_port is not None or self.bind_all:
             field = "node_port" if self.node_port is not None else "bind_all"
@@ -266,7 +295,7 @@ class TopologyConfig(BaseModel):
         if executors > MAX_NODES:
             raise TopologyError(f"executors: at most {MAX_NODES} nodes, got {executors}")
         assert self.branching is not None
-        return kary_tree(executors, self.branching)
+        return kary_tree(executors, self.branching, second_parents=self.second_parents)
 
     def spec(self, node_id: str) -> NodeSpec:
         """The node ``node_id`` of ``nodes`` (or generated from ``hosts``). Raises
@@ -334,16 +363,21 @@ def _check_hosts(cfg: TopologyConfig) -> None:
         raise ValueError("branching: needed with 'hosts' (children per node)")
 
 
-def _host_nodes(hosts: list[str], branching: int, port: int, bind_all: bool) -> list[NodeSpec]:
-    """One node ``n<i>`` per host; host i's parent is host (i - 1) // branching."""
+def _host_nodes(cfg: TopologyConfig, hosts: list[str], branching: int, port: int) -> list[NodeSpec]:
+    """One node ``n<i>`` per host; host i's parent is host (i - 1) // branching, its
+    second parent (``cfg.second_parents``) :func:`second_parent_indices`' choice."""
+    second = second_parent_indices(len(hosts), branching) if cfg.second_parents else {}
     out = []
     for i, h in enumerate(hosts):
         endpoint = tcp_endpoint(h, port)
+        parents: tuple[str, ...] = () if i == 0 else (f"n{(i - 1) // branching}",)
+        if i in second:
+            parents += (f"n{second[i]}",)
         out.append(
             NodeSpec(
                 id=f"n{i}",
-                bind=f"tcp://0.0.0.0:{port}" if bind_all else endpoint,
-                parent=None if i == 0 else f"n{(i - 1) // branching}",
+                bind=f"tcp://0.0.0.0:{port}" if cfg.bind_all else endpoint,
+                parents=parents or None,
                 host=h,
                 advertise=endpoint,
             )
@@ -367,13 +401,14 @@ def _check_nodes(nodes: list[NodeSpec]) -> None:
         if n.host is not None:
             hosts[n.host.lower()] = n.id
     for i, n in enumerate(nodes):
-        if n.parent is not None and n.parent not in ids:
-            raise ValueError(f"nodes[{i}].parent: unknown node {n.parent!r}")
-        if n.parent == n.id:
-            raise ValueError(f"nodes[{i}].parent: node {n.id!r} is its own parent")
-    roots = [n.id for n in nodes if n.parent is None]
-    if len(roots) != 1:
-        raise ValueError(f"nodes: exactly one root (a node with no parent) needed, got {roots}")
+        for j, p in enumerate(n.parent_ids):
+            where = f"nodes[{i}].parents[{j}]" if n.parents is not None else f"nodes[{i}].parent"
+            if p not in ids:
+                raise ValueError(f"{where}: unknown node {p!r} (node {n.id!r} has no way up there)")
+            if p == n.id:
+                raise ValueError(f"{where}: node {n.id!r} is its own parent")
+            if p in n.parent_ids[:j]:
+                raise ValueError(f"{where}: node {n.id!r} names parent {p!r} twice")
     try:
         Tree.from_specs(nodes)
     except TopologyError as e:

@@ -18,11 +18,12 @@ A node knows only its own executor's bytes and the residuals its children report
 (:func:`decide_local`, then :meth:`LocalDecision.collector`); :func:`compute_plan` gives the
 same answer for the whole tree at once.
 
-Nodes marked down are contracted out of the tree: a down node never writes, its own
+Nodes marked down are contracted out of the graph: a down node never writes, its own
 bytes are not counted (its executor is gone with it) and its children report to, and
-route through, their nearest live ancestor. A live node with no live ancestor (the root
-is down) acts as a root: "a node that cannot reach its parent writes itself"
-(docs/design.md, "Invariants").
+route through, their next live parent (:func:`live_parent`: the further parents of a
+DAG first, then the parents of those; for a tree the nearest live ancestor). A live
+node with no live parent left (the root is down) acts as a root: "a node that cannot
+reach its parent writes itself" (docs/design.md, "Invariants").
 """
 
 from __future__ import annotations
@@ -176,10 +177,21 @@ class TreePlan:
 
 
 def live_parent(tree: Tree, node: str, down: Collection[str] = ()) -> str | None:
-    """The nearest ancestor of ``node`` that is not down, or None."""
-    for a in tree.ancestors(node):
-        if a not in down:
-            return a
+    """The parent ``node`` uses while the nodes in ``down`` are down: the first of its
+    parents in order of preference (:meth:`Tree.parents`) that is not down, else the
+    nearest live one of their parents, breadth-first in the same order; None when no
+    way up is left (the node writes itself). The answer is always an ancestor in the
+    DAG, so the routes stay acyclic. For a tree: the nearest live ancestor."""
+    queue = deque(tree.parents(node))
+    seen: set[str] = set()
+    while queue:
+        p = queue.popleft()
+        if p in seen:
+            continue
+        if p not in down:
+            return p
+        seen.add(p)
+        queue.extend(tree.parents(p))
     return None
 
 
@@ -205,19 +217,13 @@ def compute_plan(
     if unknown:
         raise ValueError(f"unknown node ids: {unknown[:5]}")
     dead = frozenset(down)
-    parent: dict[str, str | None] = {}
-    for v in tree.nodes:  # breadth-first: a parent's live parent is known first
-        if v in dead:
-            continue
-        p = tree.parent(v)
-        while p is not None and p in dead:
-            p = tree.parent(p)
-        parent[v] = p
+    order = tree.topological()  # every node after all of its parents
+    parent = {v: live_parent(tree, v, dead) for v in order if v not in dead}
     # Up: residuals, children before parents.
     residual: dict[str, float] = {}
     upward: dict[str, float] = dict.fromkeys(parent, 0.0)
     writes: dict[str, bool] = {}
-    for v in tree.post_order():
+    for v in tree.post_order() if not tree.fallbacks else reversed(order):
         if v in dead:
             continue
         b = float(own_bytes.get(v, 0.0))
@@ -234,7 +240,9 @@ def compute_plan(
     for v in parent:
         p = parent[v]
         collector[v] = v if writes[v] else collector[p]  # type: ignore[index]
-    nodes = {v: NodePlan(v, residual[v], writes[v], collector[v]) for v in parent}
+    nodes = {
+        v: NodePlan(v, residual[v], writes[v], collector[v]) for v in tree.nodes if v in parent
+    }
     return TreePlan(window, plan_window, float(target_object_bytes), nodes, dead)
 
 

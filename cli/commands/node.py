@@ -28,8 +28,10 @@ def node(
     advertise: str = typer.Option(
         "", help="Endpoint others connect to (default: the topology's, else from --bind)."
     ),
-    parent: str = typer.Option(
-        "", help="The parent's endpoint (default: its advertised endpoint in the topology)."
+    parent: list[str] = typer.Option(
+        [],
+        help="A parent's endpoint; repeat for a DAG's further parents, in order of "
+        "preference (default: the parents' advertised endpoints in the topology).",
     ),
     depth: int | None = typer.Option(
         None, min=0, help="Depth below the root (default: from the topology's tree)."
@@ -59,7 +61,7 @@ def node(
         )
     except TopologyError as e:
         exit_topology_error(e, "--topology")
-    place = _place(topo, topology, node_id, _Given(bind, advertise, parent, depth))
+    place = _place(topo, topology, node_id, _Given(bind, advertise, tuple(parent), depth))
     try:  # CURVE (the default): the key directory of $DSTL_KEYS or security.keys
         security = node_security(topo, str(topology))
     except TopologyError as e:
@@ -71,7 +73,7 @@ def node(
         node_id,
         place.depth,
         endpoint,
-        place.parent or None,
+        place.parent,
         address_file,
         exit_with_pid,
         stats_file,
@@ -83,11 +85,12 @@ def node(
 
 @dataclass(frozen=True)
 class _Given:
-    """Where a node runs: bind, advertised and parent endpoints ("" = none), depth."""
+    """Where a node runs: bind and advertised endpoints ("" = none), the parents'
+    endpoints in order of preference (() = none), depth."""
 
     bind: str
     advertise: str
-    parent: str
+    parent: tuple[str, ...]
     depth: int | None
 
 
@@ -110,17 +113,7 @@ def _place(topo: TopologyConfig, topology: Path, node_id: str, given: _Given) ->
     if node_id not in tree:
         raise typer.BadParameter(f"node {node_id!r} is not in {topology}", param_hint="--node-id")
     spec = topo.spec(node_id)
-    parent, parent_id = given.parent, tree.parent(node_id)
-    if not parent and parent_id is not None:
-        parent = topo.advertised(parent_id) or ""
-        if not parent:
-            k = [n.id for n in topo.nodes or ()].index(parent_id)
-            raise typer.BadParameter(
-                f"node {node_id!r}: its parent {parent_id!r} has no advertised endpoint "
-                f"(nodes[{k}].bind is {topo.spec(parent_id).bind!r}, no nodes[{k}].advertise): "
-                "give --parent",
-                param_hint="--parent",
-            )
+    parent = given.parent or _topology_parents(topo, node_id, tree.parents(node_id))
     advertise = given.advertise or spec.advertised or ""
     if given.bind and given.bind != spec.bind and not given.advertise:
         try:  # another bind than the topology's: advertise what it names
@@ -129,6 +122,22 @@ def _place(topo: TopologyConfig, topology: Path, node_id: str, given: _Given) ->
             raise typer.BadParameter(str(e), param_hint="--bind") from e
     depth = tree.depth(node_id) if given.depth is None else given.depth
     return _Given(given.bind or spec.bind, advertise, parent, depth)
+
+
+def _topology_parents(topo: TopologyConfig, node_id: str, ids: tuple[str, ...]) -> tuple[str, ...]:
+    """The advertised endpoints of ``ids`` (the node's parents in order of preference);
+    further parents without one are left out. Raises typer.BadParameter when the
+    first parent has none."""
+    out = tuple(e for i in ids if (e := topo.advertised(i)))
+    if ids and topo.advertised(ids[0]) is None:
+        k = [n.id for n in topo.nodes or ()].index(ids[0])
+        raise typer.BadParameter(
+            f"node {node_id!r}: its parent {ids[0]!r} has no advertised endpoint "
+            f"(nodes[{k}].bind is {topo.spec(ids[0]).bind!r}, no nodes[{k}].advertise): "
+            "give --parent",
+            param_hint="--parent",
+        )
+    return out
 
 
 def up(

@@ -453,6 +453,31 @@ def test_a_lost_root_parent_is_not_used_again_before_its_connection_is_back() ->
     assert send.address == PARENT
 
 
+SECOND = "tcp://second-parent:1"
+
+
+def test_a_lost_parent_s_items_go_to_the_second_parent_before_any_ancestor() -> None:
+    core = _core(delay=0.0, plans=True, plan_window=4, target=10**6, parent_retry_after=2.0)
+    core = NodeCore(replace(core.config, fallback_addresses=(SECOND,)), validate=True)
+    _planned(core, 0, "p", PARENT, 0.0)  # the plan names GRANDPARENT as an ancestor
+    _below(core, _persist("w1", 1, 10, rid=2), 0.1)
+    (resend,) = _of(core.handle(UpstreamLost(0.2, PARENT)), SendUpstream, Persist)
+    assert resend.address == SECOND and core.parent == SECOND
+    # the second parent lost too: on to the plan's ancestor
+    (again,) = _of(core.handle(UpstreamLost(0.3, SECOND)), SendUpstream, Persist)
+    assert again.address == GRANDPARENT and core.parent == GRANDPARENT
+    # the second parent back for the hold-down comes before the ancestor, the first
+    # parent back after it comes before both
+    core.handle(UpstreamUp(1.0, SECOND))
+    core.handle(TimePassed(3.0))
+    assert core.parent == SECOND
+    core.handle(UpstreamUp(3.0, PARENT))
+    core.handle(TimePassed(4.9))
+    assert core.parent == SECOND
+    core.handle(TimePassed(5.0))
+    assert core.parent == PARENT
+
+
 def test_an_up_event_of_an_address_never_lost_changes_nothing() -> None:
     core = _core(delay=0.0)
     core.handle(UpstreamUp(0.0, PARENT))  # the first connect

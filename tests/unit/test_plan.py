@@ -21,11 +21,21 @@ from dstltree.topology.tree import Tree, kary_tree
 
 
 @st.composite
-def trees_and_loads(draw: st.DrawFn, with_down: bool = False):
+def trees_and_loads(draw: st.DrawFn, with_down: bool = False, dag: bool = False):
+    """A random tree (with ``dag``: several roots, further parents of lower index) and
+    loads; node i's parents all have indices below i, so the graph is a DAG."""
     n = draw(st.integers(1, 40))
-    parents = [draw(st.integers(0, i - 1)) for i in range(1, n)]
     ids = [f"n{i}" for i in range(n)]
-    tree = Tree.from_edges(ids, [(ids[p], ids[i + 1]) for i, p in enumerate(parents)])
+    edges, more = [], {}
+    for i in range(1, n):
+        if dag and draw(st.integers(0, 9)) == 0:
+            continue  # another root
+        p = draw(st.integers(0, i - 1))
+        edges.append((ids[p], ids[i]))
+        if dag:
+            extra = draw(st.lists(st.integers(0, i - 1), max_size=2, unique=True))
+            more[ids[i]] = [ids[j] for j in extra if j != p]
+    tree = Tree.from_edges(ids, edges, more)
     loads = draw(st.lists(st.integers(0, 10_000), min_size=n, max_size=n))
     own = dict(zip(ids, map(float, loads), strict=True))
     target = draw(st.integers(1, 20_000))
@@ -74,8 +84,11 @@ def check_invariants(tree: Tree, own: dict[str, float], target: float, plan: Tre
     down = plan.down
     for v, np_ in plan.nodes.items():
         assert v not in down
-        chain = [v, *tree.ancestors(v)]
-        assert np_.collector in chain, "collector is the node itself or an ancestor"
+        chain = [v]  # the way up while the down nodes are down: live parents
+        while (up := live_parent(tree, chain[-1], down)) is not None:
+            assert up not in chain, "the routes are acyclic"
+            chain.append(up)
+        assert np_.collector in chain, "collector is the node itself or a live parent's"
         assert np_.collector not in down
         assert plan.nodes[np_.collector].writes
         # exactly one collector: the nearest writing live node on the chain
@@ -111,6 +124,35 @@ def test_local_equals_global_with_down_nodes(case) -> None:
     check_invariants(tree, own, target, plan)
     local = plan_by_messages(tree, own, target, down, seed)
     assert local == {v: (p.writes, p.collector) for v, p in plan.nodes.items()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees_and_loads(with_down=True, dag=True))
+def test_a_dag_with_down_nodes_plans_as_its_nodes_decide(case) -> None:
+    tree, own, target, down, seed = case
+    plan = compute_plan(tree, own, target, down=down)
+    check_invariants(tree, own, target, plan)
+    for r in tree.roots:
+        assert r in down or plan.nodes[r].writes
+    local = plan_by_messages(tree, own, target, down, seed)
+    assert local == {v: (p.writes, p.collector) for v, p in plan.nodes.items()}
+
+
+def test_a_node_whose_first_parent_is_down_goes_to_its_second_parent() -> None:
+    # root <- a <- a1 ; root <- b <- b1 ; b1's second parent a
+    tree = Tree.from_edges(
+        ["root", "a", "b", "a1", "b1"],
+        [("root", "a"), ("root", "b"), ("a", "a1"), ("b", "b1")],
+        {"b1": ["a"]},
+    )
+    assert live_parent(tree, "b1", {"b"}) == "a"
+    assert live_parent(tree, "b1", {"b", "a"}) == "root"  # then their parents
+    assert live_parent(tree, "b1", {"b", "a", "root"}) is None
+    own = {"root": 1, "a": 1, "b": 1, "a1": 1, "b1": 8}
+    plan = compute_plan(tree, own, 9, down={"b"})
+    assert plan.nodes["a"].residual_bytes == 10.0  # a1 and b1 report to a
+    assert plan.nodes["a"].writes and plan.collector_of("b1") == "a"
+    assert compute_plan(tree, own, 9).collector_of("b1") == "b"  # b is back: the tree
 
 
 def test_small_example() -> None:

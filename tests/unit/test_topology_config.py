@@ -64,7 +64,17 @@ def test_deploy_has_topologies() -> None:
     [
         ("nodes: [{id: a}, {id: b, parent: zz}]", "nodes[1].parent: unknown node 'zz'"),
         ("nodes: [{id: a}, {id: a, parent: a}]", "nodes[1].id: duplicate"),
-        ("nodes: [{id: a}, {id: b}]", "exactly one root"),
+        ("nodes: [{id: a, parent: b}, {id: b, parent: a}]", "cycle through a -> b -> a"),
+        ("nodes: [{id: r}, {id: a, parents: [r, zz]}]", "nodes[1].parents[1]: unknown node 'zz'"),
+        ("nodes: [{id: r}, {id: a, parents: [r, a]}]", "nodes[1].parents[1]: node 'a' is its own"),
+        ("nodes: [{id: r}, {id: a, parents: [r, r]}]", "names parent 'r' twice"),
+        ("nodes: [{id: r}, {id: a, parent: r, parents: [b]}, {id: b}]", "nodes[1]: parents"),
+        ("nodes: [{id: r}, {id: a, parents: []}]", "nodes[1].parents"),
+        (
+            "nodes: [{id: r}, {id: a, parents: [r, b]}, {id: b, parents: [r, c]},"
+            " {id: c, parents: [r, a]}]",
+            "parents form a cycle through",
+        ),
         ("nodes: [{id: a, bind: 'http://x'}]", "nodes[0]"),
         ("branching: 0", "branching"),
         ("branching: 2\ntarget_object_bytes: lots", "target_object_bytes"),
@@ -275,3 +285,49 @@ def test_node_spec_validates_on_its_own() -> None:
     assert NodeSpec(id="a", bind="tcp://0.0.0.0:7", host="h").advertised == "tcp://h:7"
     with pytest.raises(ValueError, match="advertise"):
         NodeSpec(id="a", bind="tcp://0.0.0.0:7")
+
+
+def test_a_dag_of_nodes_with_second_parents_and_two_roots(tmp_path: Path) -> None:
+    t = _load(
+        tmp_path,
+        "nodes: [{id: r1}, {id: r2}, {id: a, parent: r1}, {id: b, parents: [r2, a]},"
+        " {id: c, parents: [a, b, r1]}]",
+    )
+    tree = t.tree()
+    assert tree.roots == ("r1", "r2")
+    assert tree.parents("b") == ("r2", "a")
+    assert tree.parents("c") == ("a", "b", "r1")
+    assert tree.parents("r2") == ()
+    order = tree.topological()
+    assert order.index("a") < order.index("b") < order.index("c")
+
+
+def test_the_cycle_error_names_every_node_on_it(tmp_path: Path) -> None:
+    with pytest.raises(TopologyError) as info:
+        _load(
+            tmp_path,
+            "nodes: [{id: r}, {id: a, parents: [r, c]}, {id: b, parents: [r, a]},"
+            " {id: c, parents: [r, b]}]",
+        )
+    message = str(info.value)
+    assert "cycle" in message and all(f"{n}" in message for n in ("a -> ", "b -> ", "c -> "))
+
+
+def test_generated_topologies_give_every_node_a_second_parent_in_another_subtree(
+    tmp_path: Path,
+) -> None:
+    hosts = [f"10.0.0.{i}" for i in range(1, 8)]
+    t = _load(tmp_path, f"hosts: {hosts}\nbranching: 2\nnode_port: 7700")
+    tree = t.tree()
+    for node in tree.nodes:
+        parents = tree.parents(node)
+        if len(parents) == 2:  # another subtree: a way up that avoids the first parent
+            assert node not in tree.subtree(parents[1])
+            assert parents[1] not in tree.ancestors(parents[0])
+            if tree.parent(parents[0]) is not None:  # below the root: another subtree
+                assert parents[1] not in tree.subtree(parents[0])
+    assert sum(len(tree.parents(n)) == 2 for n in tree.nodes) == 5  # all but root and n1
+    plain = _load(tmp_path, f"hosts: {hosts}\nbranching: 2\nnode_port: 7700\nsecond_parents: false")
+    assert all(len(plain.tree().parents(n)) <= 1 for n in plain.tree().nodes)
+    by_branching = _load(tmp_path, "branching: 3").tree(40)
+    assert by_branching.fallbacks and len(by_branching.topological()) == 40
