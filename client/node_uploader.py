@@ -391,8 +391,8 @@ class NodeUploader:
             self._pending[rid] = _AwaitingAck(p.item, p.future, deadline)
             requests.append(PersistRequest(rid, p.item))
         self._counts["resent"] += len(requests)
-        for msg in persist_messages(requests, self.max_message_bytes):
-            self._send(link.sock, msg)
+        for msg in persist_messages(requests, self.max_message_bytes) if requests else ():
+            self._send(link.sock, msg)  # nothing pending: no (empty, refused) message
         return link
 
     def _poll_ms(self) -> int:
