@@ -430,11 +430,12 @@ def markdown_section(figures: list[Figure], meta: dict[str, str], nproc: int) ->
     return "\n".join(lines) + "\n\n" + _HOW
 
 
-def write_markdown(path: Path, section: str) -> None:
-    """Replace the ``## Hot path`` section of the markdown file ``path`` (up to the
-    next ``## `` heading) with ``section``, or append it; creates the file if absent."""
+def write_markdown(path: Path, section: str, title: str = SECTION) -> None:
+    """Replace the ``## <title>`` section (default ``## Hot path``) of the markdown file
+    ``path`` (up to the next ``## `` heading) with ``section``, or append it; creates
+    the file if absent."""
     text = path.read_text() if path.exists() else ""
-    pattern = re.compile(rf"^## {re.escape(SECTION)}\n.*?(?=^## |\Z)", re.M | re.S)
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.M | re.S)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text, count=1)
     else:

@@ -25,12 +25,15 @@ DEFAULT_TOPOLOGY = Path("deploy/bench.yaml")
 
 
 def register(app: typer.Typer) -> None:
-    """``dstl bench`` (the designs, as before) with the sub-command ``hotpath``."""
+    """``dstl bench`` (the designs, as before) with the sub-commands ``hotpath`` and
+    ``chaos``."""
+    from dstltree.cli.commands._chaos import chaos
     from dstltree.cli.commands._hotpath import hotpath
 
     group = typer.Typer(invoke_without_command=True, no_args_is_help=False)
     group.callback()(bench)
     group.command("hotpath")(hotpath)
+    group.command("chaos")(chaos)
     app.add_typer(group, name="bench")
 
 
