@@ -38,6 +38,7 @@ from typing import Any
 from dstltree.demo.chaos import ChaosMonkey, compose, plan_chaos
 from dstltree.demo.checks import batch_stats, compare, sink_summary
 from dstltree.demo.flights import SINK_SCHEMA, PlaneStats, has_distance
+from dstltree.demo.node_kill import NodeKill
 from dstltree.demo.producer import FlightsProducer, Pace
 from dstltree.demo.report import run_figures
 from dstltree.sparkplug import FileSink, FileSource, StreamingJob
@@ -79,6 +80,8 @@ class DemoOptions:
     ``dfs_faults``: a fault spec for the checkpoint directory only
     (dstltree.storage.targets.with_faults); ``chaos``: kill that many random tasks and
     nodes hard during the main job (dstltree.demo.chaos; ``chaos_seed`` draws them);
+    ``kill_node_after`` > 0 kills one node below the root hard after that many
+    checkpoints of the first run (dstltree.demo.node_kill);
     ``compression``: the codec of the changelog segments (None: off; "zstd");
     ``run_id``: this run's folder below the
     base path (default: :func:`new_run_id`); ``fresh``: delete this run's folder
@@ -105,6 +108,7 @@ class DemoOptions:
     fresh: bool = False
     chaos: int = 0
     chaos_seed: int = 0
+    kill_node_after: int = 0
     run_id: str = field(default_factory=new_run_id)
     compression: str | None = None
 
@@ -185,13 +189,15 @@ def run_job(
     progress: Callable[[Any], None] | None = None,
     stop: threading.Event | None = None,
     monkey: ChaosMonkey | None = None,
+    node_kill: NodeKill | None = None,
 ) -> Any:
     """Build the plane-statistics job on the public API and run it until ``until``
     (``"end"``, seconds or None, as ``StreamingJob.run``); blocking. ``parallelism``
     overrides ``opts.tasks``; ``drill``: arm the crash drill (``kill_task_after``);
     ``progress``: the driver's progress hook; ``stop``: an Event that stops the job
     gracefully when set (a failed producer); ``monkey``: chaos in this run (its task
-    kills armed after the drill, its hook after ``progress``). Returns the
+    kills armed after the drill, its hook after ``progress``); ``node_kill``: its hook
+    joins the progress hooks when ``drill`` is set. Returns the
     ``JobResult``; raises what ``StreamingJob.run`` raises."""
     from dstltree.sparkplug import CrashDrill
 
@@ -206,6 +212,8 @@ def run_job(
     drills = []
     if drill and opts.kill_task_after > 0:
         drills.append(CrashDrill(task=tasks - 1, after_checkpoints=opts.kill_task_after))
+    if drill and node_kill is not None:
+        progress = compose(progress, node_kill.hook)
     if monkey is not None:
         monkey.first = drills
         drills = monkey.drills()
@@ -306,13 +314,14 @@ def run_jobs(
     producer: FlightsProducer,
     progress: Progress | None,
     monkey: ChaosMonkey | None = None,
+    node_kill: NodeKill | None = None,
 ) -> list[Any]:
     """The job's runs over the producer's landing URL (one, or two with a rescale);
     ``monkey`` brings chaos into the run that goes to the end. A producer failure stops
     the job and is raised (ProducerError) after it."""
     hook = None if progress is None else driver_progress(progress, producer.total_records)
     landing, sink = producer.url, opts.url("sink")
-    common: dict[str, Any] = {"progress": hook, "stop": producer.failed}
+    common: dict[str, Any] = {"progress": hook, "stop": producer.failed, "node_kill": node_kill}
     if monkey is not None:
         common["monkey"] = monkey
     results = []
@@ -359,10 +368,11 @@ def run_demo(
         opts.limit_records,
     )
     monkey = make_monkey(opts, producer.total_records)
+    node_kill = NodeKill(opts.kill_node_after) if opts.kill_node_after > 0 else None
     spark = spark_session(opts.master)
     try:
         producer.start()
-        results = run_jobs(spark, opts, producer, progress, monkey)
+        results = run_jobs(spark, opts, producer, progress, monkey, node_kill)
         checkpoint_dir, checkpoint_options = opts.checkpoint_target()
         store = ObjectStore(checkpoint_dir.rstrip("/") + "/" + JOB_NAME, checkpoint_options)
         restored = restore_fn(store, results[-1].run.latest, opts.max_parallelism)
@@ -381,6 +391,7 @@ def run_demo(
         **verdicts,
         **store_figures(opts),
         "chaos": None if monkey is None else monkey.report(),
+        "node_kill": None if node_kill is None else node_kill.report(),
         "base_path": opts.base_path,
         "run_id": opts.run_id,
         "run_prefix": opts.prefix(),

@@ -28,6 +28,12 @@ def demo(
     kill_task_after: int = typer.Option(
         8, min=0, help="Kill one task hard after N completed checkpoints (0: never)."
     ),
+    kill_node_after: int = typer.Option(
+        0,
+        min=0,
+        help="Kill one aggregator node below the root hard after N completed checkpoints "
+        "(0: never); the report gives the checkpoint durations before and after.",
+    ),
     base_path: str = typer.Option(
         "data/demo",
         help="fsspec URL holding one folder per run, RUN-ID/ with landing/, sink/ and "
@@ -137,6 +143,7 @@ def demo(
         checkpoint_interval=checkpoint_interval,
         materialization_interval=materialization_interval,
         kill_task_after=kill_task_after,
+        kill_node_after=kill_node_after,
         storage_options=opts_json,
         metrics_port=None if metrics_port < 0 else metrics_port,
         limit_records=limit_records or None,
@@ -246,6 +253,7 @@ def _summary(r: dict[str, Any]) -> Any:
         ("sink matches batch", _verdict(r["sink_matches_batch"], r)),
         ("orphans / missing objects", f"{r.get('orphans', '-')} / {r.get('missing', '-')}"),
         ("killed by --chaos", _chaos(r.get("chaos"))),
+        ("killed by --kill-node-after", _node_kill(r.get("node_kill"))),
         ("run prefix", str(r.get("run_prefix", "-"))),
         ("wall time (s)", str(r["wall_s"])),
     ]
@@ -261,6 +269,17 @@ def _chaos(c: dict[str, Any] | None) -> str:
         f"{k['kind']} {k.get('task', k.get('node'))} at {k['at_s']} s" for k in c["killed"]
     )
     return f"{len(c['killed'])} of {c['planned']}" + (f": {kills}" if kills else "")
+
+
+def _node_kill(k: dict[str, Any] | None) -> str:
+    if not k:
+        return "-"
+    before, after = k["checkpoint_ms_before"], k["checkpoint_ms_after"]
+    return (
+        f"node {k['node']} after {k['after_checkpoints']} checkpoints; checkpoint p99 "
+        f"{before['p99']} ms before, {after['p99']} ms (max {after['max']}) in the "
+        f"{after['checkpoints']} after"
+    )
 
 
 def _verdict(ok: bool, r: dict[str, Any]) -> str:

@@ -2,7 +2,8 @@
 (the nodes of deploy/local.yaml) with ``--chaos 2`` on top (seed 24: node a1, the node
 of task 3, killed with SIGKILL 4.5 s after the first checkpoint, and task 1 killed in
 the second attempt), and once on local-cluster[2,1,1024] with one node per
-executor. Runs the real ``dstl demo`` command in a subprocess (its own JVM)."""
+executor whose second node is killed (``--kill-node-after 5``). Runs the real
+``dstl demo`` command in a subprocess (its own JVM)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,17 @@ def test_demo_local_mode_with_task_kill_and_chaos(tmp_path: Path) -> None:
 
 
 def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:
-    r = _demo(tmp_path, "--tasks", "2", "--master", "local-cluster[2,1,1024]")
+    # the second executor's node killed hard after 5 checkpoints: its task goes on
+    # through the first executor's node (its second node), the result stays exact
+    r = _demo(
+        tmp_path, "--tasks", "2", "--master", "local-cluster[2,1,1024]", "--kill-node-after", "5"
+    )
     _check(r, nodes=2)
+    k = r["node_kill"]
+    assert k is not None and k["after_checkpoints"] >= 5, r
+    assert k["checkpoint_ms_before"]["checkpoints"] >= 5
+    assert k["checkpoint_ms_after"]["checkpoints"] >= 1
+    assert r["missing"] == 0 and r["orphans"] == 0, r["orphan_paths"]
 
 
 def test_demo_rescaled_from_4_to_2_tasks(tmp_path: Path) -> None:
