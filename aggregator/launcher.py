@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dstltree.aggregator.supervisor import NodeSupervisor
 from dstltree.security.curve import Curve
 from dstltree.security.keys import ClusterKeys, generate_key_dir, load_key_dir
 from dstltree.security.settings import KEYS_ENV, SecuritySettings, cluster_keys_for_nodes
@@ -55,6 +56,7 @@ class LocalTree:
     topology_file: Path | None = None  # what start_tree started them from (restart)
     base_path: str | None = None
     plans: bool = True
+    supervisor: NodeSupervisor | None = None  # restarts dead nodes (supervise())
 
     @property
     def client_security(self) -> Curve | None:
@@ -96,8 +98,19 @@ class LocalTree:
         self.nodes[node_id] = h
         return h
 
+    def supervise(self, interval: float = 0.2) -> NodeSupervisor:
+        """Restart every node that dies from now on until :meth:`stop`
+        (:class:`~dstltree.aggregator.supervisor.NodeSupervisor`, polled every
+        ``interval`` seconds)."""
+        if self.supervisor is None:
+            self.supervisor = NodeSupervisor(self, interval).start()
+        return self.supervisor
+
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM every node (leaves first), SIGKILL after ``timeout`` seconds."""
+        """Stop restarting nodes, then SIGTERM every node (leaves first), SIGKILL after
+        ``timeout`` seconds."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
         stop_nodes(self.tree, self.nodes, timeout)
 
     def __enter__(self) -> LocalTree:

@@ -72,7 +72,8 @@ def local_nodes(
     metrics_port: int | None = None,
     curve: bool = True,
 ) -> NodePlacement:
-    """Start the topology's nodes here; task i -> node i mod n (breadth-first order).
+    """Start the topology's nodes here, restarted when one dies; task i -> node i mod n
+    (breadth-first order).
     The nodes get the job's base path and storage options (a copy of the topology file
     with those fields replaced), and ``metrics_port`` as the topology's if given.
     ``curve``: False = plaintext nodes whatever the topology says; else CURVE unless the
@@ -88,6 +89,7 @@ def local_nodes(
     effective = workdir / "topology.yaml"
     effective.write_text(yaml.safe_dump(topo.model_dump(mode="json", exclude_none=True)))
     tree = start_tree(topo, effective, workdir=workdir)
+    tree.supervise()  # a node that dies is started again (same id and endpoint)
     ids = tree.tree.nodes
     return NodePlacement(
         node_for_task={i: tree.address(ids[i % len(ids)]) for i in range(tasks)},

@@ -158,6 +158,7 @@ def up(
     try:
         topo = load_topology(topology, base_path=base_path or None)
         running = start_tree(topo, topology, base_path=base_path or None)
+        running.supervise()  # a node that dies is started again
     except TopologyError as e:
         exit_topology_error(e, "--topology")
     table = Table(title=f"dstltree nodes ({topology})")
