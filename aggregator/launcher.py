@@ -147,6 +147,7 @@ def start_node_process(
     timeout: float = 30.0,
     plans: bool = True,
     keys_dir: Path | None = None,
+    respawn_pid_file: Path | None = None,
 ) -> NodeHandle:
     """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address
     file (advertised endpoint, then metrics URL when the topology sets ``metrics_port``).
@@ -154,7 +155,9 @@ def start_node_process(
     The node writes its final statistics to ``workdir/<node_id>.stats.json`` on SIGTERM
     and a snapshot to ``workdir/<node_id>.snapshot.json`` on SIGUSR1. ``keys_dir``: the
     cluster key directory, passed in ``$DSTL_KEYS`` (never on the command line; it wins
-    over the topology's ``security.keys``)."""
+    over the topology's ``security.keys``). ``respawn_pid_file``: the node is started
+    again whenever it dies (dstltree.aggregator.respawn); the handle's process is the
+    respawner, the file holds the running node's PID."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
     cmd = [
@@ -181,6 +184,8 @@ def start_node_process(
         cmd += ["--exit-with-pid", str(exit_with_pid)]
     if not plans:
         cmd += ["--no-plans"]
+    if respawn_pid_file is not None:  # the process is the respawner; the file has the node
+        cmd += ["--respawn-pid-file", str(respawn_pid_file)]
     stats_file = workdir / f"{node_id}.stats.json"
     snapshot_file = workdir / f"{node_id}.snapshot.json"
     cmd += ["--stats-file", str(stats_file), "--snapshot-file", str(snapshot_file)]

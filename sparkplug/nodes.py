@@ -13,7 +13,9 @@
   node), arranged as a k-ary tree over the executors in address order, each node with a
   second parent in another subtree unless the topology says ``second_parents: false``. A stage that
   does not reach every registered executor fails with NodeLaunchError. Nodes exit with
-  their executor JVM and are stopped by a second barrier stage on the executors
+  their executor JVM, come back by themselves when they die otherwise (each runs under
+  a respawner, dstltree.aggregator.respawn), and are stopped by a second barrier stage
+  on the executors
   (SIGTERM to the node whose PID the first stage left on that host), never by PID from
   the driver.
 """
@@ -219,8 +221,8 @@ def _start_on_executor(
         bind=f"tcp://{host}:{port}",
         exit_with_pid=_executor_pid(),
         keys_dir=keys_dir,
+        respawn_pid_file=_pid_file(run, executor),  # a node that dies comes back
     )
-    _pid_file(run, executor).write_text(str(h.pid))
     return [(executor, h.address, depth)]
 
 

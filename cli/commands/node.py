@@ -42,6 +42,11 @@ def node(
     stats_file: Path | None = typer.Option(None, help="Final statistics (JSON) at exit."),
     snapshot_file: Path | None = typer.Option(None, help="Statistics (JSON) on SIGUSR1."),
     no_plans: bool = typer.Option(False, help="Forward hop by hop (no plans)."),
+    respawn_pid_file: Path | None = typer.Option(
+        None,
+        help="Run the node as a child and start it again when it dies without being "
+        "asked to; this file holds the running node's PID (SIGTERM it to stop both).",
+    ),
 ) -> None:
     """Run one aggregator node (blocking; stops on SIGTERM/SIGINT). The one entry point
     of a node process: supervisors run it, and so do ``dstl up`` and the launchers.
@@ -54,6 +59,9 @@ def node(
     from dstltree.aggregator.process import node_security, run_node
     from dstltree.cli.commands._common import exit_topology_error
     from dstltree.topology.config import TopologyError, load_topology
+
+    if respawn_pid_file is not None:
+        _respawn(respawn_pid_file, exit_with_pid)
 
     try:
         topo = load_topology(
@@ -81,6 +89,26 @@ def node(
         advertise=place.advertise or None,
         security=security,
     )
+
+
+def _respawn(pid_file: Path, exit_with_pid: int | None) -> None:
+    """Be the node's respawner (dstltree.aggregator.respawn): this command without
+    ``--respawn-pid-file`` runs as the node, started again after each death."""
+    import sys
+
+    from dstltree.aggregator.respawn import STOPPED, respawn
+
+    args, skip = [], False
+    for a in sys.argv[1:]:
+        if skip or a.startswith("--respawn-pid-file="):
+            skip = False
+            continue
+        if a == "--respawn-pid-file":
+            skip = True
+            continue
+        args.append(a)
+    code = respawn([sys.executable, "-m", "dstltree.cli", *args], pid_file, exit_with_pid)
+    raise typer.Exit(0 if code in STOPPED else 1)
 
 
 @dataclass(frozen=True)

@@ -35,3 +35,50 @@ def test_a_killed_node_is_restarted_on_its_endpoint_and_serves_again(tmp_path: P
         assert supervisor.failures["a"] == 0
     assert all(h.process.poll() is not None for h in tree.nodes.values()), "stop ends them"
     assert supervisor.restarts["a"] == 1, "stopping on purpose is no death"
+
+
+def test_a_respawned_node_comes_back_and_stops_when_asked(tmp_path: Path) -> None:
+    import os
+    import signal
+    import socket
+
+    from dstltree.aggregator.launcher import start_node_process
+    from tests.support.tree_fixtures import write_topology
+
+    topo = write_topology(
+        tmp_path / "t.yaml", str(tmp_path / "dfs"), [{"id": "root"}], security={"curve": False}
+    )
+    pid_file = tmp_path / "root.pid"
+    with socket.socket() as s:  # a fixed endpoint, as on an executor
+        s.bind(("127.0.0.1", 0))
+        bind = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    h = start_node_process(
+        topo,
+        "root",
+        0,
+        None,
+        tmp_path,
+        bind=bind,
+        exit_with_pid=os.getpid(),
+        respawn_pid_file=pid_file,
+    )
+    try:
+        first = int(pid_file.read_text())
+        assert first != h.pid, "the file holds the node, the handle the respawner"
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: int(pid_file.read_text()) != first, timeout=30)
+        second = int(pid_file.read_text())
+        client = ChangelogClient.open(str(tmp_path / "dfs"), node=h.address, ack_timeout=30)
+        try:  # the node is back on its endpoint
+            w = client.create_writer("w", range(1))
+            w.append(0, b"change")
+            handle = w.persist_durably(0, checkpoint_id=1).result(30)
+            assert list(client.read_changes(handle, 0)) == [b"change"]
+            assert client.uploader.statistics().fallbacks == 0  # type: ignore[attr-defined]
+        finally:
+            client.close()
+        assert h.process.poll() is None
+        os.kill(second, signal.SIGTERM)  # a stop on purpose ends both
+        assert h.process.wait(timeout=30) == 0
+    finally:
+        h.kill()

@@ -1,0 +1,83 @@
+"""A node that comes back by itself where no launcher watches it (a node started on an
+executor from a Spark stage): ``dstl node --respawn-pid-file F ...`` runs the node as
+its child and starts it again, with the same arguments (so the same id, endpoint and
+parents), when it dies without being asked to: killed by a signal other than SIGTERM
+or SIGINT, or exiting with an error. ``F`` always holds the running node's PID, so
+whoever stops nodes by PID (SIGTERM) stops the node, and then the respawner ends too.
+It also ends when the process ``exit_with_pid`` is gone (the node ends with it)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: exit codes of a node that was asked to stop (Popen's -N: killed by signal N)
+STOPPED = (0, -signal.SIGTERM, -signal.SIGINT)
+MAX_BACKOFF_S = 30.0
+
+
+def respawn(cmd: list[str], pid_file: Path, exit_with_pid: int | None = None) -> int:
+    """Run ``cmd`` (a node) until it stops on purpose; restart it after each death,
+    waiting 0.5, 1, 2 ... at most MAX_BACKOFF_S seconds when it dies again within
+    10 s of a start. SIGTERM/SIGINT to this process are passed on to the node and end
+    the loop. Returns the node's last exit code. Blocking."""
+    stop = threading.Event()
+    running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+        node = running.get("node")
+        if node is not None and node.poll() is None:
+            node.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    quick_deaths = 0
+    while True:
+        started = time.monotonic()
+        node = running["node"] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        _write_pid(pid_file, node.pid)
+        code = _wait(node, exit_with_pid, stop)
+        if stop.is_set() or code in STOPPED or not _alive(exit_with_pid):
+            return code
+        quick_deaths = quick_deaths + 1 if time.monotonic() - started < 10.0 else 0
+        backoff = min(MAX_BACKOFF_S, 0.5 * 2.0 ** max(0, quick_deaths - 1))
+        log.warning("node exited with code %s: starting it again in %.1f s", code, backoff)
+        if stop.wait(backoff):
+            return code
+
+
+def _wait(proc: subprocess.Popen[bytes], exit_with_pid: int | None, stop: threading.Event) -> int:
+    """The node's exit code; a node whose watched process is gone is stopped."""
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if not _alive(exit_with_pid) and not stop.is_set():
+                stop.set()
+                proc.terminate()
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _write_pid(path: Path, pid: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(pid))
+    tmp.replace(path)
