@@ -1,6 +1,8 @@
 """A DEALER that knows when its peer is gone: ZeroMQ's own heartbeats (ZMTP PING/PONG)
-and the socket monitor's connection events, instead of waiting out an acknowledgement
-timeout. Used by a writer towards its nodes and by a node towards its parents."""
+and the socket monitor's connection events (a disconnect, or a connection attempt that
+was refused or timed out: a peer already down when the link opens), instead of
+waiting out an acknowledgement timeout. Used by a writer towards its nodes and by a
+node towards its parents."""
 
 from __future__ import annotations
 
@@ -22,9 +24,15 @@ def configure_heartbeat(sock: zmq.Socket, interval: float) -> None:
     sock.setsockopt(zmq.HEARTBEAT_IVL, ivl)
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
     sock.setsockopt(zmq.HEARTBEAT_TTL, 3 * ivl)
+    # a peer host that does not answer the TCP handshake at all fails the attempt (a
+    # retried connect) after this long instead of the system's minutes
+    sock.setsockopt(zmq.CONNECT_TIMEOUT, max(MIN_CONNECT_TIMEOUT_MS, 3 * ivl))
 
 
-_LINK_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+MIN_CONNECT_TIMEOUT_MS = 1000
+# down: a connection lost, or an attempt refused or timed out (a node that is down
+# when the link opens never disconnects); up: a completed (CURVE) handshake
+_LINK_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 
 @dataclass
@@ -60,7 +68,8 @@ class MonitoredDealer:
 
     def changes(self) -> list[bool]:
         """The connection events queued on the monitor, oldest first: True for a
-        completed handshake (up), False for a disconnect (down)."""
+        completed handshake (up), False for a disconnect or a failed connection
+        attempt (down)."""
         out = []
         while int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             event = recv_monitor_message(self.monitor, zmq.NOBLOCK)["event"]
@@ -68,8 +77,9 @@ class MonitoredDealer:
         return out
 
     def lost(self) -> bool:
-        """Whether the monitor reported a disconnect since the last call (items in
-        flight to the node may be gone with it, even if it is back already)."""
+        """Whether the monitor reported a disconnect or a failed connection attempt
+        since the last call (items in flight to the node may be gone with it, even if
+        it is back already)."""
         return False in self.changes()
 
     def close(self, poller: zmq.Poller | None) -> None:

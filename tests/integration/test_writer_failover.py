@@ -129,3 +129,31 @@ def test_a_node_whose_parent_freezes_goes_on_without_waiting_for_the_parent_time
         finally:
             os.kill(frozen, signal.SIGCONT)
             client.close()
+
+
+def test_a_writer_whose_first_node_is_down_from_the_start_uses_the_second_at_once(
+    tmp_path: Path,
+) -> None:
+    """A node already dead when the writer opens never disconnects: the refused
+    connection attempts tell the writer, long before its ack timeout."""
+    base = str(tmp_path / "dfs")
+    with start(tmp_path, persist_delay=0.01) as tree:
+        dead = tree.address("a")
+        tree.nodes["a"].kill()
+        client = ChangelogClient.open(
+            base,
+            node=[dead, tree.address("b")],
+            ack_timeout=60.0,
+            hold_down=60.0,
+            security=tree.client_security,
+        )
+        try:
+            w = client.create_writer("task0", range(1))
+            w.append(0, b"first")
+            handle = w.persist_durably(0, checkpoint_id=1).result(timeout=20)
+            stats = client.uploader.statistics()  # type: ignore[attr-defined]
+            assert (stats.failovers, stats.fallbacks) == (1, 0)
+            assert client.uploader.address == tree.address("b")  # type: ignore[attr-defined]
+            assert list(client.read_changes(handle, 0)) == [b"first"]
+        finally:
+            client.close()
