@@ -483,3 +483,25 @@ def test_an_up_event_of_an_address_never_lost_changes_nothing() -> None:
     core.handle(UpstreamUp(0.0, PARENT))  # the first connect
     (send,) = _of(_below(core, _persist("w1", 0, 10), 0.1), SendUpstream, Persist)
     assert send.address == PARENT
+
+
+def test_the_plan_is_recomputed_through_the_second_parent_and_again_after_the_return() -> None:
+    core = _core(delay=0.0, plans=True, plan_window=4, target=10**6, parent_retry_after=1.0)
+    core = NodeCore(replace(core.config, fallback_addresses=(SECOND,)), validate=True)
+    _planned(core, 0, "p", PARENT, 0.0)
+    assert core.collector_for(1) == ("p", PARENT)
+    out = core.handle(UpstreamLost(0.2, PARENT))
+    assert core.collector_for(1) is None, "the lost parent's plan is dropped"
+    out += core.handle(TimePassed(0.5))
+    stats = _of(out, SendUpstream, Stats)[-1]
+    assert stats.address == SECOND and stats.message.plan_window == -1, "asks for plans"
+    chain = (("s", SECOND), ("g", GRANDPARENT))
+    core.handle(MessageFromUpstream(0.6, SECOND, Plan(0, "s", SECOND, chain)))
+    assert core.collector_for(1) == ("s", SECOND)
+    (send,) = _of(_below(core, _persist("w1", 1, 10), 0.7), SendUpstream, Persist)
+    assert send.address == SECOND
+    core.handle(UpstreamUp(1.0, PARENT))
+    core.handle(TimePassed(2.1))  # back for the hold-down: home again, plans from there
+    assert core.parent == PARENT and core.collector_for(1) is None
+    stats = _of(core.handle(TimePassed(2.1)) + core.handle(TimePassed(3.5)), SendUpstream, Stats)
+    assert stats and stats[-1].address == PARENT
