@@ -157,3 +157,48 @@ def test_a_writer_whose_first_node_is_down_from_the_start_uses_the_second_at_onc
             assert list(client.read_changes(handle, 0)) == [b"first"]
         finally:
             client.close()
+
+
+def test_a_segment_sent_twice_is_referenced_once_and_its_other_copy_is_swept(
+    tmp_path: Path,
+) -> None:
+    """a holds the segment when it freezes; the writer sends it again through b, whose
+    copy the handle references. When a thaws it writes its own copy anyway: that copy is
+    never referenced, a late ack for it is ignored, and the registry's sweep (what no
+    handle references) deletes it; the changes read back once."""
+    from dstltree.client import ObjectStore
+    from dstltree.coordinator.cleanup import list_data_info, scan_orphans
+
+    base = str(tmp_path / "dfs")
+    with start(tmp_path, persist_delay=1.0, parent_timeout=30.0) as tree:
+        a, b = tree.address("a"), tree.address("b")
+        client = ChangelogClient.open(
+            base, node=[a, b], ack_timeout=60.0, hold_down=60.0, security=tree.client_security
+        )
+        store = ObjectStore(base)
+        frozen = tree.nodes["a"].pid
+        try:
+            up = client.uploader
+            w = client.create_writer("task0", range(1))
+            w.append(0, b"sent twice")
+            w.persist_durably(0)  # no checkpoint: a holds it for its persist delay
+            wait_until(lambda: up._pending != {}, timeout=10)  # type: ignore[attr-defined]
+            os.kill(frozen, signal.SIGSTOP)
+            handle = w.persist_durably(0, checkpoint_id=1).result(timeout=20)
+            referenced = handle.object_paths()
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+
+        def copies() -> list[str]:  # data files no handle references (not reservations)
+            sizes = {i.url: i.size for i in list_data_info(store)}
+            return [u for u in scan_orphans(store, referenced).orphans if sizes.get(u)]
+
+        try:
+            wait_until(lambda: copies() != [], timeout=30)  # a wrote its copy after all
+            assert list(client.read_changes(handle, 0)) == [b"sent twice"]
+            assert client.uploader.statistics().fallbacks == 0  # type: ignore[attr-defined]
+        finally:
+            client.close()
+    store.delete(copies())
+    assert copies() == [] and all(store.exists(p) for p in referenced)
+    assert list(client.read_changes(handle, 0)) == [b"sent twice"]
