@@ -190,11 +190,11 @@ def up(
     except TopologyError as e:
         exit_topology_error(e, "--topology")
     table = Table(title=f"dstltree nodes ({topology})")
-    for col in ("node", "parent", "address", "pid"):
+    for col in ("node", "parents", "address", "pid"):
         table.add_column(col)
     for nid in running.tree.nodes:
         h = running.nodes[nid]
-        table.add_row(nid, running.tree.parent(nid) or "-", h.address, str(h.pid))
+        table.add_row(nid, ", ".join(running.tree.parents(nid)) or "-", h.address, str(h.pid))
     console = Console()
     console.print(table)
     if running.keys is not None:  # CURVE: clients need writer.key_secret and node.key
