@@ -132,7 +132,7 @@ class ChaosMonkey:
 
     def _kill_a_node(self, driver: Any, at_s: float) -> None:
         app_id = getattr(getattr(driver, "sc", None), "applicationId", None)
-        alive = {n: pid for n, pid in node_pids(driver.nodes, app_id).items() if alive(pid)}
+        alive = {n: pid for n, pid in node_pids(driver.nodes, app_id).items() if pid_alive(pid)}
         if not alive:
             return
         node = self._rng.choice(sorted(alive))
@@ -190,7 +190,7 @@ def kill_pid(nodes: Any, node: str, pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

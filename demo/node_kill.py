@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstltree.demo.chaos import alive, kill_pid, node_pids
+from dstltree.demo.chaos import kill_pid, node_pids, pid_alive
 from dstltree.stats import percentile
 
 #: checkpoints after the kill the report's "after" figures cover
@@ -80,7 +80,7 @@ class NodeKill:
 def victim(nodes: Any, app_id: str | None) -> tuple[str, int] | None:
     """(node id, PID) of the node to kill (module docstring), None when no node below
     the root is alive."""
-    pids = {n: pid for n, pid in node_pids(nodes, app_id).items() if alive(pid)}
+    pids = {n: pid for n, pid in node_pids(nodes, app_id).items() if pid_alive(pid)}
     tree = getattr(nodes, "local_tree", None)
     if tree is not None:
         used = set(getattr(nodes, "node_for_task", {}).values())
