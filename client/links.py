@@ -25,8 +25,12 @@ def configure_heartbeat(sock: zmq.Socket, interval: float) -> None:
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * ivl)
     sock.setsockopt(zmq.HEARTBEAT_TTL, 3 * ivl)
     # a peer host that does not answer the TCP handshake at all fails the attempt (a
-    # retried connect) after this long instead of the system's minutes
-    sock.setsockopt(zmq.CONNECT_TIMEOUT, max(MIN_CONNECT_TIMEOUT_MS, 3 * ivl))
+    # retried connect) after this long instead of the system's minutes; a peer that
+    # stops during the ZMTP (CURVE) handshake, before heartbeats run, is dropped after
+    # as long instead of ZeroMQ's default 30 s
+    limit = max(MIN_CONNECT_TIMEOUT_MS, 3 * ivl)
+    sock.setsockopt(zmq.CONNECT_TIMEOUT, limit)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, limit)
 
 
 MIN_CONNECT_TIMEOUT_MS = 1000
