@@ -8,6 +8,7 @@ It also ends when the process ``exit_with_pid`` is gone (the node ends with it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -65,16 +66,22 @@ def _wait(proc: subprocess.Popen[bytes], exit_with_pid: int | None, stop: thread
                 proc.terminate()
 
 
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (one of another user counts; a zombie, dead but not
+    yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    with contextlib.suppress(OSError, IndexError), open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ", 1)[1][:1] != "Z"
     return True
+
+
+def _alive(pid: int | None) -> bool:
+    return pid is None or pid_alive(pid)
 
 
 def _write_pid(path: Path, pid: int) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from dstltree.aggregator.launcher import LocalTree, start_tree
+from dstltree.bench.hotpath import markdown_table
 from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
 from dstltree.client.reader import iter_changes
 from dstltree.coordinator.cleanup import list_data_info, scan_orphans
@@ -352,8 +353,6 @@ def markdown_section(results: list[ChaosResult], meta: dict[str, str], nproc: in
         f"`{meta['command']}` on commit {meta['commit']}, {meta['date']}, `nproc` = {nproc} "
         "(shared and noisy: compare the ratios of one run).",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "---|" * len(HEADERS),
+        *markdown_table(HEADERS, table_rows(results)),
     ]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     return "\n".join(lines) + "\n\n" + _HOW

@@ -24,7 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -423,11 +423,18 @@ def markdown_section(figures: list[Figure], meta: dict[str, str], nproc: int) ->
         "Rates: ratio = measured / floor (1 is the floor); latencies: ratio = measured / "
         "floor (times the floor, 1 is the floor).",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "---|" * len(HEADERS),
+        *markdown_table(HEADERS, table_rows(figures)),
     ]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(figures)]
     return "\n".join(lines) + "\n\n" + _HOW
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """The lines of a markdown table: the header row, the rule, one line per row."""
+    return [
+        "| " + " | ".join(headers) + " |",
+        "|" + "---|" * len(headers),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
 
 
 def write_markdown(path: Path, section: str, title: str = SECTION) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dstltree.aggregator.respawn import pid_alive
+
 #: task kills fire this many checkpoints after their attempt's restored one, at least
 MIN_CHECKPOINTS_BEFORE_KILL = 3
 
@@ -188,19 +190,6 @@ def kill_pid(nodes: Any, node: str, pid: int) -> None:
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (our dead child not yet reaped) is not alive
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ", 1)[1][:1] != "Z"
-    return True
 
 
 def compose(*hooks: Callable[[Any], None] | None) -> Callable[[Any], None] | None:

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstltree.demo.chaos import kill_pid, node_pids, pid_alive
+from dstltree.aggregator.respawn import pid_alive
+from dstltree.demo.chaos import kill_pid, node_pids
 from dstltree.stats import percentile
 
 #: checkpoints after the kill the report's "after" figures cover
