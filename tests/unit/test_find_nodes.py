@@ -23,6 +23,7 @@ def test_local_mode_gives_the_task_s_node_then_the_next_one(monkeypatch) -> None
 
 def test_by_host_the_next_host_s_node_is_the_second_way(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("DSTL_NODE", raising=False)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.2")  # how the worker names its host
     cfg = _cfg(node_for_host={"10.0.0.1": "tcp://n0:1", "10.0.0.2": "tcp://n1:1"})
     assert find_nodes(cfg, 3, "10.0.0.2:4040") == ("tcp://n1:1", "tcp://n0:1")
     single = _cfg(node_for_executor={"10.0.0.1:1": "tcp://n0:1"})
@@ -37,4 +38,5 @@ def test_the_environment_wins_and_may_list_several(monkeypatch) -> None:  # type
 @pytest.mark.parametrize("placement", [{}, {"node_for_host": {"10.9.9.9": "tcp://z:1"}}])
 def test_no_node_means_the_dfs(monkeypatch, placement) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("DSTL_NODE", raising=False)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.1")
     assert find_nodes(_cfg(**placement), 0, "10.0.0.1:1") == ()
