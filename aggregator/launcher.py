@@ -79,16 +79,22 @@ class LocalTree:
         depth, endpoint and parents, so that its children and writers reconnect to
         it. Raises RuntimeError unless the tree was started by :func:`start_tree`."""
         old = self.nodes[node_id]
-        if self.workdir is None or self.topology_file is None:
-            raise RuntimeError("restart: this tree was not started by start_tree")
         old.kill()
+        return self.start_node(node_id, old.address, timeout)
+
+    def start_node(self, node_id: str, bind: str, timeout: float = 30.0) -> NodeHandle:
+        """Start node ``node_id`` of this tree bound to ``bind``, with its parents'
+        running endpoints, and hold its handle. Raises RuntimeError unless the tree was
+        started by :func:`start_tree`."""
+        if self.workdir is None or self.topology_file is None:
+            raise RuntimeError("this tree was not started by start_tree")
         h = start_node_process(
             self.topology_file,
             node_id,
-            old.depth,
+            self.tree.depth(node_id),
             self.parent_addresses(node_id),
             self.workdir,
-            bind=old.address,
+            bind=bind,
             base_path=self.base_path,
             exit_with_pid=os.getpid(),
             timeout=timeout,
@@ -228,26 +234,20 @@ def start_tree(
     wd.mkdir(parents=True, exist_ok=True)
     specs = {n.id: n for n in topology.nodes or []}
     running = LocalTree(
-        topology, tree, workdir=wd, keys=_tree_keys(topology, topology_file, wd, keys)
+        topology,
+        tree,
+        workdir=wd,
+        keys=_tree_keys(topology, topology_file, wd, keys),
+        topology_file=topology_file,
+        base_path=base_path,
+        plans=plans,
     )
-    keys_dir = None if running.keys is None else running.keys.directory
-    running.topology_file, running.base_path, running.plans = topology_file, base_path, plans
     try:
         for node_id in tree.topological():  # every parent before its children
             spec = specs.get(node_id)
-            h = start_node_process(
-                topology_file,
-                node_id,
-                tree.depth(node_id),
-                running.parent_addresses(node_id),
-                wd,
-                bind=local_bind(spec) if spec is not None else "tcp://127.0.0.1:0",
-                base_path=base_path,
-                exit_with_pid=os.getpid(),
-                plans=plans,
-                keys_dir=keys_dir,
+            running.start_node(
+                node_id, local_bind(spec) if spec is not None else "tcp://127.0.0.1:0"
             )
-            running.nodes[node_id] = h
     except BaseException:
         running.stop()
         raise

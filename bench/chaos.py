@@ -174,7 +174,7 @@ def _topology(workdir: Path, parents: dict[str, list[str]]) -> Path:
 
 
 def _writer_nodes(tree: LocalTree, index: int, two: bool) -> list[str]:
-    order = list(tree.topology.tree().nodes)
+    order = tree.tree.nodes
     own, neighbour = order[index % len(order)], order[(index + 1) % len(order)]
     return [tree.address(own), tree.address(neighbour)] if two else [tree.address(own)]
 

@@ -208,8 +208,8 @@ def _check_fallbacks(
     g: nx.DiGraph, parent: Mapping[str, str | None], fallbacks: Mapping[str, Sequence[str]]
 ) -> dict[str, tuple[str, ...]]:
     """The further parents, checked: known node ids (an unknown one is a dead end),
-    not the node itself, its first parent or named twice, none on a root's list; the
-    graph with them stays acyclic (TopologyError naming the node or the cycle)."""
+    not the node itself, its first parent or named twice, none on a root's list
+    (TopologyError naming the node); :func:`_topological` checks they add no cycle."""
     out: dict[str, tuple[str, ...]] = {}
     for v, more in fallbacks.items():
         if v not in parent:
@@ -226,19 +226,19 @@ def _check_fallbacks(
                 raise TopologyError(f"nodes: node {v!r}: parent {p!r} is {seen[p]}")
             seen[p] = "named twice"
         out[v] = tuple(more)
+    return out
+
+
+def _topological(g: nx.DiGraph, fallbacks: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """Every node after all of its parents; TopologyError naming the cycle when the
+    first parents with the further ones are not a DAG."""
     dag = g.copy()
-    dag.add_edges_from((p, v) for v, more in out.items() for p in more)
+    dag.add_edges_from((p, v) for v, more in fallbacks.items() for p in more)
     cycle = _find_cycle(dag)
     if cycle:
         raise TopologyError(
             f"nodes: parents form a cycle through {' -> '.join([*cycle, cycle[0]])}"
         )
-    return out
-
-
-def _topological(g: nx.DiGraph, fallbacks: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
-    dag = g.copy()
-    dag.add_edges_from((p, v) for v, more in fallbacks.items() for p in more)
     return tuple(nx.topological_sort(dag))
 
 

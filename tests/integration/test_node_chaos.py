@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dstltree.aggregator.launcher import LocalTree, start_node_process
+from dstltree.aggregator.launcher import LocalTree
 from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
 from dstltree.client.reader import iter_changes
 from tests.support.tree_fixtures import start
@@ -67,9 +67,9 @@ class _Chaos(threading.Thread):
     """Kills a random node with SIGKILL every ``period`` seconds and restarts it on the
     same port (same id, same parent address)."""
 
-    def __init__(self, tree: LocalTree, topology_file: Path, period: float) -> None:
+    def __init__(self, tree: LocalTree, period: float) -> None:
         super().__init__(name="chaos", daemon=True)
-        self.tree, self.topology_file, self.period = tree, topology_file, period
+        self.tree, self.period = tree, period
         self.stop = threading.Event()
         self.kills = 0
         self.rng = random.Random(7)
@@ -83,21 +83,8 @@ class _Chaos(threading.Thread):
             self.error = e
 
     def _kill_and_restart(self, node_id: str) -> None:
-        old = self.tree.nodes[node_id]
-        old.kill()
+        self.tree.restart(node_id)  # SIGKILL, then the same id, endpoint and parents
         self.kills += 1
-        parent = self.tree.tree.parent(node_id)
-        assert self.tree.workdir is not None
-        self.tree.nodes[node_id] = start_node_process(
-            self.topology_file,
-            node_id,
-            old.depth,
-            self.tree.nodes[parent].address if parent else None,
-            self.tree.workdir,
-            bind=old.address,
-            exit_with_pid=os.getpid(),
-            keys_dir=None if self.tree.keys is None else self.tree.keys.directory,
-        )
 
 
 @pytest.mark.slow
@@ -117,7 +104,7 @@ def test_killing_and_restarting_random_nodes_loses_and_duplicates_nothing(
             for i in range(WRITERS)
         ]
         writers = [_Writer(i, c) for i, c in enumerate(clients)]
-        chaos = _Chaos(tree, tmp_path / "topology.yaml", period=1.0)
+        chaos = _Chaos(tree, period=1.0)
         t0 = time.monotonic()
         for w in writers:
             w.start()
