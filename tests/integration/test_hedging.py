@@ -96,7 +96,11 @@ def test_write_items_references_only_the_winner(faulty: FaultyFileSystem) -> Non
     faulty.release()
     assert up.drain(10)
     assert store.list_objects() == [path]
-    assert up.stats.snapshot()["hedge_wins"] == 1
+    # the stall hits whichever attempt reaches the store first: on a loaded machine the
+    # hedge can overtake the first attempt's thread, so which one won is not asserted
+    stats = up.stats.snapshot()
+    assert stats["attempts"] == 2 and stats["hedged_attempts"] == 1
+    assert stats["losers"] == 1 and stats["losers_deleted"] == 1
 
 
 def test_write_items_defaults_still_work(tmp_path: object) -> None:

@@ -10,9 +10,8 @@ import signal
 import time
 from pathlib import Path
 
-from dstltree.aggregator.launcher import start_node_process
 from dstltree.client import ChangelogClient
-from tests.support.tree_fixtures import start
+from tests.support.tree_fixtures import metric, start
 from tests.support.waiting import wait_until
 
 
@@ -44,18 +43,7 @@ def test_a_killed_node_s_segments_go_to_the_next_node_and_come_back_after_the_ho
             assert list(client.read_changes(handle, 0)) == [b"before the kill"]
             assert list(client.read_changes(handle, 1)) == [b"after the kill"]
 
-            old = tree.nodes["a"]
-            assert tree.workdir is not None
-            tree.nodes["a"] = start_node_process(
-                tmp_path / "topology.yaml",
-                "a",
-                old.depth,
-                tree.address("root"),
-                tree.workdir,
-                bind=old.address,
-                exit_with_pid=os.getpid(),
-                keys_dir=None if tree.keys is None else tree.keys.directory,
-            )
+            tree.restart("a")  # the same id, endpoint and parent
             wait_until(lambda: up.address == a, timeout=20)
             w.append(0, b"back home")
             after = w.persist_durably(handle.sqn_range[1], checkpoint_id=2).result(timeout=20)
@@ -170,19 +158,21 @@ def test_a_segment_sent_twice_is_referenced_once_and_its_other_copy_is_swept(
     from dstltree.coordinator.cleanup import list_data_info, scan_orphans
 
     base = str(tmp_path / "dfs")
-    with start(tmp_path, persist_delay=1.0, parent_timeout=30.0) as tree:
+    with start(tmp_path, persist_delay=1.0, parent_timeout=30.0, metrics_port=0) as tree:
         a, b = tree.address("a"), tree.address("b")
         client = ChangelogClient.open(
             base, node=[a, b], ack_timeout=60.0, hold_down=60.0, security=tree.client_security
         )
+        url_a = tree.metrics_url("a")
         store = ObjectStore(base)
         frozen = tree.nodes["a"].pid
         try:
-            up = client.uploader
             w = client.create_writer("task0", range(1))
             w.append(0, b"sent twice")
             w.persist_durably(0)  # no checkpoint: a holds it for its persist delay
-            wait_until(lambda: up._pending != {}, timeout=10)  # type: ignore[attr-defined]
+            # a must hold the segment before it freezes: queued in the client is not enough
+            # (a link given up on drops what it has not sent yet)
+            wait_until(lambda: metric(url_a, "dstl_bytes_received_total") > 0, timeout=10)
             os.kill(frozen, signal.SIGSTOP)
             handle = w.persist_durably(0, checkpoint_id=1).result(timeout=20)
             referenced = handle.object_paths()
