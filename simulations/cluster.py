@@ -45,6 +45,7 @@ import simpy
 
 from dstltree.simulations.config import SimConfig, SimWorkload
 from dstltree.simulations.coordshell import CoordinatorCluster
+from dstltree.simulations.failures import NodeFailures
 from dstltree.simulations.gcpolicy import rare_collections
 from dstltree.simulations.nodeshell import NodeCoreCluster
 from dstltree.simulations.storage import SimulatedStore, Throttle
@@ -70,7 +71,15 @@ class SimResult:
     included, ``fallback_segments`` of them). Hedging: ``hedge_copies`` extra attempts
     started with the first, ``hedges_skipped_throttled`` hedges or copies not started
     because the store throttled, ``hedges_repeated_throttled`` hedges of uploads
-    already throttled (uploads repeated because of throttling)."""
+    already throttled (uploads repeated because of throttling).
+
+    Node failures (:mod:`dstltree.simulations.failures`; the whole run, warm-up
+    included): ``node_deaths`` nodes killed up to the last checkpoint's trigger (with
+    fixed triggers the same in every layout on one seed), ``failovers`` executor clients moved to
+    their neighbour's node, ``returns`` moved back after the hold-down, ``late_acks``
+    acks of requests already acknowledged or written directly (each a second copy of
+    a segment no handle references: an orphan for the registry's sweep),
+    ``abandoned_writes`` objects whose node died while writing them."""
 
     design: str
     executors: int
@@ -97,6 +106,14 @@ class SimResult:
     coordinator: bool = False
     writers_ms: dict[str, float] = field(default_factory=dict)
     coordinator_ms: dict[str, float] = field(default_factory=dict)
+    second_parents: bool = True
+    node_failures_per_hour: float = 0.0
+    restart_s: float = 0.0
+    node_deaths: int = 0
+    failovers: int = 0
+    returns: int = 0
+    late_acks: int = 0
+    abandoned_writes: int = 0
 
     @property
     def requests_per_second(self) -> float:
@@ -147,6 +164,16 @@ class _Sim:
             if self.nodes is not None and cfg.coordinator
             else None
         )
+        self.failures = (
+            NodeFailures(self.nodes) if self.nodes is not None and cfg.failures else None
+        )
+
+    def start_nodes(self) -> None:
+        """Writers register, nodes start their clocks, the failure schedule begins."""
+        assert self.nodes is not None
+        self.nodes.start()
+        if self.failures is not None:
+            self.failures.start()
 
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
         ev = self.env.timeout(max(0.0, t - self.env.now))
@@ -184,7 +211,7 @@ class _Sim:
     def checkpoints(self):  # simpy process
         """Trigger every checkpoint on the fixed interval (no coordinator)."""
         if self.nodes is not None:
-            self.nodes.start()
+            self.start_nodes()
         yield self.env.timeout(self.cfg.startup_s)
         total = self.cfg.warmup + self.cfg.checkpoints
         for c in range(total):
@@ -199,8 +226,7 @@ class _Sim:
         """Every checkpoint to its end: the coordinator core triggers them, or the
         fixed interval."""
         if self.coord is not None:
-            assert self.nodes is not None
-            self.nodes.start()
+            self.start_nodes()
             self.coord.start()
             self.env.run(until=self.coord.finished)
             return
@@ -266,4 +292,20 @@ def simulate(cfg: SimConfig) -> SimResult:
         coordinator=coord is not None,
         writers_ms=_percentiles(writers),
         coordinator_ms=_percentiles([(e - a) * 1000 for _, e, a in spans]) if coord else {},
+        **_failure_counts(sim),
     )
+
+
+def _failure_counts(sim: _Sim) -> dict[str, Any]:
+    cfg, nodes, f = sim.cfg, sim.nodes, sim.failures
+    last = sim.spans(cfg.warmup + cfg.checkpoints - 1)[0]  # the last trigger
+    return {
+        "second_parents": cfg.second_parents,
+        "node_failures_per_hour": cfg.node_failures_per_hour,
+        "restart_s": cfg.restart_s if cfg.failures else 0.0,
+        "node_deaths": sum(1 for t in f.deaths if t <= last) if f else 0,
+        "failovers": f.failovers if f else 0,
+        "returns": f.returns if f else 0,
+        "late_acks": nodes.late_acks if nodes else 0,
+        "abandoned_writes": nodes.abandoned_writes if nodes else 0,
+    }

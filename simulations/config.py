@@ -51,6 +51,23 @@ class SimConfig:
     latencies as the timeout (None: ``hedge_timeout_s``), ``throttle_aware`` (False:
     hedge even while the store throttles, the rule before throttling was seen).
 
+    Node failures (tree designs only; :mod:`dstltree.simulations.failures`): every node,
+    the root included, dies ``node_failures_per_hour`` times per node-hour on average
+    (Poisson, from ``startup_s``; 0: never) and comes back ``restart_s`` later with
+    the same id and an empty state; its peers notice ``failure_detection_s`` after the
+    death (three missed ZeroMQ heartbeats of the real links: 0.3 s); a way back to a
+    node that returned is taken again after ``hold_down_s`` (the client's
+    ``hold_down`` and the node's ``parent_retry_after``). ``second_parents``: the
+    k-ary tree gets :func:`dstltree.topology.tree.second_parent_indices`' second
+    parents and every executor's writers a neighbour's node (the next executor's, as
+    ``sparkplug.task.find_nodes``) to move to when theirs is lost, the default of a
+    real topology (a given ``tree`` keeps its own parents); False: one way up each,
+    a writer whose node is lost waits out its ack timeout (``parent_timeout_s`` x
+    (tree height + 1), as the job sets it) and writes its segment to the store
+    itself. Without failures the two differ only where an upstream ack times out (a
+    slow store): the DAG's node then re-homes to its second parent, the tree's to its
+    grandparent.
+
     ``coordinator`` (tree designs only): the real coordinator core triggers and
     completes the checkpoints (:mod:`dstltree.simulations.coordshell`): the next one
     ``checkpoint_interval_s`` after the previous completed, at most one in flight
@@ -94,6 +111,11 @@ class SimConfig:
     hedge_adaptive_percentile: float | None = None
     throttle_aware: bool = True
     coordinator: bool = False
+    node_failures_per_hour: float = 0.0
+    restart_s: float = 2.0
+    failure_detection_s: float = 0.3
+    hold_down_s: float = 5.0
+    second_parents: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -117,6 +139,20 @@ class SimConfig:
         self.hedging()  # validates the hedging fields
         if self.checkpoint_interval_s <= 0 or self.plan_window < 1:
             raise ValueError("checkpoint_interval_s must be > 0 and plan_window >= 1")
+        self._check_failures()
+
+    def _check_failures(self) -> None:
+        if self.node_failures_per_hour < 0 or self.restart_s <= 0:
+            raise ValueError("node_failures_per_hour must be >= 0 and restart_s > 0")
+        if self.failure_detection_s < 0 or self.hold_down_s < 0:
+            raise ValueError("failure_detection_s and hold_down_s must be >= 0")
+        if self.node_failures_per_hour > 0 and self.design not in ("tree", "tree-noplan"):
+            raise ValueError("node failures need a tree design (tree, tree-noplan)")
+
+    @property
+    def failures(self) -> bool:
+        """Nodes die in this run."""
+        return self.node_failures_per_hour > 0
 
     def hedging(self) -> HedgingPolicy:
         """The hedging rule of the simulated store. Raises ValueError for bad values."""
@@ -134,7 +170,10 @@ class SimConfig:
         return self.plan_window if self.warmup_checkpoints is None else self.warmup_checkpoints
 
     def build_tree(self) -> Tree:
-        return self.tree if self.tree is not None else kary_tree(self.executors, self.branching)
+        """``tree``, else the k-ary tree of ``branching`` (with ``second_parents``)."""
+        if self.tree is not None:
+            return self.tree
+        return kary_tree(self.executors, self.branching, second_parents=self.second_parents)
 
 
 class SimWorkload:

@@ -29,15 +29,23 @@ What the shell models:
 * **Storage.** :class:`WriteObject` goes to the simulated store
   (:class:`dstltree.simulations.storage.SimulatedStore`: latency model, throttling,
   retries, hedging); the node gets ``ObjectWritten`` when the store says it is durable.
+* **Node failures** (``node_failures_per_hour`` > 0): :mod:`dstltree.simulations.failures`
+  kills and restarts nodes through :meth:`NodeCoreCluster.handle`, ``deliver``,
+  ``disconnect`` and ``restart``; a dead node drops what reaches it and what it was
+  doing. Only then do writers have ack deadlines (the job's ack timeout,
+  ``parent_timeout_s`` x (height + 1)): a request not acked by then is written to the
+  store by its writer (DFS fallback); an ack that comes later is counted in
+  ``late_acks`` and ignored.
 * **Configuration.** As ``aggregator.process.node_config``: target, persist delay,
   plan window, plans on (``tree``) or off (``tree-noplan``), a node at depth d waits
-  ``parent_timeout_s * max(d, 1)`` for an upstream ack.
+  ``parent_timeout_s * max(d, 1)`` for an upstream ack, its further parents (a DAG's)
+  as ``fallback_addresses``, ``hold_down_s`` as ``parent_retry_after``.
 
 What it does not model: message encoding and decoding (the message objects are passed
 as they are; the node core re-stamps each item's origin as the real one does), CPU per
-byte, the writers' own ack timeouts and segment encoding, socket high-water marks and
+byte, segment encoding, socket high-water marks and
 back-pressure (``NodeCore.accepting`` is not consulted), ``ObjectFailed`` (the
-simulated store retries until the object is durable), crashes, leases running out,
+simulated store retries until the object is durable), leases running out,
 authentication, and the coordinator (the caller triggers checkpoints: on a fixed
 interval, or the coordinator core of :mod:`dstltree.simulations.coordshell`, which
 hooks in through ``on_writer_done`` and ``object_path``).
@@ -82,10 +90,21 @@ class _Host:
     """The shell state of one node: its core, queued messages (from below?, identity
     or address, message), when its CPU and NICs are free, its pending timer."""
 
-    __slots__ = ("core", "inbox", "busy", "cpu_free", "tx_free", "rx_free", "timer", "ident")
+    __slots__ = (
+        "core",
+        "inbox",
+        "busy",
+        "cpu_free",
+        "tx_free",
+        "rx_free",
+        "timer",
+        "ident",
+        "dead",
+    )
 
     def __init__(self, core: NodeCore, ident: bytes) -> None:
         self.core = core
+        self.dead = False  # killed: its pending work is dropped (a restart is a new _Host)
         self.inbox: list[tuple[bool, Any, Message]] = []
         self.busy = False
         self.cpu_free = 0.0
@@ -101,16 +120,17 @@ class NodeCoreCluster:
     ``env``. :meth:`trigger` starts checkpoint ``c`` now; ``done[c]`` is when its last
     writer got its ack (seconds); ``relayed[c]`` the bytes of checkpoint ``c`` that nodes
     passed on without having produced them; ``objects[c]`` the objects holding its
-    segments; ``fallbacks`` the segments writers wrote themselves after an error ack."""
+    segments; ``fallbacks`` the segments writers wrote themselves after an error ack or
+    their ack deadline; ``route[i]`` the node executor i's client sends to."""
 
     def __init__(self, cfg: SimConfig, env: simpy.Environment, store: SimulatedStore) -> None:
         self.cfg = cfg
         self.env = env
         self.store = store
-        tree = cfg.build_tree()
+        self.tree = tree = cfg.build_tree()
         self.ids = tree.nodes
         self.index = {n: i for i, n in enumerate(self.ids)}
-        self.hosts = [self._host(tree, n) for n in self.ids]
+        self.hosts = [self._host(n) for n in self.ids]
         self.by_ident = {h.ident: i for i, h in enumerate(self.hosts)}
         self.writer_ident = [b"x" + n.encode() for n in self.ids]
         self.by_writer_ident = {w: i for i, w in enumerate(self.writer_ident)}
@@ -125,6 +145,16 @@ class NodeCoreCluster:
         self.relayed: defaultdict[int, int] = defaultdict(int)
         self.objects: defaultdict[int, int] = defaultdict(int)
         self.fallbacks = 0
+        # the executors' clients: the node each sends to now (its own unless failed
+        # over, simulations.failures); with node failures, every request's ack deadline
+        self.route = list(range(len(self.ids)))
+        self.ack_timeout = cfg.parent_timeout_s * (tree.height() + 1) if cfg.failures else None
+        self.deadline: dict[int, float] = {}
+        self.sent: dict[int, PersistItem] = {}  # with node failures: rid -> its item
+        # messages of clients (executor, message) queued for a dead node, in order
+        self.parked: defaultdict[int, list[tuple[int, Message]]] = defaultdict(list)
+        self.late_acks = 0  # acks of requests already acked or written directly
+        self.abandoned_writes = 0  # objects whose node died before they were durable
         self._zero = memoryview(b"")
         self._paths = itertools.count()
         # hooks of the coordinator shell (simulations.coordshell): a writer's segment
@@ -133,13 +163,17 @@ class NodeCoreCluster:
         self.on_writer_done: Callable[[int, int, int, SegmentRef | None], None] | None = None
         self.object_path: Callable[[], str] = lambda: f"o{next(self._paths)}"
 
-    def _host(self, tree: Any, node: str) -> _Host:
-        cfg = self.cfg
-        parent = tree.parent(node)
+    def _host(self, node: str, generation: int = 0) -> _Host:
+        """A fresh node core for ``node``; a restarted one (``generation`` > 0) gets a
+        new identity, as a reconnecting ROUTER peer does."""
+        cfg, tree = self.cfg, self.tree
+        parents = tree.parents(node)
         core = NodeCore(
             NodeConfig(
                 node_id=node,
-                parent_address=parent,
+                parent_address=parents[0] if parents else None,
+                fallback_addresses=parents[1:],
+                parent_retry_after=cfg.hold_down_s,
                 target_bytes=cfg.target_object_bytes,
                 address=node,
                 persist_delay=cfg.persist_delay_s,
@@ -150,7 +184,8 @@ class NodeCoreCluster:
             ),
             validate=cfg.check_invariants,
         )
-        return _Host(core, b"n" + node.encode())
+        suffix = f"#{generation}" if generation else ""
+        return _Host(core, f"n{node}{suffix}".encode())
 
     # -- the clock -----------------------------------------------------------------------
     def at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
@@ -180,6 +215,7 @@ class NodeCoreCluster:
         self.left[c] = sizes.size
         pending = self.pending
         rids = self.rids
+        sent = self.sent if self.ack_timeout is not None else None
         for i, row in enumerate(sizes.tolist()):
             logs, sqn = self.logs[i], self.sqn[i]
             requests = []
@@ -194,23 +230,53 @@ class NodeCoreCluster:
                 else:
                     item = PersistItem.marker(logs[j], lo, c)
                     pending[rid] = (c, i, j, None)
+                if sent is not None:
+                    sent[rid] = item
                 requests.append(PersistRequest(rid, item))
-            self._arrive(i, True, self.writer_ident[i], Persist(tuple(requests)))
+            self.send_requests(i, requests)
+
+    def send_requests(self, i: int, requests: list[PersistRequest]) -> None:
+        """Executor ``i``'s client sends ``requests`` in one Persist to the node it sends
+        to now (lost on the way if that node is dead); with node failures each gets an
+        ack deadline, after which the writer writes its segment itself."""
+        if self.ack_timeout is not None:
+            deadline = self.env.now + self.ack_timeout
+            for r in requests:
+                self.deadline[r.id] = deadline
+            self.at(deadline, self._ack_deadline, [r.id for r in requests])
+        self.deliver(i, self.route[i], Persist(tuple(requests)))
+
+    def _ack_deadline(self, rids: list[int]) -> None:
+        now = self.env.now
+        for rid in rids:
+            if rid in self.pending and self.deadline.get(rid, _INF) <= now:
+                self._fall_back(rid)
 
     def _acked(self, entries: Any) -> None:
-        now = self.env.now
         for e in entries:
-            c, i, j, meta = self.pending.pop(e.id)
+            if e.id not in self.pending:  # acked already, or written directly
+                self.late_acks += 1
+                continue
             if e.error is not None:  # the writer writes its segment itself
-                self.fallbacks += 1
-                self.objects[c] += 1
-                size = 0 if meta is None else meta.length
-                ref = None if meta is None else SegmentRef(meta, self.object_path(), 0)
-                durable = float(self.store.put(c, now, size))
-                self.at(durable, self._writer_done, c, i, j, ref)
-            else:
-                ref = None if meta is None or e.path is None else SegmentRef(meta, e.path, e.offset)
-                self._writer_done(c, i, j, ref)
+                self._fall_back(e.id)
+                continue
+            c, i, j, meta = self.pending.pop(e.id)
+            self.deadline.pop(e.id, None)
+            self.sent.pop(e.id, None)
+            ref = None if meta is None or e.path is None else SegmentRef(meta, e.path, e.offset)
+            self._writer_done(c, i, j, ref)
+
+    def _fall_back(self, rid: int) -> None:
+        """The writer of request ``rid`` writes its segment to the store itself."""
+        c, i, j, meta = self.pending.pop(rid)
+        self.deadline.pop(rid, None)
+        self.sent.pop(rid, None)
+        self.fallbacks += 1
+        self.objects[c] += 1
+        size = 0 if meta is None else meta.length
+        ref = None if meta is None else SegmentRef(meta, self.object_path(), 0)
+        durable = float(self.store.put(c, self.env.now, size))
+        self.at(durable, self._writer_done, c, i, j, ref)
 
     def _writer_done(self, c: int, i: int, j: int, ref: SegmentRef | None) -> None:
         """Writer j of executor i has its ack (its segment ``ref`` is durable)."""
@@ -221,15 +287,52 @@ class NodeCoreCluster:
         if self.on_writer_done is not None:
             self.on_writer_done(c, i, j, ref)
 
+    def unacknowledged(self, i: int) -> list[tuple[int, PersistItem]]:
+        """(request id, item) of executor ``i``'s requests awaiting their ack (with
+        node failures only: the items are kept for sending again)."""
+        return [(rid, item) for rid, item in self.sent.items() if self.pending[rid][1] == i]
+
+    # -- failures (simulations.failures decides when) ------------------------------------
+    def handle(self, v: int, event: Event) -> None:
+        """Node ``v``'s core handles ``event`` now; its instructions are carried out."""
+        self._run(v, self.hosts[v].core.handle(event))
+
+    def deliver(self, i: int, v: int, msg: Message) -> None:
+        """Executor ``i``'s client sends ``msg`` to node ``v``: it arrives now, or, if
+        ``v`` is dead, waits in the client's socket until ``v`` is back (a connecting
+        DEALER queues what it sends; ZeroMQ's default, no ``IMMEDIATE``)."""
+        if self.hosts[v].dead:
+            self.parked[v].append((i, msg))
+        else:
+            self._arrive(v, True, self.writer_ident[i], msg)
+
+    def disconnect(self, i: int) -> None:
+        """Executor ``i``'s client closes its connection (it moves to another node):
+        what it queued for a dead node is dropped (the socket does not linger)."""
+        for v, queued in self.parked.items():
+            self.parked[v] = [(k, m) for k, m in queued if k != i]
+
+    def restart(self, v: int, generation: int) -> None:
+        """Node ``v`` comes back: a fresh core with a new identity, its clock started,
+        the clients' queued messages delivered."""
+        h = self._host(self.ids[v], generation)
+        self.hosts[v] = h
+        self.by_ident[h.ident] = v
+        self._arm(v)
+        for i, msg in self.parked.pop(v, []):
+            self._arrive(v, True, self.writer_ident[i], msg)
+
     # -- transport -----------------------------------------------------------------------
     def _arrive(self, v: int, below: bool, key: Any, msg: Message) -> None:
-        """A message is in node ``v``'s receive queue now."""
+        """A message is in node ``v``'s receive queue now (dropped if ``v`` is dead)."""
         h = self.hosts[v]
+        if h.dead:
+            return
         h.inbox.append((below, key, msg))
         if not h.busy:
             h.busy = True
             start = h.cpu_free if h.cpu_free > self.env.now else self.env.now
-            self.at(start + self.cfg.cpu_per_message_s, self._burst, v)
+            self.at(start + self.cfg.cpu_per_message_s, self._burst, v, h)
 
     def _send(self, src: int, dst: int, below: bool, key: Any, msg: Message) -> None:
         """One message between nodes: sender NIC, hop, receiver NIC."""
@@ -242,6 +345,8 @@ class NodeCoreCluster:
 
     def _receive(self, dst: int, below: bool, key: Any, msg: Message, nbytes: int) -> None:
         h = self.hosts[dst]
+        if h.dead:
+            return
         start = h.rx_free if h.rx_free > self.env.now else self.env.now
         h.rx_free = start + nbytes / self.cfg.node_bandwidth
         if h.rx_free > self.env.now:
@@ -250,9 +355,10 @@ class NodeCoreCluster:
             self._arrive(dst, below, key, msg)
 
     # -- the node ------------------------------------------------------------------------
-    def _burst(self, v: int) -> None:
+    def _burst(self, v: int, h: _Host) -> None:
         """Node ``v`` handles every message waiting (one NodeCore.handle_many)."""
-        h = self.hosts[v]
+        if h.dead:
+            return
         now = self.env.now
         inbox, h.inbox, h.busy = h.inbox, [], False
         h.cpu_free = now + self.cfg.cpu_per_message_s * (len(inbox) - 1)
@@ -270,12 +376,11 @@ class NodeCoreCluster:
             return
         nd = max(nd, self.env.now + 1e-9)
         h.timer = nd
-        self.at(nd, self._tick, v, nd)
+        self.at(nd, self._tick, v, nd, h)
 
-    def _tick(self, v: int, when: float) -> None:
-        h = self.hosts[v]
-        if h.timer != when:
-            return  # superseded by an earlier timer
+    def _tick(self, v: int, when: float, h: _Host) -> None:
+        if h.dead or h.timer != when:
+            return  # dead, or superseded by an earlier timer
         h.timer = _INF
         nd = h.core.next_deadline()
         if nd is not None and nd > self.env.now:  # it moved later (a flush, a report)
@@ -317,13 +422,16 @@ class NodeCoreCluster:
                 self.objects[c] += 1
         first = min((c for c in cps if c is not None), default=0)
         durable = float(self.store.put(first, now, sum(i.size for i in items)))
-        self.at(durable, self._written, v, ins)
+        self.at(durable, self._written, v, ins, self.hosts[v])
 
-    def _written(self, v: int, ins: WriteObject) -> None:
+    def _written(self, v: int, ins: WriteObject, h: _Host) -> None:
+        if h.dead:  # its writer died with it: the object is never referenced
+            self.abandoned_writes += 1
+            return
         path = self.object_path()
         refs, off = [], 0
         for i in ins.items:
             refs.append(SegmentRef(i.meta, path, off))
             off += i.size
         ev = ObjectWritten(self.env.now, ins.object_id, path, tuple(refs))
-        self._run(v, self.hosts[v].core.handle(ev))
+        self._run(v, h.core.handle(ev))

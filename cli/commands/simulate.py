@@ -180,6 +180,30 @@ def simulate_command(
     hop_latency: Annotated[float, typer.Option(help="Seconds per network hop.")] = 0.0005,
     node_bandwidth: Annotated[str, typer.Option(help="Per node NIC, bytes/s each way.")] = "1.25GB",
     cpu_per_message: Annotated[float, typer.Option(help="Seconds per message received.")] = 50e-6,
+    second_parents: Annotated[
+        bool,
+        typer.Option(
+            help="k-ary tree: a second parent per node and a neighbour's node per "
+            "executor's writers (a real topology's default); --no-second-parents: a tree."
+        ),
+    ] = True,
+    node_failures_per_hour: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Tree designs: each node (root included) dies this often per hour and "
+            "restarts; compares a tree and a DAG without and with the failures.",
+        ),
+    ] = 0.0,
+    restart: Annotated[
+        float, typer.Option(min=0.001, help="Seconds until a dead node is back.")
+    ] = 2.0,
+    failure_detection: Annotated[
+        float, typer.Option(min=0.0, help="Seconds until a death is noticed (heartbeats).")
+    ] = 0.3,
+    hold_down: Annotated[
+        float, typer.Option(min=0.0, help="Seconds a returned node waits before use.")
+    ] = 5.0,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     sweep_branching: Annotated[str | None, typer.Option(help="e.g. 2,4,8,16.")] = None,
     sweep_target: Annotated[str | None, typer.Option(help="e.g. 1MiB,4MiB,16MiB.")] = None,
@@ -247,10 +271,20 @@ def simulate_command(
             hop_latency_s=hop_latency,
             node_bandwidth=float(parse_size(node_bandwidth)),
             cpu_per_message_s=cpu_per_message,
+            second_parents=second_parents,
+            node_failures_per_hour=node_failures_per_hour,
+            restart_s=restart,
+            failure_detection_s=failure_detection,
+            hold_down_s=hold_down,
             seed=seed,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    if base.failures and not sweeping:
+        from dstltree.cli.commands._sim_failures import run_failures
+
+        run_failures(base, designs, as_json)
+        return
     results = _run(base, designs, sweep_branching, sweep_target, jobs)
     chosen = best(results, base.prefixes)
     if plot is not None:

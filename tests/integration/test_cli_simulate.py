@@ -302,3 +302,30 @@ def test_simulate_coordinator_flag(app: typer.Typer) -> None:
     on = json.loads(r.output)
     assert on["coordinator"] is True
     assert on["checkpoint_ms"]["p50"] > on["writers_ms"]["p50"] and on["coordinator_ms"]["p50"] > 0
+
+
+def test_simulate_node_failures_compares_a_tree_and_a_dag(app: typer.Typer) -> None:
+    args = ["simulate", "--checkpoints", "60", "--node-failures-per-hour", "600", "--seed", "3"]
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)["tree"]
+    cases = {(row["layout"], row["case"]): row for row in rows}
+    assert set(cases) == {(lay, c) for lay in ("tree", "dag") for c in ("without", "with")}
+    assert cases["tree", "with"]["node_deaths"] == cases["dag", "with"]["node_deaths"] > 0
+    assert cases["tree", "without"]["node_deaths"] == 0
+    assert cases["tree", "with"]["fallback_segments"] > 0 == cases["tree", "with"]["failovers"]
+    assert cases["dag", "with"]["failovers"] > 0
+    for row in rows:
+        assert row["p99_vs_without"] == pytest.approx(
+            row["p99"] / cases[row["layout"], "without"]["p99"], rel=1e-2
+        )
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "p99 vs none" in table.output and "600 per node-hour" in flat(table.output)
+
+
+def test_simulate_node_failures_need_a_tree_design(app: typer.Typer) -> None:
+    r = runner.invoke(app, ["simulate", "--node-failures-per-hour", "1", "--design", "task"])
+    assert r.exit_code == 2 and "need a tree design" in flat(r.output)
+    r = runner.invoke(app, ["simulate", "--node-failures-per-hour", "-1"])
+    assert r.exit_code == 2
