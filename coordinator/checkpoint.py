@@ -38,24 +38,86 @@ MAX_LOG_ID_CHARS = 256
 _COMPONENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._=+-]*")
 
 
+#: Most snapshot files one materialized reference may name.
+MAX_SNAPSHOT_PARTS = 4096
+
+
+@dataclass(frozen=True)
+class SnapshotPart:
+    """One file of an incremental materialization: the state of some key groups in
+    ``[key_groups[0], key_groups[1])`` at ``path`` (URL), ``size_bytes`` long, either
+    their whole state (``delta`` False) or only the keys changed since the parts before
+    it (``delta`` True; a removed key is recorded as removed). Restore reads, in order,
+    the parts whose range meets the key groups it wants (FLINK-7449's incremental
+    checkpoints; FLIP-151)."""
+
+    path: str
+    key_groups: tuple[int, int]
+    size_bytes: int
+    delta: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "key_groups": list(self.key_groups),
+            "size_bytes": self.size_bytes,
+            "delta": self.delta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SnapshotPart:
+        start, stop = (int(x) for x in d["key_groups"])
+        return cls(str(d["path"]), (start, stop), int(d["size_bytes"]), bool(d["delta"]))
+
+
 @dataclass(frozen=True)
 class MaterializedRef:
     """A materialized-state snapshot of one task at ``path`` (URL), ``size_bytes`` long.
 
     The snapshot holds every change with SQN < ``sqn``; the task's changelog handles
     start at ``sqn`` (FLIP-158, "Materializing state changes").
+
+    Incremental (``parts`` not empty): the snapshot is the files ``parts``, applied in
+    order; ``path`` is the last of them, ``size_bytes`` their total (the full
+    materialized size) and ``written_bytes`` what this materialization wrote (the rest
+    is reused, referenced again from earlier materializations). Without parts,
+    ``path`` is one whole snapshot.
     """
 
     path: str
     sqn: int
     size_bytes: int
+    parts: tuple[SnapshotPart, ...] = ()
+    written_bytes: int = 0
+
+    def paths(self) -> frozenset[str]:
+        """Every file this snapshot needs."""
+        return frozenset((self.path, *(p.path for p in self.parts)))
+
+    @property
+    def reused_bytes(self) -> int:
+        """Bytes of files an earlier materialization wrote (0 without parts)."""
+        return max(0, self.size_bytes - self.written_bytes) if self.parts else 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "sqn": self.sqn, "size_bytes": self.size_bytes}
+        d: dict[str, Any] = {"path": self.path, "sqn": self.sqn, "size_bytes": self.size_bytes}
+        if self.parts:
+            d["parts"] = [p.to_dict() for p in self.parts]
+            d["written_bytes"] = self.written_bytes
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MaterializedRef:
-        return cls(path=str(d["path"]), sqn=int(d["sqn"]), size_bytes=int(d["size_bytes"]))
+        parts = d.get("parts") or ()
+        if len(parts) > MAX_SNAPSHOT_PARTS:
+            raise ValueError(f"{len(parts)} snapshot parts, at most {MAX_SNAPSHOT_PARTS}")
+        return cls(
+            path=str(d["path"]),
+            sqn=int(d["sqn"]),
+            size_bytes=int(d["size_bytes"]),
+            parts=tuple(SnapshotPart.from_dict(p) for p in parts),
+            written_bytes=int(d.get("written_bytes", 0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -92,7 +154,7 @@ class TaskCheckpoint:
         for h in self.changelog:
             paths |= h.object_paths()
         if self.materialized is not None:
-            paths.add(self.materialized.path)
+            paths |= self.materialized.paths()
         return frozenset(paths)
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,15 +322,30 @@ def path_problem(path: object, prefixes: Sequence[str]) -> str | None:
     return f"path {path[:200]!r} is outside this job's object prefixes"
 
 
-def snapshot_problem(ref: MaterializedRef, prefixes: Sequence[str]) -> Refusal | None:
-    """Why a snapshot reference is refused (None if it is not): its path
-    (:func:`path_problem`), an SQN beyond :data:`MAX_SQN` or a size beyond
-    :data:`MAX_OBJECT_BYTES`."""
-    problem = path_problem(ref.path, prefixes)
-    if problem is not None:
-        return Refusal("path", f"snapshot: {problem}")
+def snapshot_problem(
+    ref: MaterializedRef, prefixes: Sequence[str], owned: range | None = None
+) -> Refusal | None:
+    """Why a snapshot reference is refused (None if it is not): its path or a part's
+    (:func:`path_problem`), an SQN beyond :data:`MAX_SQN`, a size beyond
+    :data:`MAX_OBJECT_BYTES`, more than :data:`MAX_SNAPSHOT_PARTS` parts, or a path
+    that is not its last part's, or (with ``owned``) a part's key groups outside
+    ``owned``."""
+    for path in (ref.path, *(p.path for p in ref.parts)):
+        problem = path_problem(path, prefixes)
+        if problem is not None:
+            return Refusal("path", f"snapshot: {problem}")
     if not 0 <= ref.sqn <= MAX_SQN or not 0 <= ref.size_bytes <= MAX_OBJECT_BYTES:
         return Refusal("bounds", f"snapshot SQN {ref.sqn} or size {ref.size_bytes} out of range")
+    if len(ref.parts) > MAX_SNAPSHOT_PARTS or not 0 <= ref.written_bytes <= MAX_OBJECT_BYTES:
+        return Refusal("bounds", f"snapshot of {len(ref.parts)} parts or written size out of range")
+    for part in ref.parts:
+        start, stop = part.key_groups
+        if not 0 <= start <= stop <= MAX_COUNT or not 0 <= part.size_bytes <= MAX_OBJECT_BYTES:
+            return Refusal("bounds", f"snapshot part {part.key_groups} of {part.size_bytes} bytes")
+        if owned is not None and not owned.start <= start <= stop <= owned.stop:
+            return Refusal("key_groups", f"snapshot part {part.key_groups} outside {owned}")
+    if ref.parts and ref.path != ref.parts[-1].path:
+        return Refusal("path", "snapshot: the path is not its last part's")
     return None
 
 
@@ -323,7 +400,7 @@ def checkpoint_problem(
         return Refusal("key_groups", f"key groups [{start}, {stop}) are not inside {owned}")
     kgs = range(start, stop) if start < stop else range(max_parallelism)
     if tc.materialized is not None:
-        problem = snapshot_problem(tc.materialized, prefixes)
+        problem = snapshot_problem(tc.materialized, prefixes, kgs)
         if problem is not None:
             return problem
     ends: dict[str, int] = {}

@@ -612,7 +612,9 @@ class CoordinatorState:
             return [MessageIgnored(task, f"materialization epoch {epoch} is not pending")]
         if task in e.reports:
             return self._reject(identity, f"task {task} already reported {epoch}", "duplicate")
-        problem = snapshot_problem(message.ref, self.config.object_prefixes)
+        mp, n = self.config.max_parallelism, self.num_tasks
+        owned = key_group_range(task, n, mp) if n <= mp else range(mp)
+        problem = snapshot_problem(message.ref, self.config.object_prefixes, owned)
         if problem is not None:
             return self._reject(identity, f"epoch {epoch}: {problem.reason}", problem.kind)
         if message.ref.sqn < self._applied_sqn.get(task, 0):

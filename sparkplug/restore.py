@@ -1,13 +1,14 @@
 """Restoring keyed state from a completed checkpoint with any parallelism (rescale).
 
 A new task owning key groups ``G`` restores from every task of the checkpoint whose
-key-group range overlaps ``G``: that task's snapshot (only the key groups in ``G`` are
-decoded) and then its changelog handles, reading only the segments whose key groups
-meet ``G`` and replaying only the changes of ``G`` (FLIP-158, "Rescaling"; Flink's
-key-group-range restore). Key groups never move between tasks of one checkpoint, so
-every key is restored from exactly the one old task that held it: none is lost or
-counted twice, whatever the old and new parallelism. ``max_parallelism`` (the number
-of key groups) must not change.
+key-group range overlaps ``G``: that task's snapshot (of an incremental
+materialization only the files whose key groups meet ``G`` are read, in order; only
+the key groups in ``G`` are decoded) and then its changelog handles, reading only the
+segments whose key groups meet ``G`` and replaying only the changes of ``G``
+(FLIP-158, "Rescaling"; Flink's key-group-range restore). Key groups never move
+between tasks of one checkpoint, so every key is restored from exactly the one old
+task that held it: none is lost or counted twice, whatever the old and new
+parallelism. ``max_parallelism`` (the number of key groups) must not change.
 
 By default the changes of each old task are squashed before they are applied and
 only the kept ones are decoded (:mod:`dstltree.sparkplug.replay`: only the last change
@@ -24,7 +25,7 @@ from typing import Any
 
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.reader import read_segment
-from dstltree.coordinator.checkpoint import CompletedCheckpoint, TaskCheckpoint
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from dstltree.sparkplug.replay import BulkReplay
 from dstltree.sparkplug.state_backend import KeyedStateBackend
 from dstltree.storage.store import ObjectStore
@@ -131,20 +132,32 @@ def _restore_task(
     """Restore one old task: its snapshot, then its handles' changes (squashed first
     when ``squash``) of ``into.key_groups``."""
     if tc.materialized is not None:
-        path = tc.materialized.path
-        data = store.read(path)
-        stats.snapshots += 1
-        stats.bytes_read += len(data)
-        try:
-            into.restore_snapshot(data)
-        except ValueError as e:
-            raise ValueError(f"snapshot {path} of task {tc.task}: {e}") from e
+        for path in _snapshot_files(tc.materialized, into.key_groups):
+            data = store.read(path)
+            stats.snapshots += 1
+            stats.bytes_read += len(data)
+            try:
+                into.restore_snapshot(data)
+            except ValueError as e:
+                raise ValueError(f"snapshot {path} of task {tc.task}: {e}") from e
     squasher = BulkReplay(into) if squash else None
     where: list[str] = []  # origin of a squashed change -> its segment
     for handle in tc.changelog:
         _replay_handle(store, handle, into, stats, squasher, where)
     if squasher is not None:
         stats.changes_applied += squasher.apply(where)
+
+
+def _snapshot_files(ref: MaterializedRef, wanted: range) -> list[str]:
+    """The files of snapshot ``ref`` to read, in order: its parts whose key groups meet
+    ``wanted`` (an incremental materialization), else its one file."""
+    if not ref.parts:
+        return [ref.path]
+    return [
+        p.path
+        for p in ref.parts
+        if max(p.key_groups[0], wanted.start) < min(p.key_groups[1], wanted.stop)
+    ]
 
 
 def _replay_handle(

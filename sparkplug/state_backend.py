@@ -30,7 +30,7 @@ changelog handles recorded after it (docs/design.md, Data flow 7-8;
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgpack
@@ -60,6 +60,8 @@ _OP_KIND = {
     OP_LIST_SET: LIST,
 }
 SNAPSHOT_VERSION = 2
+PART_VERSION = 3  # a file of an incremental materialization (:meth:`capture_group`)
+_MERGE, _REPLACE, _DELTA = range(3)  # how a snapshot's groups join the state
 FOLD_RECORDS = 1024  # records between two hand-overs of staged changes to the writer
 _DECODE_ERRORS = (KeyError, TypeError, ValueError, IndexError, msgpack.UnpackException)
 _EMPTY: dict[bytes, Any] = {}  # read-only stand-in for an absent key group bucket
@@ -110,6 +112,11 @@ class KeyedStateBackend:
         self._key: Any = None
         self._kb = b""  # the current key's encoding
         self._kg = -1  # the current key's group; -1: no current key
+        # incremental materialization: per key group the keys written since their last
+        # capture, and which groups must be captured before their next write
+        self._dirty: list[set[bytes]] = [set() for _ in range(max_parallelism)]
+        self._frozen = bytearray(max_parallelism)
+        self.on_frozen_write: Callable[[int], None] | None = None
         self.writer = writer
 
     @property
@@ -224,17 +231,80 @@ class KeyedStateBackend:
         data: bytes = self._pack(doc)
         return data
 
+    # -- incremental materialization (sparkplug/materialize.py) --------------------------
+    def dirty_groups(self) -> list[int]:
+        """The key groups with keys written since their last capture, ascending."""
+        return [kg for kg in self.key_groups if self._dirty[kg]]
+
+    def freeze(self, key_groups: Iterable[int]) -> None:
+        """Mark ``key_groups`` for capture: the next write to one of them first calls
+        ``on_frozen_write(key_group)``, which must capture it (copy-on-write)."""
+        for kg in key_groups:
+            self._frozen[kg] = 1
+
+    def capture_group(self, kg: int, full: bool) -> tuple[bytes, set[bytes]]:
+        """Capture key group ``kg`` now, unfreezing it: the msgpack blob of
+        ``[[state, {encoded key: stored state}], ...]`` (the snapshot format), of every
+        key when ``full``, else of the keys written since the last capture only, a
+        key no longer present stored as None (removed); b"" when there is nothing.
+        Also returns the keys written since the last capture (they are no longer
+        dirty; :meth:`mark_dirty` gives them back if the capture is abandoned)."""
+        keys = self._dirty[kg]
+        self._dirty[kg] = set()
+        self._frozen[kg] = 0
+        out: list[list[Any]] = []
+        for name, groups in self._states.items():
+            bucket = groups.get(kg)
+            if full:
+                if bucket:
+                    out.append([name, bucket])
+            elif keys:
+                get = (bucket or _EMPTY).get
+                out.append([name, {kb: get(kb) for kb in keys}])
+        return (self._pack(out) if out else b""), keys
+
+    def thaw(self, key_groups: Iterable[int]) -> None:
+        """Unfreeze ``key_groups`` without capturing them (an abandoned capture)."""
+        for kg in key_groups:
+            self._frozen[kg] = 0
+
+    def has_state(self, kg: int) -> bool:
+        """Key group ``kg`` holds some state."""
+        return any(groups.get(kg) for groups in self._states.values())
+
+    def mark_dirty(self, kg: int, keys: set[bytes]) -> None:
+        """Give back keys of an abandoned capture: written since the last capture that
+        will be referenced."""
+        self._dirty[kg] |= keys
+
+    def part(self, groups: list[tuple[int, bytes]], delta: bool) -> bytes:
+        """A snapshot part (version :data:`PART_VERSION`) of captured ``groups``
+        ((key group, blob), ascending): their whole state, or a ``delta``."""
+        doc = {
+            "v": PART_VERSION,
+            "max_parallelism": self.max_parallelism,
+            "kinds": self._kinds,
+            "delta": delta,
+            "groups": [[kg, blob] for kg, blob in groups],
+        }
+        data: bytes = self._pack(doc)
+        return data
+
     def restore_snapshot(self, data: bytes) -> None:
         """Merge the key groups of snapshot ``data`` that lie in ``key_groups`` into this
         state (others are skipped undecoded); a key present in both takes the
-        snapshot's state. Raises ValueError ("bad state snapshot: ...") for a corrupt
-        snapshot, another version or max_parallelism, or a kind clash."""
+        snapshot's state. A snapshot part (:data:`PART_VERSION`) replaces the whole
+        state of each of its groups, or, a delta, sets the keys it holds and removes
+        those it records as removed. Raises ValueError ("bad state snapshot: ...") for
+        a corrupt snapshot, another version or max_parallelism, or a kind clash."""
         try:
             doc = msgpack.unpackb(data, strict_map_key=False)
             if not isinstance(doc, dict):
                 raise TypeError(f"a {type(doc).__name__}, not a map")
-            if doc.get("v") != SNAPSHOT_VERSION:
-                raise ValueError(f"version {doc.get('v')!r}, expected {SNAPSHOT_VERSION}")
+            version = doc.get("v")
+            if version not in (SNAPSHOT_VERSION, PART_VERSION):
+                raise ValueError(f"version {version!r}, expected {SNAPSHOT_VERSION}")
+            mode = _MERGE if version == SNAPSHOT_VERSION else _DELTA if doc["delta"] else _REPLACE
             if doc["max_parallelism"] != self.max_parallelism:
                 raise ValueError(
                     f"taken with max_parallelism {doc['max_parallelism']}, "
@@ -247,7 +317,7 @@ class KeyedStateBackend:
                 if type(kg) is not int or not 0 <= kg < self.max_parallelism:
                     raise ValueError(f"key group {kg!r} outside [0, {self.max_parallelism})")
                 if kg in self.key_groups:
-                    self._restore_group(kg, blob, kinds)
+                    self._restore_group(kg, blob, kinds, mode)
         except _DECODE_ERRORS as e:
             raise ValueError(f"bad state snapshot: {e}") from e
 
@@ -336,21 +406,29 @@ class KeyedStateBackend:
                 f"to {actual} (state of another max_parallelism?)"
             )
 
-    def _restore_group(self, kg: int, blob: bytes, kinds: dict[str, str]) -> None:
+    def _restore_group(self, kg: int, blob: bytes, kinds: dict[str, str], mode: int) -> None:
+        if mode == _REPLACE:
+            for groups in self._states.values():
+                groups.pop(kg, None)
         for name, entries in _unpack(blob):
             kind = kinds[name]
             if not isinstance(entries, dict):
                 raise TypeError(f"state {name!r} of key group {kg} is not a map")
+            removed = []
             for kb, stored in entries.items():
-                if type(kb) is not bytes or not _valid_stored(kind, stored):
+                if stored is None and mode == _DELTA and type(kb) is bytes:
+                    removed.append(kb)
+                elif type(kb) is not bytes or not _valid_stored(kind, stored):
                     raise TypeError(f"bad {kind} entry in state {name!r} of key group {kg}")
                 self._check_group(kb, kg)
             groups = self._states[name]
             bucket = groups.get(kg)
             if bucket is None:
-                groups[kg] = entries
+                bucket = groups[kg] = entries
             else:
                 bucket.update(entries)
+            for kb in removed:
+                del bucket[kb]
 
     def _replay(self, op: int, bucket: dict[bytes, Any], kb: bytes, rest: list[Any]) -> None:
         pack = self._pack
@@ -391,11 +469,18 @@ class KeyedStateBackend:
         return bucket
 
     def _write_bucket(self, groups: Groups) -> dict[bytes, Any]:
-        bucket = groups.get(self._kg)
+        """The current key's bucket, about to be written: a group frozen for a
+        materialization is captured first (copy-on-write); the key is marked dirty."""
+        kg = self._kg
+        bucket = groups.get(kg)
         if bucket is None:
-            if self._kg < 0:
+            if kg < 0:
                 raise _no_current_key()
-            bucket = groups[self._kg] = {}
+            bucket = groups[kg] = {}
+        if self._frozen[kg]:
+            assert self.on_frozen_write is not None
+            self.on_frozen_write(kg)
+        self._dirty[kg].add(self._kb)
         return bucket
 
 

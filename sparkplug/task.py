@@ -193,10 +193,13 @@ def restore(
 
 def snapshot_now(store: ObjectStore, backend: KeyedStateBackend) -> MaterializedRef:
     """Materialize the whole state of ``backend`` now (synchronously) at the writer's
-    next SQN; returns the reference for the acknowledgements."""
-    assert backend.writer is not None
-    sqn = backend.writer.next_sqn()
-    data = backend.snapshot()
-    path = store.new_snapshot_path()
-    store.put(path, data)
-    return MaterializedRef(path, sqn, len(data))
+    next SQN, in files per key group (sparkplug/materialize.py); returns the reference
+    for the acknowledgements. Raises StorageError if a file cannot be written."""
+    from dstltree.sparkplug.materialize import Materializer
+
+    m = Materializer(store, backend)
+    try:
+        return m.run_now()
+    finally:
+        m.close()
+        backend.on_frozen_write = None

@@ -11,6 +11,9 @@ thread, driven by coordinator commands and exchange deliveries.
   stages the sink output and goes on processing; ``cp`` is acknowledged, with the
   reader's split states of ``cp``, once the persist is durable (sparkplug/acks.py:
   asynchronous checkpoints, at most ``TaskConfig.max_pending_acks`` waiting).
+- Materialization: a Materialize command starts it (its synchronous part); every round
+  of the loop packs a few key groups and writes them in the background
+  (sparkplug/materialize.py); it is reported once written.
 - Commands: AssignSplits, TriggerCheckpoint, Materialize, ApplyMaterialization,
   CheckpointComplete (stop carrying committables), Finish (return), Fenced (return).
 """
@@ -28,12 +31,13 @@ from dstltree.coordinator.task_link import TaskLink
 from dstltree.sparkplug.acks import PendingAcks
 from dstltree.sparkplug.exchange import Aligned, Exchange
 from dstltree.sparkplug.keygroups import task_of_key
+from dstltree.sparkplug.materialize import Materializer
 from dstltree.sparkplug.pipeline import apply_steps, key_of
 from dstltree.sparkplug.reading import SplitQueue, record_error
 from dstltree.sparkplug.sinks.layout import Committable
 from dstltree.sparkplug.sources.base import Record, SplitState
 from dstltree.sparkplug.state_backend import KeyedStateBackend, ListState, MapState, ValueState
-from dstltree.sparkplug.task import Restored, TaskConfig, kill_if_drilled, snapshot_now
+from dstltree.sparkplug.task import Restored, TaskConfig, kill_if_drilled
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -119,6 +123,10 @@ class TaskLoop:
         self._link: TaskLink | None = None
         self._rate_start: float | None = None
         self.acks = PendingAcks(self._send_ack, cfg.max_pending_acks, cfg.ack_timeout * 3)
+        self.materializer = None if backend.writer is None else Materializer(store, backend)
+        self._epoch = 0  # of the materialization running
+        self.max_gap_s = 0.0  # the longest time between two batches processed
+        self._last_batch: float | None = None
 
     # -- driving -----------------------------------------------------------------------
     def run(self, link: TaskLink, gather: Any) -> int:
@@ -135,6 +143,8 @@ class TaskLoop:
                 pass
             self._fn.close()
         finally:
+            if self.materializer is not None:
+                self.materializer.close()
             self.exchange.close()
             if self.sink is not None:
                 self.sink.close()
@@ -146,6 +156,7 @@ class TaskLoop:
             if self._command(cmd):
                 return True
         self.acks.send_ready()
+        self._materialize_step()
         busy = self._read()
         self.exchange.flush()
         wait = 0.0 if busy else ACK_WAIT if self.acks else IDLE_WAIT
@@ -202,6 +213,10 @@ class TaskLoop:
             backend.set_current_key(key)
             fn.process(key, record, out)
         self.records += len(items)
+        now = time.monotonic()
+        if self._last_batch is not None and now - self._last_batch > self.max_gap_s:
+            self.max_gap_s = now - self._last_batch
+        self._last_batch = now
 
     def _checkpoint(self, cp: int) -> None:
         """Barrier ``cp`` aligned, the synchronous phase: start the changelog's persist
@@ -259,15 +274,26 @@ class TaskLoop:
             self.final = cmd.checkpoint_id
 
     def _materialize(self, epoch: int) -> None:
-        if self.backend.writer is None:
+        """Materialization ``epoch``: its synchronous part only (sparkplug/materialize.py);
+        the loop packs and writes it between batches and reports it when written."""
+        if self.materializer is None:
             return
-        ref = snapshot_now(self.store, self.backend)
-        assert self._link is not None
-        self._link.report_materialization(epoch, ref)
+        self._epoch = epoch
+        self.materializer.begin(epoch)
+
+    def _materialize_step(self) -> None:
+        m = self.materializer
+        if m is None or not m.running:
+            return
+        ref = m.step()
+        if ref is not None:
+            assert self._link is not None
+            self._link.report_materialization(self._epoch, ref)
 
     def _apply(self, ref: MaterializedRef) -> None:
         writer = self.backend.writer
-        if writer is None:
+        if writer is None or self.materializer is None:
             return
+        self.materializer.applied(ref)
         self.materialized, self.handles, self.after_sqn = ref, (), ref.sqn
         writer.truncate(ref.sqn)
