@@ -14,7 +14,9 @@ see :attr:`CoordinatorMetrics.url`); off by default.
   failed metadata writes, a new task attempt).
 - ``dstl_materialization_duration_seconds`` (histogram): from the trigger of an epoch
   to the last task's report; ``dstl_materialization_size_bytes`` (histogram): the sum
-  of the tasks' snapshot sizes of that epoch.
+  of the tasks' snapshot sizes of that epoch; ``dstl_materialization_written_bytes``
+  (histogram): of those, the bytes written for that epoch (an incremental
+  materialization references the rest from earlier ones).
 - ``dstl_materializations_completed_total``, ``dstl_materializations_abandoned_total``.
 - ``dstl_objects_deleted_total`` (released by the shared state registry),
   ``dstl_orphans_deleted_total`` (cleanup at start and in-run sweeps),
@@ -83,6 +85,12 @@ class CoordinatorMetrics:
         self.materialization_size = Histogram(
             "dstl_materialization_size_bytes",
             "Snapshot bytes of all tasks in one materialization epoch.",
+            registry=r,
+            buckets=SIZE_BUCKETS,
+        )
+        self.materialization_written = Histogram(
+            "dstl_materialization_written_bytes",
+            "Snapshot bytes written for one materialization epoch (the rest reused).",
             registry=r,
             buckets=SIZE_BUCKETS,
         )
@@ -186,6 +194,9 @@ class CoordinatorMetrics:
         if started is not None:
             self.materialization_duration.observe(max(0.0, t - started))
         self.materialization_size.observe(sum(ref.size_bytes for ref in refs.values()))
+        self.materialization_written.observe(
+            sum(r.written_bytes if r.parts else r.size_bytes for r in refs.values())
+        )
         self.materializations_completed.inc()
 
     def materialization_abandoned(self, epoch: int) -> None:

@@ -62,7 +62,9 @@ class CoordinatorStatistics:
     files too young at the last cleanup; ``deletes_refused``: paths outside the job's
     prefix (or asked of a fenced driver) not deleted; ``pointer_versions_deleted``: old
     ``LATEST-<n>`` pointer versions; ``writes_fenced``: storage work refused because
-    another driver took the job over (``fenced``: why, else None)."""
+    another driver took the job over (``fenced``: why, else None);
+    ``materializations``: per applied epoch (seconds from its trigger to its
+    application, snapshot bytes of every task, bytes written for it, the rest reused)."""
 
     checkpoints_completed: int
     checkpoints_aborted: int
@@ -91,6 +93,7 @@ class CoordinatorStatistics:
     pointer_versions_deleted: int = 0
     writes_fenced: int = 0
     fenced: str | None = None
+    materializations: tuple[tuple[float, int, int], ...] = ()
 
 
 class Coordinator:
@@ -364,6 +367,7 @@ class Coordinator:
                 checkpoints_completed=s.checkpoints_completed,
                 checkpoints_aborted=s.checkpoints_aborted,
                 checkpoint_durations_s=tuple(s.checkpoint_durations_s),
+                materializations=tuple(s.materializations),
                 materializations_completed=s.materializations_completed,
                 materializations_abandoned=s.materializations_abandoned,
                 objects_deleted=s.objects_deleted,

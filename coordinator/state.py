@@ -204,6 +204,14 @@ class _Epoch:
     reports: dict[int, MaterializedRef] = field(default_factory=dict)
 
 
+def _materialized(e: _Epoch, now: float) -> tuple[float, int, int]:
+    """(seconds, snapshot bytes, bytes written) of applied epoch ``e``: a snapshot
+    without parts was written whole."""
+    size = sum(r.size_bytes for r in e.reports.values())
+    written = sum(r.written_bytes if r.parts else r.size_bytes for r in e.reports.values())
+    return max(0.0, now - e.started_at), size, written
+
+
 class CoordinatorState:
     """All coordinator decisions. Feed events to :meth:`handle`; carry out what it
     returns. ``retained``: completed checkpoints loaded from DFS; checkpoints beyond
@@ -270,6 +278,9 @@ class CoordinatorState:
         self.checkpoint_durations_s: list[float] = []
         self.materializations_completed = 0
         self.materializations_abandoned = 0
+        # per applied epoch: (seconds from its trigger to its application, bytes of
+        # every task's snapshot, bytes written for it; the rest was reused)
+        self.materializations: list[tuple[float, int, int]] = []
         self.messages_fenced = 0
         self.messages_rejected = 0
         self.rejections: Counter[str] = Counter()  # refusal kind -> messages
@@ -310,7 +321,7 @@ class CoordinatorState:
         if self._pending is not None:
             keep.update(p for tc in self._pending.acks.values() for p in tc.referenced_paths())
         if self._epoch is not None:
-            keep.update(r.path for r in self._epoch.reports.values())
+            keep.update(p for r in self._epoch.reports.values() for p in r.paths())
         peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
         done = self.finished is not None and self.all_connected()
         if done and all(i in self._finish_sent for i in peers.values()):
@@ -635,6 +646,7 @@ class CoordinatorState:
         self._epoch = None
         self.applied_epoch = e.epoch
         self.materializations_completed += 1
+        self.materializations.append(_materialized(e, self.now))
         self._materialization_due = self.now + self.config.materialization_interval
         refs = dict(sorted(e.reports.items()))
         self._applied_sqn.update({t: r.sqn for t, r in refs.items()})

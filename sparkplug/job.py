@@ -101,7 +101,10 @@ class JobRun:
     """What the driver saw of one run: recoveries (failed attempts), the coordinator's
     statistics and latest checkpoint, the checkpoints observed, records processed in
     this run, whether it ended with a final checkpoint, the parallelism restored from
-    where it differed, source files (splits) finished, node count, metrics URLs."""
+    where it differed, source files (splits) finished, node count, metrics URLs, and
+    what each task of the attempt that finished returned (``tasks``: records, the
+    longest gap between two batches processed, materialization figures; see
+    ``sparkplug.task.run_task``; empty when no attempt finished)."""
 
     recoveries: int
     stats: CoordinatorStatistics
@@ -113,6 +116,7 @@ class JobRun:
     finished: bool = False
     rescaled_from: int | None = None
     source_files: int = 0
+    tasks: list[dict[str, Any]] = field(default_factory=list)
 
 
 def run_pipeline(
@@ -169,6 +173,7 @@ def run_pipeline(
         source_files=0
         if latest is None or latest.enumerator is None
         else len(latest.enumerator.finished),
+        tasks=driver.task_results,
     )
 
 
@@ -286,6 +291,7 @@ class _Attempts:
         self.job_id = uuid.uuid4().hex[:8]
         self.master = _master(spark, opts)
         self._stop_sent = False
+        self.task_results: list[dict[str, Any]] = []  # what the tasks of the last attempt returned
 
     def run(
         self, start: CompletedCheckpoint | None, deadline: float | None, stop: threading.Event
@@ -303,6 +309,7 @@ class _Attempts:
                 t.join(0.05)
                 self._watch(deadline, stop)
             if "results" in box:
+                self.task_results = list(box["results"])
                 return n
             _raise_if_input_error(box["error"])
         raise JobFailedError(f"job failed in {self.opts.max_attempts} attempts") from box.get(

@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from dstltree.coordinator.checkpoint import MaterializedRef, SnapshotPart
 from dstltree.sparkplug.state_backend import KeyedStateBackend
@@ -89,6 +90,7 @@ class _Build:
         self.epoch, self.sqn, self.layout = epoch, sqn, layout
         self.todo = todo  # key group -> whole (True) or delta, ascending
         self.taken: dict[int, set[bytes]] = {}  # the dirty keys each capture took
+        self.copied: dict[int, tuple[bool, list[list[Any]]]] = {}  # captured, not packed
         self.buffers: dict[bool, list[tuple[int, bytes]]] = {True: [], False: []}
         self.buffered = {True: 0, False: 0}
         self.uploads: list[tuple[Future[int], SnapshotPart, list[int]]] = []
@@ -179,17 +181,20 @@ class Materializer:
         if build is None:
             return None
         deadline = time.monotonic() + self.budget_s
-        self._write_full(build)  # what writes to frozen groups captured meanwhile
-        while build.todo and self._inflight(build) < self.max_uploads:
-            self._capture(next(iter(build.todo)))
-            self._write_full(build)
+        while True:
+            if build.copied:  # first what writes to frozen groups captured meanwhile
+                self._pack(build, next(iter(build.copied)))
+            elif build.todo and self._inflight(build) < self.max_uploads:
+                self._capture(next(iter(build.todo)))
+            else:
+                break
             if time.monotonic() >= deadline:
                 break
-        if not build.todo:
+        if not build.todo and not build.copied:
             for whole in (True, False):
                 if build.buffers[whole]:
                     self._write(build, whole)
-        if build.todo or self._inflight(build):
+        if build.todo or build.copied or self._inflight(build):
             return None
         return self._finish(build)
 
@@ -200,24 +205,32 @@ class Materializer:
         ref = None
         while ref is None:
             ref = self.step()
-            if ref is None and self._build is not None and not self._build.todo:
-                for fut, _, _ in self._build.uploads:
+            b = self._build
+            if ref is None and b is not None and not b.todo and not b.copied:
+                for fut, _, _ in b.uploads:
                     fut.result()
         self.applied(ref)
         return ref
 
     def _capture(self, kg: int) -> None:
         """Capture key group ``kg`` of the running materialization (also called by the
-        backend before a write to a frozen group: copy-on-write)."""
+        backend before a write to a frozen group: copy-on-write); packed later."""
         build = self._build
         assert build is not None
         whole = build.todo.pop(kg)
-        blob, keys = self.backend.capture_group(kg, whole)
+        entries, keys = self.backend.capture_group(kg, whole)
         build.taken[kg] = keys
+        build.copied[kg] = (whole, entries)
         if whole:
             build.whole += 1
         else:
             build.delta += 1
+
+    def _pack(self, build: _Build, kg: int) -> None:
+        """Encode captured key group ``kg`` into the buffer of its kind; a buffer that
+        reached ``target_bytes`` starts being written."""
+        whole, entries = build.copied.pop(kg)
+        blob = self.backend.pack_group(entries)
         layout = build.layout
         if whole:
             layout.whole_bytes[kg] = len(blob)
@@ -230,6 +243,7 @@ class Materializer:
             layout.deltas[kg] = layout.deltas.get(kg, 0) + 1
         build.buffers[whole].append((kg, blob))
         build.buffered[whole] += len(blob)
+        self._write_full(build)
 
     def _write_full(self, build: _Build) -> None:
         """Start writing each kind of buffered groups that reached ``target_bytes``."""

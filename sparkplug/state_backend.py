@@ -22,7 +22,13 @@ uk]``, ``[OP_MAP_CLEAR, s, k]``, ``[OP_LIST_ADD, s, k, v]``, ``[OP_LIST_CLEAR, s
 Snapshot (materialization, version ``SNAPSHOT_VERSION``): msgpack ``{"v", "max_parallelism",
 "kinds": {state: "value"|"map"|"list"}, "groups": [[key_group, blob], ...]}``, one blob
 per key group holding msgpack ``[[state, {encoded key: stored state}], ...]``, so that a
-restore decodes only the key groups it owns. Restore is snapshot plus replay of the
+restore decodes only the key groups it owns. Snapshot parts (version ``PART_VERSION``,
+the files of an incremental materialization, :mod:`dstltree.sparkplug.materialize`):
+the same map plus ``"delta"``; a whole part replaces the state of its groups, a delta
+sets the keys it holds and removes those stored as None. For them the backend tracks,
+per key group, the keys written since the group's last capture
+(:meth:`KeyedStateBackend.capture_group`), and captures a frozen group before its next
+write (copy-on-write). Restore is snapshot plus replay of the
 changelog handles recorded after it (docs/design.md, Data flow 7-8;
 :mod:`dstltree.sparkplug.restore`).
 """
@@ -242,26 +248,43 @@ class KeyedStateBackend:
         for kg in key_groups:
             self._frozen[kg] = 1
 
-    def capture_group(self, kg: int, full: bool) -> tuple[bytes, set[bytes]]:
-        """Capture key group ``kg`` now, unfreezing it: the msgpack blob of
-        ``[[state, {encoded key: stored state}], ...]`` (the snapshot format), of every
-        key when ``full``, else of the keys written since the last capture only, a
-        key no longer present stored as None (removed); b"" when there is nothing.
-        Also returns the keys written since the last capture (they are no longer
-        dirty; :meth:`mark_dirty` gives them back if the capture is abandoned)."""
+    def capture_group(self, kg: int, full: bool) -> tuple[list[list[Any]], set[bytes]]:
+        """Capture key group ``kg`` now, unfreezing it: per state ``[state, entries,
+        keys]`` for :meth:`pack_group`, of every key when ``full``, else of the keys
+        written since the last capture only. Cheap: a copy of pointers (values are
+        immutable bytes; maps and lists, which the task changes in place, are copied
+        one level), of the whole bucket (a C-level copy) unless few of its keys are
+        wanted; the keys are picked when packing. Also returns the keys written since
+        the last capture (no longer dirty; :meth:`mark_dirty` gives them back if the
+        capture is abandoned)."""
         keys = self._dirty[kg]
         self._dirty[kg] = set()
         self._frozen[kg] = 0
         out: list[list[Any]] = []
         for name, groups in self._states.items():
-            bucket = groups.get(kg)
+            bucket = groups.get(kg) or _EMPTY
+            copy = _COPY[self._kinds[name]]
             if full:
                 if bucket:
-                    out.append([name, bucket])
+                    out.append([name, copy(bucket), None])
+            elif keys and 8 * len(keys) < len(bucket):
+                get = bucket.get
+                out.append([name, copy({kb: get(kb) for kb in keys}), keys])
             elif keys:
-                get = (bucket or _EMPTY).get
-                out.append([name, {kb: get(kb) for kb in keys}])
-        return (self._pack(out) if out else b""), keys
+                out.append([name, copy(bucket), keys])
+        return out, keys
+
+    def pack_group(self, captured: list[list[Any]]) -> bytes:
+        """The msgpack blob (the snapshot format of a key group: ``[[state, {encoded
+        key: stored state}], ...]``, a key of a delta no longer present stored as None,
+        removed) of a :meth:`capture_group` result; b"" for nothing."""
+        out = []
+        for name, entries, keys in captured:
+            if keys is not None:
+                get = entries.get
+                entries = {kb: get(kb) for kb in keys}
+            out.append([name, entries])
+        return self._pack(out) if out else b""
 
     def thaw(self, key_groups: Iterable[int]) -> None:
         """Unfreeze ``key_groups`` without capturing them (an abandoned capture)."""
@@ -701,6 +724,18 @@ class ListState(_KeyedState):
         b._write_bucket(self._groups).pop(b._kb, None)
         self._log(self._p_clear, b._kb)
 
+
+def _copy_nested(bucket: dict[bytes, Any]) -> dict[bytes, Any]:
+    """A bucket of map or list state with each map or list copied (None kept)."""
+    return {k: v if v is None else v.copy() for k, v in bucket.items()}
+
+
+# how a capture copies a bucket of each kind (value state: bytes, immutable)
+_COPY: dict[str, Callable[[dict[bytes, Any]], dict[bytes, Any]]] = {
+    VALUE: dict,
+    MAP: _copy_nested,
+    LIST: _copy_nested,
+}
 
 _HANDLE_CLASSES: dict[str, type[_KeyedState]] = {
     VALUE: ValueState,

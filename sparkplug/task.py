@@ -20,6 +20,7 @@ Contract per attempt (precise about what a checkpoint covers):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -99,7 +100,11 @@ def run_task(
     """Run task ``task`` of ``cfg.attempt`` until the coordinator says Finish. Blocking.
     ``gather(str) -> list[str]`` exchanges one string with every task of the stage
     (Spark's ``BarrierTaskContext.allGather``). Returns ``{"task", "attempt",
-    "records"}``. Raises SourceError / RecordError for input it cannot use."""
+    "records", "max_gap_s", "busy_s", "materialization_sync_s",
+    "last_materialization"}`` (the longest time between two batches of records
+    processed, from the first batch to the last, the longest
+    synchronous part of a materialization, seconds; the last materialization's
+    figures). Raises SourceError / RecordError for input it cannot use."""
     from dstltree.sparkplug.task_loop import TaskLoop
 
     store = ObjectStore(cfg.base_path, cfg.storage_options)
@@ -129,7 +134,16 @@ def run_task(
             records = loop.run(link, gather)
     finally:
         client.close()
-    return {"task": task, "attempt": cfg.attempt, "records": records}
+    last = None if loop.materializer is None else loop.materializer.last
+    return {
+        "task": task,
+        "attempt": cfg.attempt,
+        "records": records,
+        "max_gap_s": loop.max_gap_s,
+        "busy_s": loop.busy_s,
+        "materialization_sync_s": loop.materialization_sync_s,
+        "last_materialization": None if last is None else dataclasses.asdict(last),
+    }
 
 
 def find_nodes(cfg: TaskConfig, task: int, executor: str | None) -> tuple[str, ...]:

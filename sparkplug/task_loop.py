@@ -126,7 +126,9 @@ class TaskLoop:
         self.materializer = None if backend.writer is None else Materializer(store, backend)
         self._epoch = 0  # of the materialization running
         self.max_gap_s = 0.0  # the longest time between two batches processed
+        self.materialization_sync_s = 0.0  # the longest synchronous part of one
         self._last_batch: float | None = None
+        self._first_batch: float | None = None
 
     # -- driving -----------------------------------------------------------------------
     def run(self, link: TaskLink, gather: Any) -> int:
@@ -214,7 +216,9 @@ class TaskLoop:
             fn.process(key, record, out)
         self.records += len(items)
         now = time.monotonic()
-        if self._last_batch is not None and now - self._last_batch > self.max_gap_s:
+        if self._last_batch is None:
+            self._first_batch = now
+        elif now - self._last_batch > self.max_gap_s:
             self.max_gap_s = now - self._last_batch
         self._last_batch = now
 
@@ -246,6 +250,13 @@ class TaskLoop:
     def _send_ack(self, cp: int, state: TaskCheckpoint) -> None:
         assert self._link is not None
         self._link.ack_checkpoint(cp, state)
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds from the first batch of records processed to the last (0: none)."""
+        if self._first_batch is None or self._last_batch is None:
+            return 0.0
+        return self._last_batch - self._first_batch
 
     # -- commands ----------------------------------------------------------------------
     def _command(self, cmd: protocol.Command) -> bool:
@@ -279,7 +290,9 @@ class TaskLoop:
         if self.materializer is None:
             return
         self._epoch = epoch
+        t0 = time.monotonic()
         self.materializer.begin(epoch)
+        self.materialization_sync_s = max(self.materialization_sync_s, time.monotonic() - t0)
 
     def _materialize_step(self) -> None:
         m = self.materializer

@@ -25,15 +25,17 @@ DEFAULT_TOPOLOGY = Path("deploy/bench.yaml")
 
 
 def register(app: typer.Typer) -> None:
-    """``dstl bench`` (the designs, as before) with the sub-commands ``hotpath`` and
-    ``chaos``."""
+    """``dstl bench`` (the designs, as before) with the sub-commands ``hotpath``,
+    ``chaos`` and ``materialization``."""
     from dstltree.cli.commands._chaos import chaos
     from dstltree.cli.commands._hotpath import hotpath
+    from dstltree.cli.commands._materialization import materialization
 
     group = typer.Typer(invoke_without_command=True, no_args_is_help=False)
     group.callback()(bench)
     group.command("hotpath")(hotpath)
     group.command("chaos")(chaos)
+    group.command("materialization")(materialization)
     app.add_typer(group, name="bench")
 
 

@@ -1,7 +1,8 @@
 """A user's job on the public API (tests/support/sessions_job.py), on a real local Spark
 session: exactly-once state and sink with a task killed hard at a random checkpoint,
 files landing while the job runs, rescaling 4 -> 2 and 2 -> 4 from a checkpoint taken
-by a graceful stop, a changed max_parallelism refused, and a bad record failing the job
+by a graceful stop, incremental materializations through a kill and rescaling 4 -> 2
+-> 4 without orphans, a changed max_parallelism refused, and a bad record failing the job
 with its file and row."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import msgpack
 import pytest
 
 from dstltree.client.reader import read_exact, read_index
-from dstltree.coordinator.cleanup import list_data_files
+from dstltree.coordinator.cleanup import list_data_files, scan_orphans
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.sparkplug import CrashDrill, FileSink, FileSource, StreamingJob
 from dstltree.sparkplug.job import JobFailedError
@@ -183,3 +184,29 @@ def test_stop_ends_a_run_without_end_with_a_final_checkpoint(spark: Any, tmp_pat
     runner.join(timeout=120)
     assert not runner.is_alive() and box["result"].finished
     _check(tmp_path)
+
+
+def test_incremental_materializations_through_a_kill_and_rescaling_4_2_4(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Materializations every 0.5 s reuse earlier files (incremental), survive a hard
+    kill and two rescalings, and leave no file no retained checkpoint references."""
+    write_files(tmp_path / "in", files=12, per_file=400, seed=5)
+    slow = {"batch_records": 32, "source_rate": 500.0}
+    drill = CrashDrill(task=1, after_checkpoints=4)
+    runs = [_job(spark, tmp_path, 4, crash_drill=drill, **slow).run(until=4.0)]
+    runs.append(_job(spark, tmp_path, 2, **slow).run(until=2.0))
+    (tmp_path / "in" / "_SUCCESS").touch()
+    runs.append(_job(spark, tmp_path, 4).run(until="end"))
+    assert runs[0].recoveries == 1 and runs[2].finished
+    assert [r.rescaled_from for r in runs] == [None, 4, 2]
+    assert sum(r.records for r in runs) == len(read_events(tmp_path / "in"))
+    _check(tmp_path)
+    epochs = [m for r in runs for m in r.run.stats.materializations]
+    assert any(written < size for _, size, written in epochs), "no file was reused"
+    store = ObjectStore(str(tmp_path / "checkpoints" / "sessions"))
+    referenced: set[str] = set()
+    for cp in CheckpointStore(store).list_retained():
+        referenced |= cp.referenced_paths()
+    assert referenced and list_data_files(store)
+    assert scan_orphans(store, frozenset(referenced)).orphans == [], "orphans after the run"

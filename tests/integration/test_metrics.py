@@ -288,6 +288,14 @@ def test_coordinator_metrics_show_checkpoints_and_materializations(tmp_path: Pat
     assert materialized >= 1
     assert got["dstl_materialization_size_bytes_count"] == materialized
     assert got["dstl_materialization_size_bytes_sum"] >= 2 * materialized
+    # whole snapshots (no parts): every byte written for its epoch
+    assert got["dstl_materialization_written_bytes_count"] == materialized
+    assert (
+        got["dstl_materialization_written_bytes_sum"] == got["dstl_materialization_size_bytes_sum"]
+    )
+    assert [m[1] for m in stats.materializations][: int(materialized)] == [
+        m[2] for m in stats.materializations
+    ][: int(materialized)]
     assert got["dstl_checkpoints_completed_total"] <= stats.checkpoints_completed
     assert got["dstl_messages_rejected_total"] == 0
     # stopped: the server is gone
