@@ -362,18 +362,14 @@ def run_materialization(
 HEADERS = ("figure", "10,000 keys", "1,000,000 keys", "target")
 
 
-def markdown_section(doc: dict[str, Any], meta: dict[str, str]) -> str:
-    """The "Materialization" section of BENCHMARKS.md for ``doc`` (run_materialization's
-    figures) and ``meta`` (run_meta: command, commit, date)."""
-    from dstltree.bench.hotpath import markdown_table
-
+def _keys_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The rows of the ``keys`` cases' table: figure, small, large, target."""
     small, large = doc["keys"]["small"], doc["keys"]["large"]
-    inc, tp, kill = doc["incremental"], doc["throughput"], doc["kill"]
 
     def both(key: str, unit: str = "") -> tuple[str, str]:
         return f"{small[key]:,}{unit}", f"{large[key]:,}{unit}"
 
-    rows = [
+    return [
         ("longest gap between two batches processed", *both("max_gap_ms", " ms"), "<= 100 ms"),
         ("checkpoint p50", *both("checkpoint_p50_ms", " ms"), ""),
         (
@@ -401,6 +397,16 @@ def markdown_section(doc: dict[str, Any], meta: dict[str, str]) -> str:
             "",
         ),
     ]
+
+
+def markdown_section(doc: dict[str, Any], meta: dict[str, str]) -> str:
+    """The "Materialization" section of BENCHMARKS.md for ``doc`` (run_materialization's
+    figures) and ``meta`` (run_meta: command, commit, date)."""
+    from dstltree.bench.hotpath import markdown_table
+
+    inc, tp, kill = doc["incremental"], doc["throughput"], doc["kill"]
+
+    rows = _keys_rows(doc)
     lines = [
         "## Materialization",
         "",

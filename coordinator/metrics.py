@@ -76,30 +76,7 @@ class CoordinatorMetrics:
         self.checkpoints_aborted = Counter(
             "dstl_checkpoints_aborted", "Checkpoints aborted.", registry=r
         )
-        self.materialization_duration = Histogram(
-            "dstl_materialization_duration_seconds",
-            "Seconds from materialization trigger to the last task's report.",
-            registry=r,
-            buckets=DURATION_BUCKETS,
-        )
-        self.materialization_size = Histogram(
-            "dstl_materialization_size_bytes",
-            "Snapshot bytes of all tasks in one materialization epoch.",
-            registry=r,
-            buckets=SIZE_BUCKETS,
-        )
-        self.materialization_written = Histogram(
-            "dstl_materialization_written_bytes",
-            "Snapshot bytes written for one materialization epoch (the rest reused).",
-            registry=r,
-            buckets=SIZE_BUCKETS,
-        )
-        self.materializations_completed = Counter(
-            "dstl_materializations_completed", "Materialization epochs applied.", registry=r
-        )
-        self.materializations_abandoned = Counter(
-            "dstl_materializations_abandoned", "Materialization epochs abandoned.", registry=r
-        )
+        self._add_materialization_metrics(r)
         self.objects_deleted = Counter(
             "dstl_objects_deleted", "Objects deleted after release by the registry.", registry=r
         )
@@ -132,6 +109,33 @@ class CoordinatorMetrics:
             "dstl_checkpoint_writes_fenced",
             "Storage work refused: another driver took the job over.",
             registry=r,
+        )
+
+    def _add_materialization_metrics(self, r: CollectorRegistry) -> None:
+        """Histograms and counters of materialization epochs."""
+        self.materialization_duration = Histogram(
+            "dstl_materialization_duration_seconds",
+            "Seconds from materialization trigger to the last task's report.",
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
+        self.materialization_size = Histogram(
+            "dstl_materialization_size_bytes",
+            "Snapshot bytes of all tasks in one materialization epoch.",
+            registry=r,
+            buckets=SIZE_BUCKETS,
+        )
+        self.materialization_written = Histogram(
+            "dstl_materialization_written_bytes",
+            "Snapshot bytes written for one materialization epoch (the rest reused).",
+            registry=r,
+            buckets=SIZE_BUCKETS,
+        )
+        self.materializations_completed = Counter(
+            "dstl_materializations_completed", "Materialization epochs applied.", registry=r
+        )
+        self.materializations_abandoned = Counter(
+            "dstl_materializations_abandoned", "Materialization epochs abandoned.", registry=r
         )
 
     def _add_task_metrics(self, r: CollectorRegistry) -> None:

@@ -15,6 +15,7 @@ from dstltree.cli.commands._common import (
     parse_sizes,
     wide_console,
 )
+from dstltree.cli.commands._sim_failures import run_failures
 from dstltree.topology.designs import DESIGNS, TREE_DESIGNS
 
 if TYPE_CHECKING:
@@ -113,6 +114,18 @@ def _print_table(results: list[Any], best: Any | None) -> None:
         )
 
 
+_SECOND_PARENTS = (
+    "k-ary tree: a second parent per node and a neighbour's node per executor's writers "
+    "(a real topology's default); --no-second-parents: a tree."
+)
+_FAILURES = (
+    "Tree designs: each node (root included) dies this often per hour and restarts; "
+    "compares a tree and a DAG without and with the failures."
+)
+_DETECTION = "Seconds until a death is noticed (heartbeats)."
+_HOLD_DOWN = "Seconds a returned node waits before it is used again."
+
+
 def simulate_command(
     executors: Annotated[int, typer.Option(help="Executors (one node each).")] = 7,
     tasks_per_executor: Annotated[int, typer.Option(help="Tasks (writers) per executor.")] = 4,
@@ -180,30 +193,11 @@ def simulate_command(
     hop_latency: Annotated[float, typer.Option(help="Seconds per network hop.")] = 0.0005,
     node_bandwidth: Annotated[str, typer.Option(help="Per node NIC, bytes/s each way.")] = "1.25GB",
     cpu_per_message: Annotated[float, typer.Option(help="Seconds per message received.")] = 50e-6,
-    second_parents: Annotated[
-        bool,
-        typer.Option(
-            help="k-ary tree: a second parent per node and a neighbour's node per "
-            "executor's writers (a real topology's default); --no-second-parents: a tree."
-        ),
-    ] = True,
-    node_failures_per_hour: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            help="Tree designs: each node (root included) dies this often per hour and "
-            "restarts; compares a tree and a DAG without and with the failures.",
-        ),
-    ] = 0.0,
-    restart: Annotated[
-        float, typer.Option(min=0.001, help="Seconds until a dead node is back.")
-    ] = 2.0,
-    failure_detection: Annotated[
-        float, typer.Option(min=0.0, help="Seconds until a death is noticed (heartbeats).")
-    ] = 0.3,
-    hold_down: Annotated[
-        float, typer.Option(min=0.0, help="Seconds a returned node waits before use.")
-    ] = 5.0,
+    second_parents: Annotated[bool, typer.Option(help=_SECOND_PARENTS)] = True,
+    node_failures_per_hour: Annotated[float, typer.Option(min=0.0, help=_FAILURES)] = 0.0,
+    restart: Annotated[float, typer.Option(min=0.001, help="Seconds a dead node is down.")] = 2.0,
+    failure_detection: Annotated[float, typer.Option(min=0.0, help=_DETECTION)] = 0.3,
+    hold_down: Annotated[float, typer.Option(min=0.0, help=_HOLD_DOWN)] = 5.0,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     sweep_branching: Annotated[str | None, typer.Option(help="e.g. 2,4,8,16.")] = None,
     sweep_target: Annotated[str | None, typer.Option(help="e.g. 1MiB,4MiB,16MiB.")] = None,
@@ -235,8 +229,7 @@ def simulate_command(
         return
 
     from dstltree.simulations.config import SimConfig
-    from dstltree.simulations.sweep import best, floor_ms
-    from dstltree.simulations.sweep import plot as plot_results
+    from dstltree.simulations.sweep import best
 
     _check_model(dfs_latency)
     shape = _shape(topology, executors, branching, target_object_bytes, plan_window)
@@ -281,24 +274,30 @@ def simulate_command(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if base.failures and not sweeping:
-        from dstltree.cli.commands._sim_failures import run_failures
-
         run_failures(base, designs, as_json)
         return
     results = _run(base, designs, sweep_branching, sweep_target, jobs)
     chosen = best(results, base.prefixes)
     if plot is not None:
-        plot_results(
-            results,
-            plot,
-            title=f"{shape.executors} executors x {tasks_per_executor} "
-            f"tasks, {bytes_per_checkpoint}/task, {dfs_latency}",
-            prefixes=base.prefixes,
-            floor_ms=floor_ms(dfs_latency),
-        )
+        _plot(results, plot, base, f"{bytes_per_checkpoint}/task")
     _print_results(results, chosen, sweeping, as_json, plot)
     if emit_topology is not None:
         _emit(emit_topology, base, results, sweeping, as_json)
+
+
+def _plot(results: list[SimResult], path: Path, base: SimConfig, per_task: str) -> None:
+    """The sweep's PNG at ``path``, titled by the cluster of ``base``."""
+    from dstltree.simulations.sweep import floor_ms
+    from dstltree.simulations.sweep import plot as plot_results
+
+    plot_results(
+        results,
+        path,
+        title=f"{base.executors} executors x {base.tasks_per_executor} "
+        f"tasks, {per_task}, {base.dfs_latency}",
+        prefixes=base.prefixes,
+        floor_ms=floor_ms(base.dfs_latency),
+    )
 
 
 def _check_model(name: str) -> None:

@@ -209,4 +209,4 @@ def test_incremental_materializations_through_a_kill_and_rescaling_4_2_4(
     for cp in CheckpointStore(store).list_retained():
         referenced |= cp.referenced_paths()
     assert referenced and list_data_files(store)
-    assert scan_orphans(store, frozenset(referenced)).orphans == [], "orphans after the run"
+    assert not scan_orphans(store, frozenset(referenced)).orphans, "orphans after the run"
