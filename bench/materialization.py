@@ -65,7 +65,7 @@ class MaterializationSettings:
 
     small_keys: int = 10_000
     large_keys: int = 1_000_000
-    updates: int = 400_000
+    updates: int = 1_200_000
     steady_rate: float = 20_000.0
     checkpoint_interval: float = 0.3
     materialization_interval: float = 3.0
@@ -171,6 +171,7 @@ def keys_case(spark: Any, work: Path, keys: int, s: MaterializationSettings) -> 
         "checkpoints": len(durations),
         "checkpoint_p50_ms": _ms(durations, 50),
         "checkpoint_p99_ms": _ms(durations, 99),
+        "durations_ms": [round(1000 * d) for d in durations],
         "materializations": len(mats),
         "materialization_sync_max_ms": round(1000 * task.get("materialization_sync_s", 0.0), 2),
         "materialization_mean_s": round(sum(m[0] for m in mats) / len(mats), 3) if mats else 0.0,

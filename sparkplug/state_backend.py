@@ -253,10 +253,11 @@ class KeyedStateBackend:
         keys]`` for :meth:`pack_group`, of every key when ``full``, else of the keys
         written since the last capture only. Cheap: a copy of pointers (values are
         immutable bytes; maps and lists, which the task changes in place, are copied
-        one level), of the whole bucket (a C-level copy) unless few of its keys are
-        wanted; the keys are picked when packing. Also returns the keys written since
-        the last capture (no longer dirty; :meth:`mark_dirty` gives them back if the
-        capture is abandoned)."""
+        one level), of the whole bucket (for value state always: a C-level copy is
+        cheaper than a loop over even a few keys) unless few of a map or list
+        state's keys are wanted; the keys are picked when packing. Also returns the
+        keys written since the last capture (no longer dirty; :meth:`mark_dirty`
+        gives them back if the capture is abandoned)."""
         keys = self._dirty[kg]
         self._dirty[kg] = set()
         self._frozen[kg] = 0
@@ -267,10 +268,10 @@ class KeyedStateBackend:
             if full:
                 if bucket:
                     out.append([name, copy(bucket), None])
-            elif keys and 8 * len(keys) < len(bucket):
-                get = bucket.get
+            elif keys and copy is not dict and 8 * len(keys) < len(bucket):
+                get = bucket.get  # maps, lists: copy only the few wanted
                 out.append([name, copy({kb: get(kb) for kb in keys}), keys])
-            elif keys:
+            elif keys:  # values: a C-level copy of the bucket beats a loop over keys
                 out.append([name, copy(bucket), keys])
         return out, keys
 

@@ -17,7 +17,7 @@ __all__ = ["materialization"]
 def materialization(
     large_keys: Annotated[int, typer.Option(min=1, help="Keys of the large case.")] = 1_000_000,
     small_keys: Annotated[int, typer.Option(min=1, help="Keys of the small case.")] = 10_000,
-    updates: Annotated[int, typer.Option(min=1, help="Records of the measured run.")] = 400_000,
+    updates: Annotated[int, typer.Option(min=1, help="Records of the measured run.")] = 1_200_000,
     rate: Annotated[
         float, typer.Option(min=1.0, help="Records per second of the measured run.")
     ] = 20_000.0,
