@@ -30,6 +30,8 @@ METADATA_VERSION = 2
 MAX_SQN = 2**63 - 1
 MAX_OBJECT_BYTES = 2**43
 MAX_COUNT = 2**63 - 1
+#: Longest checkpoint phase a task may report, seconds (a day; NaN is refused too).
+MAX_PHASE_S = 86_400.0
 #: Longest path and log id accepted from a task, characters.
 MAX_PATH_CHARS = 1024
 MAX_LOG_ID_CHARS = 256
@@ -131,7 +133,11 @@ class TaskCheckpoint:
     ``changelog``: handles to replay after the snapshot, one per writer;
     ``splits``: its source reader's split states at the barrier (FLIP-27 reader state);
     ``committables``: its sink's staged files not yet known committed (two-phase
-    commit, phase one; Flink's FileSink).
+    commit, phase one; Flink's FileSink);
+    ``sync_s`` / ``async_s``: seconds of the checkpoint's synchronous phase at the
+    task (barrier aligned to the persist started and the sink output staged) and of
+    its asynchronous phase (to the persist durable, when the acknowledgement leaves;
+    Flink's two checkpoint phases); 0 when not measured.
     """
 
     task: int
@@ -142,6 +148,8 @@ class TaskCheckpoint:
     key_groups: tuple[int, int] = (0, 0)
     splits: tuple[SplitState, ...] = ()
     committables: tuple[Committable, ...] = ()
+    sync_s: float = 0.0
+    async_s: float = 0.0
 
     @property
     def key_group_range(self) -> range:
@@ -167,6 +175,8 @@ class TaskCheckpoint:
             "changelog": [h.to_dict() for h in self.changelog],
             "splits": [s.as_record() for s in self.splits],
             "committables": [c.to_wire() for c in self.committables],
+            "sync_s": self.sync_s,
+            "async_s": self.async_s,
         }
 
     @classmethod
@@ -182,6 +192,8 @@ class TaskCheckpoint:
             key_groups=(start, stop),
             splits=tuple(SplitState.from_record(r) for r in d.get("splits", ())),
             committables=tuple(Committable.from_wire(c) for c in d.get("committables", ())),
+            sync_s=float(d.get("sync_s", 0.0)),
+            async_s=float(d.get("async_s", 0.0)),
         )
 
 
@@ -393,6 +405,8 @@ def checkpoint_problem(
     outside ``prefixes`` (:func:`path_problem`)."""
     if not 0 <= tc.records <= MAX_COUNT:
         return Refusal("bounds", f"records {tc.records} out of range")
+    if not (0 <= tc.sync_s <= MAX_PHASE_S and 0 <= tc.async_s <= MAX_PHASE_S):
+        return Refusal("bounds", f"checkpoint phases {tc.sync_s} / {tc.async_s} s out of range")
     start, stop = tc.key_groups
     if not 0 <= start <= stop <= max_parallelism or (
         start < stop and not owned.start <= start <= stop <= owned.stop
@@ -412,6 +426,13 @@ def checkpoint_problem(
         if problem is not None:
             return problem
     return None
+
+
+def checkpoint_phases(checkpoint: CompletedCheckpoint) -> tuple[float, float]:
+    """(synchronous, asynchronous) phase of ``checkpoint``, seconds: the longest of each
+    at any task (:class:`TaskCheckpoint` ``sync_s``, ``async_s``); (0, 0) for none."""
+    tasks = checkpoint.tasks.values()
+    return max((t.sync_s for t in tasks), default=0.0), max((t.async_s for t in tasks), default=0.0)
 
 
 def log_spans(tc: TaskCheckpoint) -> dict[str, tuple[int, int]]:

@@ -10,6 +10,10 @@ see :attr:`CoordinatorMetrics.url`); off by default.
   i.e. the lengths of the segments its handles reference that the previous completed
   checkpoint did not reference (what the tasks persisted for it). Materialized
   snapshots and the metadata file itself are not counted.
+- ``dstl_checkpoint_sync_seconds`` and ``dstl_checkpoint_async_seconds``
+  (histograms): per checkpoint, the longest synchronous phase at any task (from its
+  aligned barrier to its persist started and sink output staged; the task stops for
+  it) and the longest asynchronous phase (to the persist durable; the task goes on).
 - ``dstl_checkpoints_completed_total``, ``dstl_checkpoints_aborted_total`` (timeouts,
   failed metadata writes, a new task attempt).
 - ``dstl_materialization_duration_seconds`` (histogram): from the trigger of an epoch
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dstltree.client.metrics_endpoint import MetricsEndpoint
+from dstltree.coordinator.checkpoint import checkpoint_phases
 
 if TYPE_CHECKING:
     from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
@@ -61,6 +66,18 @@ class CoordinatorMetrics:
         self.checkpoint_duration = Histogram(
             "dstl_checkpoint_duration_seconds",
             "Seconds from checkpoint trigger to metadata written.",
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
+        self.checkpoint_sync = Histogram(
+            "dstl_checkpoint_sync_seconds",
+            "Longest synchronous phase of a checkpoint at any task (barrier to persist started).",
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
+        self.checkpoint_async = Histogram(
+            "dstl_checkpoint_async_seconds",
+            "Longest asynchronous phase of a checkpoint at any task (to the persist durable).",
             registry=r,
             buckets=DURATION_BUCKETS,
         )
@@ -167,6 +184,9 @@ class CoordinatorMetrics:
             new = segments - self._previous
             self._previous = segments
         self.checkpoint_duration.observe(max(0.0, duration_s))
+        sync_s, async_s = checkpoint_phases(checkpoint)
+        self.checkpoint_sync.observe(sync_s)
+        self.checkpoint_async.observe(async_s)
         self.checkpoint_size.observe(sum(length for _, _, length in new))
         self.checkpoints_completed.inc()
         self.last_checkpoint_id.set(checkpoint.checkpoint_id)

@@ -64,7 +64,9 @@ class CoordinatorStatistics:
     ``LATEST-<n>`` pointer versions; ``writes_fenced``: storage work refused because
     another driver took the job over (``fenced``: why, else None);
     ``materializations``: per applied epoch (seconds from its trigger to its
-    application, snapshot bytes of every task, bytes written for it, the rest reused)."""
+    application, snapshot bytes of every task, bytes written for it, the rest reused);
+    ``checkpoint_phases_s``: per completed checkpoint, its longest synchronous and
+    asynchronous phase at any task (seconds)."""
 
     checkpoints_completed: int
     checkpoints_aborted: int
@@ -94,6 +96,7 @@ class CoordinatorStatistics:
     writes_fenced: int = 0
     fenced: str | None = None
     materializations: tuple[tuple[float, int, int], ...] = ()
+    checkpoint_phases_s: tuple[tuple[float, float], ...] = ()
 
 
 class Coordinator:
@@ -368,6 +371,7 @@ class Coordinator:
                 checkpoints_aborted=s.checkpoints_aborted,
                 checkpoint_durations_s=tuple(s.checkpoint_durations_s),
                 materializations=tuple(s.materializations),
+                checkpoint_phases_s=tuple(s.checkpoint_phases_s),
                 materializations_completed=s.materializations_completed,
                 materializations_abandoned=s.materializations_abandoned,
                 objects_deleted=s.objects_deleted,

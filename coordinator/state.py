@@ -81,6 +81,7 @@ from dstltree.coordinator.checkpoint import (
     MaterializedRef,
     Refusal,
     TaskCheckpoint,
+    checkpoint_phases,
     checkpoint_problem,
     log_spans,
     path_problem,
@@ -276,6 +277,7 @@ class CoordinatorState:
         self.checkpoints_completed = 0
         self.checkpoints_aborted = 0
         self.checkpoint_durations_s: list[float] = []
+        self.checkpoint_phases_s: list[tuple[float, float]] = []  # (sync, async) per checkpoint
         self.materializations_completed = 0
         self.materializations_abandoned = 0
         # per applied epoch: (seconds from its trigger to its application, bytes of
@@ -428,6 +430,7 @@ class CoordinatorState:
         duration = max(0.0, self.now - p.triggered_at)
         self.checkpoints_completed += 1
         self.checkpoint_durations_s.append(duration)
+        self.checkpoint_phases_s.append(checkpoint_phases(cp))
         self.registry.register(cp)
         self.retained.append(cp)
         if cp.final:

@@ -15,7 +15,10 @@ def run_figures(
 ) -> dict[str, Any]:
     """The report's figures up to ``rescaled_from`` for ``results`` (``JobResult`` s in
     run order, at least one; each ``.run`` a ``JobRun``). ``present_objects``: the
-    changelog objects under the checkpoint directory now. Durations in ms; counts
+    changelog objects under the checkpoint directory now. Durations in ms (a
+    checkpoint's synchronous and asynchronous phases: the longest at any task);
+    materializations: their duration, the last one's size and the bytes written and
+    reused (referenced again from earlier ones) over all, bytes; counts
     summed over runs; objects, segments and writers merged (a rescaled run refers to
     objects of the run before); ``tasks`` is the last run's parallelism,
     ``rescaled_from`` the parallelism it restored from where that differed (None
@@ -25,6 +28,9 @@ def run_figures(
     stats = [r.run.stats for r in results]
     observed = [r.run.observed for r in results]
     durations_ms = [d * 1000 for s in stats for d in s.checkpoint_durations_s]
+    sync_ms = [p[0] * 1000 for s in stats for p in s.checkpoint_phases_s]
+    async_ms = [p[1] * 1000 for s in stats for p in s.checkpoint_phases_s]
+    epochs = [m for s in stats for m in s.materializations]
     objects: set[str] = set().union(*(o.objects for o in observed))
     segments: set[tuple[str, int, int]] = set().union(*(o.segments for o in observed))
     writers: set[str] = set().union(*(o.writers for o in observed))
@@ -37,7 +43,13 @@ def run_figures(
         "checkpoints_completed": sum(r.checkpoints_completed for r in results),
         "checkpoints_aborted": sum(r.checkpoints_aborted for r in results),
         "checkpoint_duration_ms": {"p50": _ms(durations_ms, 50), "p99": _ms(durations_ms, 99)},
+        "checkpoint_sync_ms": {"p50": _ms(sync_ms, 50), "p99": _ms(sync_ms, 99)},
+        "checkpoint_async_ms": {"p50": _ms(async_ms, 50), "p99": _ms(async_ms, 99)},
         "materializations": sum(s.materializations_completed for s in stats),
+        "materialization_ms": {"p50": _ms([m[0] * 1000 for m in epochs], 50)},
+        "materialized_bytes_last": epochs[-1][1] if epochs else 0,
+        "materialization_written_bytes": sum(m[2] for m in epochs),
+        "materialization_reused_bytes": sum(m[1] - m[2] for m in epochs),
         "recoveries": sum(r.recoveries for r in results),
         "objects_written": len(objects | present_objects),
         "objects_referenced": len(objects),

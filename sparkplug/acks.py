@@ -92,8 +92,8 @@ class PendingAcks:
         # a failed persist raises here; a blocking wait past the deadline: TimeoutError
         handle = None if f is None else f.result(timeout=p.deadline - self._clock())
         self._pending.popleft()
-        state = (
-            p.state if handle is None else replace(p.state, changelog=(*p.state.changelog, handle))
-        )
+        started = p.deadline - self.timeout  # the barrier's synchronous phase ended
+        changelog = p.state.changelog if handle is None else (*p.state.changelog, handle)
+        state = replace(p.state, changelog=changelog, async_s=max(0.0, self._clock() - started))
         self._ack(p.checkpoint_id, state)
         return True

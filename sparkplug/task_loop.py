@@ -226,6 +226,7 @@ class TaskLoop:
         """Barrier ``cp`` aligned, the synchronous phase: start the changelog's persist
         (its SQN range ends here), stage the sink output, and leave the acknowledgement
         to :class:`PendingAcks` (sent once the persist is durable)."""
+        t0 = time.monotonic()
         writer = self.backend.writer
         future = None
         if writer is not None:
@@ -244,6 +245,7 @@ class TaskLoop:
             (kgs.start, kgs.stop),
             self.barrier_states.pop(cp, ()),
             tuple(self.uncommitted),
+            sync_s=time.monotonic() - t0,
         )
         self.acks.add(cp, state, future)
 

@@ -243,7 +243,16 @@ def _summary(r: dict[str, Any]) -> Any:
             "checkpoint p50 / p99 (ms)",
             f"{r['checkpoint_duration_ms']['p50']} / {r['checkpoint_duration_ms']['p99']}",
         ),
+        (
+            "checkpoint sync / async phase p99 (ms)",
+            f"{r['checkpoint_sync_ms']['p99']} / {r['checkpoint_async_ms']['p99']}",
+        ),
         ("materializations", str(r["materializations"])),
+        (
+            "materialized bytes (last) / written / reused",
+            f"{r['materialized_bytes_last']:,} / {r['materialization_written_bytes']:,} / "
+            f"{r['materialization_reused_bytes']:,}",
+        ),
         ("recoveries", str(r["recoveries"])),
         ("objects written", str(r["objects_written"])),
         ("objects per checkpoint", str(r["objects_per_checkpoint"])),

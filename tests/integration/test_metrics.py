@@ -278,6 +278,9 @@ def test_coordinator_metrics_show_checkpoints_and_materializations(tmp_path: Pat
     stats = coord.statistics()
     assert got["dstl_checkpoint_duration_seconds_count"] == got["dstl_checkpoints_completed_total"]
     assert got["dstl_checkpoint_size_bytes_count"] == got["dstl_checkpoints_completed_total"]
+    assert got["dstl_checkpoint_sync_seconds_count"] == got["dstl_checkpoints_completed_total"]
+    assert got["dstl_checkpoint_async_seconds_count"] == got["dstl_checkpoints_completed_total"]
+    assert len(stats.checkpoint_phases_s) == stats.checkpoints_completed
     # each task appends a change of >= 10 bytes before it acks any checkpoint: every
     # checkpoint adds one new segment of at least that per task
     completed = got["dstl_checkpoints_completed_total"]

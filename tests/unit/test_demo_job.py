@@ -81,6 +81,8 @@ def test_key_helpers() -> None:
 def _result(records: int, cps: list[int], objects: set[str], rescaled: int | None) -> Any:
     stats = SimpleNamespace(
         checkpoint_durations_s=(0.01, 0.02),
+        checkpoint_phases_s=((0.001, 0.009), (0.002, 0.018)),
+        materializations=((0.5, 1000, 400),),
         materializations_completed=1,
         objects_deleted=2,
         orphans_deleted=3,
@@ -115,6 +117,10 @@ def test_run_figures_merge_runs() -> None:
     assert f["checkpoint_duration_ms"] == {"p50": pytest.approx(15.0, abs=5), "p99": 20.0}
     assert f["tasks"] == 2 and f["rescaled_from"] == 4 and f["source_files"] == 5
     assert f["orphans_deleted_at_start"] == 3 and f["objects_deleted"] == 4
+    assert f["checkpoint_sync_ms"]["p99"] == pytest.approx(2.0, abs=0.1)
+    assert f["checkpoint_async_ms"]["p99"] == pytest.approx(18.0, abs=0.3)
+    assert f["materialized_bytes_last"] == 1000 and f["materialization_written_bytes"] == 800
+    assert f["materialization_reused_bytes"] == 1200
     with pytest.raises(ValueError):
         run_figures([], 2, "local[2]", set())
 

@@ -98,3 +98,26 @@ def test_a_persist_past_its_deadline_fails_the_task() -> None:
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError):
         PendingAcks(lambda cp, st: None, limit=0)
+
+
+def test_an_ack_carries_its_asynchronous_phase() -> None:
+    """From the end of the synchronous phase (``add``) to the persist durable."""
+    acks, sent, clock = _acks()
+    clock.now = 10.0
+    f: Future[ChangelogHandle] = Future()
+    acks.add(1, TaskCheckpoint(0, 0, sync_s=0.002), f)
+    clock.now = 10.25
+    f.set_result(_handle(0, 1))
+    acks.send_ready()
+    ((_, state),) = sent
+    assert state.sync_s == 0.002 and state.async_s == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("phases", [(-1.0, 0.0), (0.0, float("nan")), (0.0, float("inf"))])
+def test_impossible_checkpoint_phases_are_refused(phases: tuple[float, float]) -> None:
+    from dstltree.coordinator.checkpoint import checkpoint_problem
+
+    tc = TaskCheckpoint(0, 0, sync_s=phases[0], async_s=phases[1])
+    problem = checkpoint_problem(tc, ["file:///x/"], range(0, 4), 4)
+    assert problem is not None and problem.kind == "bounds"
+    assert TaskCheckpoint.from_dict(TaskCheckpoint(0, 0, sync_s=0.5).to_dict()).sync_s == 0.5
