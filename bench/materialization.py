@@ -162,6 +162,7 @@ def keys_case(spark: Any, work: Path, keys: int, s: MaterializationSettings) -> 
     task = result.run.tasks[0] if result.run.tasks else {}
     mats = list(stats.materializations)
     durations = list(stats.checkpoint_durations_s)[1:]
+    phases = list(stats.checkpoint_phases_s)[1:]
     return {
         "keys": keys,
         "records": result.records,
@@ -172,6 +173,8 @@ def keys_case(spark: Any, work: Path, keys: int, s: MaterializationSettings) -> 
         "checkpoint_p50_ms": _ms(durations, 50),
         "checkpoint_p99_ms": _ms(durations, 99),
         "durations_ms": [round(1000 * d) for d in durations],
+        "checkpoint_sync_p99_ms": _ms([p[0] for p in phases], 99),
+        "checkpoint_async_p99_ms": _ms([p[1] for p in phases], 99),
         "materializations": len(mats),
         "materialization_sync_max_ms": round(1000 * task.get("materialization_sync_s", 0.0), 2),
         "materialization_mean_s": round(sum(m[0] for m in mats) / len(mats), 3) if mats else 0.0,
@@ -378,6 +381,8 @@ def _keys_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
             *both("checkpoint_p99_ms", " ms"),
             f"ratio {doc['keys']['p99_ratio']}x <= 1.3x",
         ),
+        ("checkpoint, synchronous phase p99", *both("checkpoint_sync_p99_ms", " ms"), ""),
+        ("checkpoint, asynchronous phase p99", *both("checkpoint_async_p99_ms", " ms"), ""),
         (
             "synchronous part of a materialization (max)",
             *both("materialization_sync_max_ms", " ms"),

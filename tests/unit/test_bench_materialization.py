@@ -41,6 +41,8 @@ def test_the_markdown_section_quotes_every_case() -> None:
         "max_gap_ms": 50.0,
         "checkpoint_p50_ms": 20.0,
         "checkpoint_p99_ms": 40.0,
+        "checkpoint_sync_p99_ms": 1.0,
+        "checkpoint_async_p99_ms": 30.0,
         "materialization_sync_max_ms": 2.0,
         "materialization_mean_s": 0.3,
         "state_bytes": 1000,
