@@ -18,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -229,10 +229,16 @@ def status(
         int | None, typer.Option(help="Executors, for a topology given by branching.")
     ] = None,
     timeout: Annotated[float, typer.Option(min=0.05, help="Seconds to wait per node.")] = 1.0,
+    coordinator: Annotated[
+        str | None,
+        typer.Option(help="The job coordinator's metrics URL: checkpoints and materializations."),
+    ] = None,
 ) -> None:
     """Show every node of a running tree: role (root / writer for the current plan
     window / forwarder), queued bytes, objects written, bytes relayed, p99 DFS upload
-    latency and upload errors, from each node's Prometheus metrics."""
+    latency and upload errors, from each node's Prometheus metrics; with
+    ``--coordinator``, the job's checkpoints (duration, synchronous and asynchronous
+    phase) and materializations (duration, bytes written and reused) below."""
     from concurrent.futures import ThreadPoolExecutor
 
     from rich.console import Console
@@ -250,13 +256,20 @@ def status(
     urls = endpoints_for(nodes, topo.metrics_port, endpoints, workdir, host)
     pool = ThreadPoolExecutor(max(1, min(32, len(nodes))), thread_name_prefix="dstl-status")
 
-    def table() -> Table:
+    def table() -> Any:
         rows = list(
             pool.map(lambda n: node_row(n, tree.parent(n), tree.depth(n), urls[n], timeout), nodes)
         )
         down = sum(not r.up for r in rows)
         title = f"dstltree {topology.name}: {len(rows) - down}/{len(rows)} nodes up"
-        return render(rows, title + time.strftime(" at %H:%M:%S"))
+        nodes_table = render(rows, title + time.strftime(" at %H:%M:%S"))
+        if coordinator is None:
+            return nodes_table
+        from rich.console import Group
+
+        from dstltree.cli.commands._status_job import job_table
+
+        return Group(nodes_table, job_table(coordinator, timeout))
 
     console = Console()
     try:

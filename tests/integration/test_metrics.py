@@ -20,6 +20,7 @@ from dstltree.aggregator.metrics import NodeMetrics, metrics_port_for
 from dstltree.aggregator.node import Node
 from dstltree.aggregator.process import build_node
 from dstltree.cli.commands import status as status_command
+from dstltree.cli.commands._status_job import job_rows, job_table
 from dstltree.cli.commands.status import p99_from_buckets
 from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
 from dstltree.coordinator import (
@@ -269,6 +270,7 @@ def test_coordinator_metrics_show_checkpoints_and_materializations(tmp_path: Pat
             timeout=20,
         )
         got = scrape(url)
+        rows = dict(job_rows(status_command.scrape(url)))  # what dstl status --coordinator shows
     finally:
         stop.set()
         for th in threads:
@@ -281,6 +283,9 @@ def test_coordinator_metrics_show_checkpoints_and_materializations(tmp_path: Pat
     assert got["dstl_checkpoint_sync_seconds_count"] == got["dstl_checkpoints_completed_total"]
     assert got["dstl_checkpoint_async_seconds_count"] == got["dstl_checkpoints_completed_total"]
     assert len(stats.checkpoint_phases_s) == stats.checkpoints_completed
+    assert int(rows["checkpoints completed"]) >= 4 and int(rows["materializations"]) >= 1
+    for figure in ("checkpoint duration p99", "  synchronous phase p99", "materialization p99"):
+        assert rows[figure].endswith(" ms"), (figure, rows[figure])
     # each task appends a change of >= 10 bytes before it acks any checkpoint: every
     # checkpoint adds one new segment of at least that per task
     completed = got["dstl_checkpoints_completed_total"]
@@ -385,6 +390,14 @@ def test_status_shows_nodes_down_when_nothing_listens(tmp_path: Path) -> None:
     no_port.write_text(yaml.safe_dump({"nodes": THREE_NODES}))
     res = runner.invoke(status_app(), ["status", "--topology", str(no_port), "--once"])
     assert res.exit_code != 0 and "metrics_port" in res.output
+
+
+def test_status_says_when_the_coordinator_does_not_answer() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: refused at once
+        table = job_table(f"http://127.0.0.1:{port}/metrics", 0.5)
+    assert "not answering" in str(table.title) and table.row_count == 0
 
 
 def test_p99_from_histogram_buckets() -> None:
