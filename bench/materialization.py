@@ -426,6 +426,13 @@ def markdown_section(doc: dict[str, Any], meta: dict[str, str]) -> str:
         "",
         *markdown_table(HEADERS, rows),
         "",
+        "The longest gap holds every stall of the task's process, whatever the state: "
+        "a Parquet row group decoded, the driver, the JVM and the task sharing the "
+        "machine's cores; compare it with the 10,000-key column. The state's own share is "
+        "the synchronous part of a materialization, the longest packing step (below) and "
+        "one copy-on-write burst after a materialization starts (a C-level dict copy per "
+        "key group the next records touch).",
+        "",
         f"Incremental ({inc['keys']:,} keys, {inc['state_bytes']:,} bytes of state, "
         f"{100 * inc['changed_fraction']:g} % of the keys changed): the second "
         f"materialization wrote {inc['second_written_bytes']:,} bytes, "
