@@ -154,11 +154,13 @@ def test_node_refuses_a_child_of_another_cluster(tmp_path: Path, keys: ClusterKe
     )
     child.start()
     try:
-        _persist(str(tmp_path / "dfs"), child.address, Curve.for_writer(other), "w", timeout=10)
+        # the child writes once its parent is known lost or its ack timed out (0.5 s);
+        # the client's own timeout is far longer, so it does not write first
+        _persist(str(tmp_path / "dfs"), child.address, Curve.for_writer(other), "w", timeout=30)
         wait_until(lambda: _refusals("node") > before, timeout=5)
+        wait_until(lambda: child.statistics().objects_written >= 1, timeout=10)
         assert parent.statistics().bytes_received == 0
         assert parent.statistics().writers_below == 0
-        assert child.statistics().objects_written >= 1
     finally:
         child.stop()
         parent.stop()
