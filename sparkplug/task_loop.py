@@ -20,6 +20,7 @@ thread, driven by coordinator commands and exchange deliveries.
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import time
@@ -140,11 +141,16 @@ class TaskLoop:
         self.exchange.connect(addresses)
         assert self._fn is not None
         self._fn.open(_Context(self.backend, self.task, self.cfg.parallelism, self.cfg.attempt))
+        # what exists now (the restored state's containers, Spark's worker, the
+        # libraries) lives as long as the task: the collector's full collections leave
+        # it unscanned, so one does not stall the loop for tens of milliseconds
+        gc.freeze()
         try:
             while not self._step(link):
                 pass
             self._fn.close()
         finally:
+            gc.unfreeze()
             if self.materializer is not None:
                 self.materializer.close()
             self.exchange.close()
