@@ -124,6 +124,7 @@ class Materializer:
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="dstl-materialize")
         self.last: MaterializationStats | None = None
         backend.on_frozen_write = self._capture
+        backend.track_changes()
 
     @property
     def running(self) -> bool:

@@ -26,8 +26,9 @@ restore decodes only the key groups it owns. Snapshot parts (version ``PART_VERS
 the files of an incremental materialization, :mod:`dstltree.sparkplug.materialize`):
 the same map plus ``"delta"``; a whole part replaces the state of its groups, a delta
 sets the keys it holds and removes those stored as None. For them the backend tracks,
-per key group, the keys written since the group's last capture
-(:meth:`KeyedStateBackend.capture_group`), and captures a frozen group before its next
+once a materializer asks (:meth:`KeyedStateBackend.track_changes`), per key group the
+keys written since the group's last capture (:meth:`KeyedStateBackend.capture_group`),
+and captures a frozen group before its next
 write (copy-on-write). Restore is snapshot plus replay of the
 changelog handles recorded after it (docs/design.md, Data flow 7-8;
 :mod:`dstltree.sparkplug.restore`).
@@ -119,8 +120,9 @@ class KeyedStateBackend:
         self._kb = b""  # the current key's encoding
         self._kg = -1  # the current key's group; -1: no current key
         # incremental materialization: per key group the keys written since their last
-        # capture, and which groups must be captured before their next write
-        self._dirty: list[set[bytes]] = [set() for _ in range(max_parallelism)]
+        # capture (None until a materializer tracks them: nothing to keep otherwise),
+        # and which groups must be captured before their next write
+        self._dirty: list[set[bytes]] | None = None
         self._frozen = bytearray(max_parallelism)
         self.on_frozen_write: Callable[[int], None] | None = None
         self.writer = writer
@@ -238,9 +240,17 @@ class KeyedStateBackend:
         return data
 
     # -- incremental materialization (sparkplug/materialize.py) --------------------------
+    def track_changes(self) -> list[set[bytes]]:
+        """Keep, per key group, the keys written from now on until their capture (a
+        materializer calls it once; idempotent); returns those sets."""
+        if self._dirty is None:
+            self._dirty = [set() for _ in range(self.max_parallelism)]
+        return self._dirty
+
     def dirty_groups(self) -> list[int]:
         """The key groups with keys written since their last capture, ascending."""
-        return [kg for kg in self.key_groups if self._dirty[kg]]
+        dirty = self.track_changes()
+        return [kg for kg in self.key_groups if dirty[kg]]
 
     def freeze(self, key_groups: Iterable[int]) -> None:
         """Mark ``key_groups`` for capture: the next write to one of them first calls
@@ -258,8 +268,8 @@ class KeyedStateBackend:
         state's keys are wanted; the keys are picked when packing. Also returns the
         keys written since the last capture (no longer dirty; :meth:`mark_dirty`
         gives them back if the capture is abandoned)."""
-        keys = self._dirty[kg]
-        self._dirty[kg] = set()
+        dirty = self.track_changes()
+        keys, dirty[kg] = dirty[kg], set()
         self._frozen[kg] = 0
         out: list[list[Any]] = []
         for name, groups in self._states.items():
@@ -299,7 +309,7 @@ class KeyedStateBackend:
     def mark_dirty(self, kg: int, keys: set[bytes]) -> None:
         """Give back keys of an abandoned capture: written since the last capture that
         will be referenced."""
-        self._dirty[kg] |= keys
+        self.track_changes()[kg] |= keys
 
     def part(self, groups: list[tuple[int, bytes]], delta: bool) -> bytes:
         """A snapshot part (version :data:`PART_VERSION`) of captured ``groups``
@@ -504,7 +514,9 @@ class KeyedStateBackend:
         if self._frozen[kg]:
             assert self.on_frozen_write is not None
             self.on_frozen_write(kg)
-        self._dirty[kg].add(self._kb)
+        dirty = self._dirty
+        if dirty is not None:
+            dirty[kg].add(self._kb)
         return bucket
 
 
