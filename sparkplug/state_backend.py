@@ -70,6 +70,7 @@ SNAPSHOT_VERSION = 2
 PART_VERSION = 3  # a file of an incremental materialization (:meth:`capture_group`)
 _MERGE, _REPLACE, _DELTA = range(3)  # how a snapshot's groups join the state
 FOLD_RECORDS = 1024  # records between two hand-overs of staged changes to the writer
+_NEVER = 1 << 62  # the record countdown of a backend without a writer's staging
 _DECODE_ERRORS = (KeyError, TypeError, ValueError, IndexError, msgpack.UnpackException)
 _EMPTY: dict[bytes, Any] = {}  # read-only stand-in for an absent key group bucket
 
@@ -139,7 +140,7 @@ class KeyedStateBackend:
         self._outs: list[list[bytes] | None] | None = (
             [None] * self.max_parallelism if isinstance(writer, ChangelogWriter) else None
         )
-        self._left = FOLD_RECORDS
+        self._left = FOLD_RECORDS if self._outs is not None else _NEVER
         for h in self._handles.values():
             if isinstance(h, ValueState):
                 h.reset_staging()
@@ -156,20 +157,21 @@ class KeyedStateBackend:
         if kg not in self.key_groups:
             raise KeyError(f"key {key!r} is in key group {kg}, not owned here ({self.key_groups})")
         self._key, self._kb, self._kg = key, kb, kg
-        if self._outs is not None:
-            self._left -= 1
-            if self._left <= 0:
-                self.flush_changes()
+        self._left -= 1  # _NEVER without a writer's staging: one decrement, no test of it
+        if self._left <= 0:
+            self.flush_changes()
 
     def flush_changes(self) -> None:
         """Hand the staged changes to the writer now (pre-emptive upload and
         back-pressure included: may block). ``set_current_key`` does it every
         ``FOLD_RECORDS`` records and the writer before any SQN call, so a task never
         needs to. Raises DstlError if the writer is closed."""
+        if self._outs is None:
+            self._left = _NEVER
+            return
         self._left = FOLD_RECORDS
-        if self._outs is not None:
-            assert self._writer is not None
-            self._writer.flush_staged()
+        assert self._writer is not None
+        self._writer.flush_staged()
 
     @property
     def current_key(self) -> Any:
