@@ -552,6 +552,8 @@ class NodeCore:
                 refused.append(AckEntry(r.id, error=why))
             elif self.batch.nbytes >= target:
                 out += self._flush("size", now)
+            elif self.batch.nbytes >= self.config.max_forward_bytes and self._relays_all(now):
+                out += self._flush("forward", now)
         if refused:
             out.append(ReplyBelow(identity, PersistAck(tuple(refused))))
         return out
@@ -791,6 +793,13 @@ class NodeCore:
         if reason == "size" or self.parent is None or not self._up(self.parent, now):
             return SELF
         return self.parent
+
+    def _relays_all(self, now: float) -> bool:
+        """Every item of the batch goes upstream at a flush that is not a size cut (a
+        relay whose target is above one message): a full message is sent at once, as
+        waiting for the delay would only hold it (and stall a stream of pre-emptive
+        uploads behind the in-flight limit of its writers)."""
+        return all(self._route(cp, "forward", now) != SELF for cp in self.batch.checkpoints())
 
     def _flush(self, reason: str, now: float) -> list[Instruction]:
         groups: dict[str, list[PersistItem]] = defaultdict(list)

@@ -125,11 +125,13 @@ def node_chain(base_path: str, depth: int, target_bytes: int) -> Iterator[list[N
 def _pump(
     append: Callable[[], None],
     persist: Callable[[], Future[ChangelogHandle]],
+    durable: Callable[[ChangelogHandle], None],
     size: int,
     seconds: float,
 ) -> int:
     """Append and persist one ``size``-byte segment at a time for ``seconds`` s with at
-    most 64 MiB in flight; returns the bytes persisted (all durable on return)."""
+    most 64 MiB in flight, calling ``durable`` with each handle once it is durable (in
+    order); returns the bytes persisted (all durable on return)."""
     inflight: deque[Future[ChangelogHandle]] = deque()
     sent, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
@@ -137,9 +139,9 @@ def _pump(
         inflight.append(persist())
         sent += size
         if len(inflight) * size >= _WINDOW_BYTES:
-            inflight.popleft().result()
+            durable(inflight.popleft().result())
     for f in inflight:
-        f.result()
+        durable(f.result())
     return sent
 
 
@@ -148,7 +150,9 @@ def node_throughput(
 ) -> dict[str, float]:
     """Bytes/s of ``segment``-byte segments persisted by one writer through a chain of
     ``depth`` nodes (:func:`node_chain`, root objects of 4 MiB) for about ``seconds``
-    s, until durable; CPU seconds per GB of client and nodes."""
+    s, until durable; CPU seconds per GB of client and nodes. The writer drops what is
+    durable (``truncate``), as a task does once its state is safe: its memory stays
+    bounded by the 64 MiB in flight."""
     body = os.urandom(segment)
     with (
         node_chain(base_path, depth, 4 * 1024 * 1024) as nodes,
@@ -162,8 +166,11 @@ def node_throughput(
             state["after"] = w.next_sqn()
             return f
 
+        def durable(handle: ChangelogHandle) -> None:  # as a task, once its state is safe
+            w.truncate(handle.sqn_range[1])
+
         cpu0, t0 = cpu_seconds(), time.perf_counter()
-        sent = _pump(lambda: w.append(0, body), persist, segment, seconds)
+        sent = _pump(lambda: w.append(0, body), persist, durable, segment, seconds)
         elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
     return _rate(sent, elapsed, cpu)
 

@@ -92,6 +92,7 @@ class Batch:
     items: list[PersistItem] = field(default_factory=list)
     nbytes: int = 0
     first_at: float | None = None
+    unnumbered: bool = False  # an item without a checkpoint id is batched
     _persisted: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
     _summed: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -101,7 +102,9 @@ class Batch:
         self.items.append(item)
         self.nbytes += item.size
         cp = item.checkpoint_id
-        if cp is not None:
+        if cp is None:
+            self.unnumbered = True
+        else:
             if item.writers is None:
                 self._persisted[cp].add(item.meta.log_id)
             else:  # a node's summary marker: writers counted below it
@@ -112,6 +115,14 @@ class Batch:
         if not self._summed:
             return self._persisted.keys()
         return self._persisted.keys() | self._summed.keys()
+
+    def checkpoints(self) -> set[int | None]:
+        """The checkpoint ids of the batched items (None for items without one), and
+        after a size cut those of the checkpoints it still counts."""
+        ids: set[int | None] = set(self._checkpoints())
+        if self.unnumbered:
+            ids.add(None)
+        return ids
 
     def persisted(self, checkpoint: int) -> int:
         """Writers known to have persisted for ``checkpoint`` (own items by log id, plus
@@ -146,6 +157,7 @@ class Batch:
         self.items = []
         self.nbytes = 0
         self.first_at = None
+        self.unnumbered = False
         if reason == "size":
             kept = [c for c in self._checkpoints() if self.persisted(c) < expected_writers]
             self._persisted = defaultdict(

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import repeat, takewhile
 from typing import cast
 
 from dstltree.client.batching import PersistItem
@@ -247,10 +247,14 @@ class ChangelogWriter:
             before = min(before, self._sqn)
             if before <= self._truncated:
                 return
-            for sqn in [s for s in self._changesets if s < before]:
+            dropped = list(takewhile(lambda s: s < before, self._changesets))  # SQN order
+            for sqn in dropped:
                 del self._changesets[sqn]
                 del self._sizes[sqn]
-            self._uploads = [u for u in self._uploads if u.sqn_to > before]
+            uploads, i = self._uploads, 0  # in SQN order: the dropped ones come first
+            while i < len(uploads) and uploads[i].sqn_to <= before:
+                i += 1
+            del uploads[:i]
             self._truncated = before
             self._uploaded_to = max(self._uploaded_to, before)
             self._not_uploaded = self._count_not_uploaded()
@@ -347,7 +351,10 @@ class ChangelogWriter:
         return self._sqn
 
     def _count_not_uploaded(self) -> int:
-        closed = sum(n for s, n in self._sizes.items() if s >= self._uploaded_to)
+        """Bytes of changesets from ``_uploaded_to`` on, active included: scanned from
+        the newest (SQNs rise in insertion order), O(changesets not uploaded)."""
+        lo = self._uploaded_to
+        closed = sum(n for _, n in takewhile(lambda e: e[0] >= lo, reversed(self._sizes.items())))
         return closed + self._active_bytes
 
     def _has_changes(self, lo: int, hi: int) -> bool:

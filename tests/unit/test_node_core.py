@@ -371,23 +371,38 @@ def test_one_message_with_many_items_is_cut_into_objects_of_about_the_target() -
     assert sorted(acked) == list(range(1, 10))
 
 
-def test_a_flush_passed_on_is_split_into_messages_within_max_forward_bytes() -> None:
+def test_a_relay_passes_on_a_full_message_at_once_split_within_max_forward_bytes() -> None:
+    """A node whose target is above one message (it relays: nothing is written here
+    before the delay) sends as soon as its batch holds ``max_forward_bytes``."""
     core = _core(target=10**9, max_forward_bytes=100)
-    _below(core, _many(7, 40), 0.0)
-    sends = _of(core.handle(TimePassed(0.06)), SendUpstream, Persist)
-    assert [len(s.message.requests) for s in sends] == [2, 2, 2, 1]
+    sends = _of(_below(core, _many(7, 40), 0.0), SendUpstream, Persist)
+    assert [len(s.message.requests) for s in sends] == [2, 1, 2, 1], "cut at 120 bytes twice"
     assert all(sum(len(p) for p in s.message.payloads()) <= 100 for s in sends)
     assert all(s.address == PARENT and s.message.via == "n" for s in sends)
+    assert core.batch.nbytes == 40
+    sends += _of(core.handle(TimePassed(0.06)), SendUpstream, Persist)
     entries = tuple(AckEntry(r.id, "/up", 0) for s in sends for r in s.message.requests)
     (ack,) = _of(core.handle(MessageFromUpstream(0.1, PARENT, PersistAck(entries))), ReplyBelow)
     assert sorted(e.id for e in ack.message.items) == list(range(1, 8))
     assert core.idle()
 
 
+def test_no_relay_cut_where_items_would_be_written_here() -> None:
+    """The root, and a node whose parent is down, keep batching up to the target."""
+    for core in (
+        _core(parent=None, target=10**9, max_forward_bytes=100),
+        _core(target=10**9, max_forward_bytes=100),
+    ):
+        if core.parent is not None:
+            core.handle(UpstreamLost(0.0, PARENT))
+        out = _below(core, _many(7, 40), 0.0)
+        assert _of(out, SendUpstream, Persist) == [] and _of(out, WriteObject) == []
+        assert core.batch.nbytes == 280
+
+
 def test_an_item_above_max_forward_bytes_goes_alone() -> None:
     core = _core(target=10**9, max_forward_bytes=100)
-    _below(core, _many(3, 150), 0.0)
-    sends = _of(core.handle(TimePassed(0.06)), SendUpstream, Persist)
+    sends = _of(_below(core, _many(3, 150), 0.0), SendUpstream, Persist)
     assert [len(s.message.requests) for s in sends] == [1, 1, 1]
 
 
