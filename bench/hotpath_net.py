@@ -1,18 +1,22 @@
-"""Hot-path figures through real in-process aggregator nodes against floors written
-here with pyzmq: a raw DEALER->ROUTER hop (bytes/s) and one round trip plus one local
-file write with fsync (persist latency)."""
+"""Hot-path figures through real aggregator nodes (forwarding: each node in its own
+process; persist latency: in-process) against floors written here with pyzmq: a raw
+DEALER->ROUTER hop (bytes/s) and one round trip plus one local file write with fsync
+(persist latency)."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import resource
 import statistics
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import zmq
@@ -21,9 +25,12 @@ from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.node import Node
 from dstltree.client.api import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
+from dstltree.client.writer import ChangelogWriter
 from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore
 
 _WINDOW_BYTES = 64 * 1024 * 1024  # bytes in flight of a throughput sender
+_CHECKPOINT_BYTES = 32 * 1024 * 1024  # bytes a forwarding writer appends between persists
+_LATENCY_SLICES = 8  # alternating slices of floor and node samples in latency_figures
 _SMALL_CHANGE = 100  # bytes of one change of the "1 MB of small changes" figure
 
 
@@ -102,76 +109,117 @@ def raw_throughput(segment: int, seconds: float) -> dict[str, float]:
     return _rate(sent, elapsed, cpu)
 
 
-@contextmanager
-def node_chain(base_path: str, depth: int, target_bytes: int) -> Iterator[list[Node]]:
-    """``depth`` in-process nodes in a chain (root first, security None) writing under
-    ``base_path``; the root writes objects of ``target_bytes``, the others forward
-    hop by hop (no plans). Clients connect to the last one."""
+def _stream(w: ChangelogWriter, body: bytes, seconds: float) -> int:
+    """Append ``body`` as one change at a time for ``seconds`` s (each becomes one
+    segment through a pre-emptive upload; the client's in-flight limit blocks the
+    appends); every ``_CHECKPOINT_BYTES`` persist what was appended and truncate what
+    the previous persist made durable (at most one persist in flight, as a task does
+    at its checkpoints). Returns the bytes appended, all durable on return."""
+    pending: Future[ChangelogHandle] | None = None
+    sent, after, t0 = 0, 0, time.perf_counter()
+    per_checkpoint = max(1, _CHECKPOINT_BYTES // len(body))
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(per_checkpoint):
+            w.append(0, body)
+        sent += per_checkpoint * len(body)
+        if pending is not None:
+            w.truncate(pending.result().sqn_range[1])
+        pending = w.persist_durably(after)
+        after = w.next_sqn()
+    if pending is not None:
+        pending.result()
+    return sent
+
+
+def _serve_node(
+    conn: Connection, base_path: str, node_id: str, parent: str | None, target: int
+) -> None:
+    """A node process of :func:`node_processes`: serve one :class:`Node` writing under
+    ``base_path``; send its address, then answer ``"cpu"`` with this process's CPU
+    seconds until anything else arrives (stop)."""
     store = ObjectStore(base_path, reserve_objects=RESERVED_OBJECTS)  # as build_node's
-    nodes: list[Node] = []
+    node = Node(NodeConfig(node_id, parent, target, plans=False), store, security=None)
+    node.start()
+    conn.send(node.address)
+    while conn.recv() == "cpu":
+        conn.send(cpu_seconds())
+    node.stop()
+    conn.send("stopped")
+
+
+@dataclass
+class NodeProcess:
+    """A node of :func:`node_processes`: its endpoint, process and control pipe."""
+
+    address: str
+    process: BaseProcess
+    conn: Connection
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU seconds of the node's process so far."""
+        self.conn.send("cpu")
+        return float(self.conn.recv())
+
+
+@contextmanager
+def node_processes(base_path: str, depth: int, target_bytes: int) -> Iterator[list[NodeProcess]]:
+    """``depth`` nodes in a chain (root first, security None, no plans) writing under
+    ``base_path``: the root writes objects of ``target_bytes``, the others relay hop by
+    hop; clients connect to the last one. Each node runs in its own process, as nodes
+    are deployed (``dstl node``, never inside a task's process), started with
+    multiprocessing's spawn; stopped through their pipes, killed by PID if they do not
+    stop in 10 s."""
+    ctx = mp.get_context("spawn")
+    nodes: list[NodeProcess] = []
     try:
         for i in range(depth):
             parent = nodes[-1].address if nodes else None
             size = target_bytes if parent is None else 1 << 40
-            node = Node(NodeConfig(f"n{i}", parent, size, plans=False), store, security=None)
-            node.start()
-            nodes.append(node)
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(
+                target=_serve_node, args=(theirs, base_path, f"n{i}", parent, size), daemon=True
+            )
+            proc.start()
+            if not ours.poll(60):
+                raise TimeoutError(f"node process n{i} did not start in 60 s")
+            nodes.append(NodeProcess(ours.recv(), proc, ours))
         yield nodes
     finally:
         for n in reversed(nodes):
-            n.stop()
-
-
-def _pump(
-    append: Callable[[], None],
-    persist: Callable[[], Future[ChangelogHandle]],
-    durable: Callable[[ChangelogHandle], None],
-    size: int,
-    seconds: float,
-) -> int:
-    """Append and persist one ``size``-byte segment at a time for ``seconds`` s with at
-    most 64 MiB in flight, calling ``durable`` with each handle once it is durable (in
-    order); returns the bytes persisted (all durable on return)."""
-    inflight: deque[Future[ChangelogHandle]] = deque()
-    sent, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        append()
-        inflight.append(persist())
-        sent += size
-        if len(inflight) * size >= _WINDOW_BYTES:
-            durable(inflight.popleft().result())
-    for f in inflight:
-        durable(f.result())
-    return sent
+            with suppress(OSError, EOFError):
+                n.conn.send("stop")
+                n.conn.poll(10)
+            n.process.join(10)
+            if n.process.is_alive():
+                n.process.kill()
+                n.process.join(10)
 
 
 def node_throughput(
     base_path: str, segment: int, seconds: float, depth: int = 1
 ) -> dict[str, float]:
-    """Bytes/s of ``segment``-byte segments persisted by one writer through a chain of
-    ``depth`` nodes (:func:`node_chain`, root objects of 4 MiB) for about ``seconds``
-    s, until durable; CPU seconds per GB of client and nodes. The writer drops what is
-    durable (``truncate``), as a task does once its state is safe: its memory stays
-    bounded by the 64 MiB in flight."""
+    """Bytes/s of ``segment``-byte segments written by one writer through a chain of
+    ``depth`` node processes (:func:`node_processes`, root objects of 4 MiB) for about
+    ``seconds`` s, until durable, and CPU seconds per GB of the client's and the nodes'
+    processes. The client uploads pre-emptively at ``segment`` bytes with 64 MiB in
+    flight at most, so each change of ``segment`` bytes goes out as one segment
+    (:func:`_stream`)."""
     body = os.urandom(segment)
     with (
-        node_chain(base_path, depth, 4 * 1024 * 1024) as nodes,
-        ChangelogClient.open(base_path, node=nodes[-1].address) as client,
+        node_processes(base_path, depth, 4 * 1024 * 1024) as nodes,
+        ChangelogClient.open(
+            base_path,
+            node=nodes[-1].address,
+            preemptive_bytes=segment,
+            max_in_flight_bytes=_WINDOW_BYTES,
+        ) as client,
     ):
         w = client.create_writer("bench-forward", range(128))
-        state = {"after": 0}
-
-        def persist() -> Future[ChangelogHandle]:
-            f = w.persist_durably(state["after"])
-            state["after"] = w.next_sqn()
-            return f
-
-        def durable(handle: ChangelogHandle) -> None:  # as a task, once its state is safe
-            w.truncate(handle.sqn_range[1])
-
+        node_cpu0 = sum(n.cpu_seconds() for n in nodes)
         cpu0, t0 = cpu_seconds(), time.perf_counter()
-        sent = _pump(lambda: w.append(0, body), persist, durable, segment, seconds)
+        sent = _stream(w, body, seconds)
         elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+        cpu += sum(n.cpu_seconds() for n in nodes) - node_cpu0
     return _rate(sent, elapsed, cpu)
 
 
@@ -180,8 +228,10 @@ def store_throughput(
 ) -> dict[str, float]:
     """Bytes/s of ``object_bytes``-byte objects put durably (the store's fsyncs) under
     ``base_path`` by ``threads`` threads (a node's default upload threads) for about
-    ``seconds`` s: the most any node can write there, whatever its forwarding costs."""
-    store, body = ObjectStore(base_path), os.urandom(object_bytes)
+    ``seconds`` s, into object files reserved ahead as a node's store does: the most
+    any node can write there, whatever its forwarding costs; and the CPU seconds per
+    10**9 bytes of those puts (``cpu_s_per_gb``)."""
+    store, body = ObjectStore(base_path, reserve_objects=RESERVED_OBJECTS), os.urandom(object_bytes)
     t_end = time.perf_counter() + seconds
 
     def put_until_deadline() -> int:
@@ -191,10 +241,13 @@ def store_throughput(
             n += object_bytes
         return n
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        written = sum(pool.map(lambda _: put_until_deadline(), range(threads)))
-    return {"bytes_per_s": written / (time.perf_counter() - t0)}
+    try:
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            written = sum(pool.map(lambda _: put_until_deadline(), range(threads)))
+        return _rate(written, time.perf_counter() - t0, cpu_seconds() - cpu0)
+    finally:
+        store.close()
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -203,62 +256,73 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50": q[49], "p99": q[98], "n": len(samples)}
 
 
-def floor_latency(
-    write_dir: str, payload: int, seconds: float, minimum: int = 20
-) -> dict[str, float]:
-    """Latency (s) of one raw round trip carrying ``payload`` bytes whose receiver
-    writes and fsyncs them to a new file under ``write_dir`` before answering; repeated
-    for about ``seconds`` s (at least ``minimum`` times)."""
-    body, samples = os.urandom(payload), list[float]()
-    with raw_hop(write_dir) as dealer:
-        t_end = time.perf_counter() + seconds
-        while time.perf_counter() < t_end or len(samples) < minimum:
-            t0 = time.perf_counter()
-            dealer.send_multipart([b"a", body], copy=False)
-            dealer.recv()
-            samples.append(time.perf_counter() - t0)
-    return _percentiles(samples)
-
-
-def node_latency(
-    base_path: str, payload: int, change: int, seconds: float, minimum: int = 20
-) -> dict[str, float]:
-    """Latency (s) of one checkpoint through one node: append ``payload`` bytes as
-    changes of ``change`` bytes, then ``persist_durably(..., checkpoint_id=k)`` until
-    its handle is durable (appends included); repeated for about ``seconds`` s (at
-    least ``minimum`` times)."""
-    body, samples = os.urandom(change), list[float]()
-    per = max(1, payload // change)
-    with (
-        node_chain(base_path, 1, 1 << 40) as nodes,
-        ChangelogClient.open(base_path, node=nodes[0].address) as client,
-    ):
-        w = client.create_writer("bench-latency", range(128))
-        after, k, t_end = 0, 0, time.perf_counter() + seconds
-        while time.perf_counter() < t_end or len(samples) < minimum:
-            t0 = time.perf_counter()
-            for i in range(per):
-                w.append(i % 128, body)
-            w.persist_durably(after, checkpoint_id=k).result()
-            samples.append(time.perf_counter() - t0)
-            after, k = w.next_sqn(), k + 1
-            w.truncate(after)
-    return _percentiles(samples)
+def _timed(call: Callable[[], None], seconds: float, minimum: int) -> list[float]:
+    """Seconds each of repeated ``call()``s took, for about ``seconds`` s (at least
+    ``minimum`` calls)."""
+    samples: list[float] = []
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end or len(samples) < minimum:
+        t0 = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t0)
+    return samples
 
 
 def latency_figures(
-    base_path: str, write_dir: str, payload: int, change: int, seconds: float
+    base_path: str, write_dir: str, payload: int, change: int, seconds: float, minimum: int = 20
 ) -> dict[str, Any]:
-    """Node persist latency against its floor (both halves of ``seconds``): keys
-    ``node`` and ``floor`` (p50 / p99 in s), ``ratio_p50`` and ``ratio_p99`` (node /
-    floor: times the floor)."""
-    floor = floor_latency(write_dir, payload, seconds / 2)
-    node = node_latency(base_path, payload, change, seconds / 2)
+    """Persist latency through one node against its floor, sampled in alternating
+    slices (8 of each, about ``seconds`` s in all, at least ``minimum`` samples each)
+    so that the machine's noise hits both alike; slices, not single samples, so that
+    one's disk work (the node's reserved object files) is not flushed by the other's
+    fsync:
+
+    - the checkpoint: stage ``payload`` bytes as changes of ``change`` bytes (on the
+      writer's staging lists, as the state backend logs them), then
+      ``persist_durably(..., checkpoint_id=k)`` until its handle is durable (staging
+      included), through one node in its own process (:func:`node_processes`: how
+      nodes run) writing under ``base_path``;
+    - the floor: one raw round trip carrying ``payload`` bytes whose receiver writes
+      and fsyncs them to a new file under ``write_dir`` before answering.
+
+    Keys ``node`` and ``floor`` (p50 / p99 in s, n), ``ratio_p50`` and ``ratio_p99``
+    (node / floor: times the floor)."""
+    raw_body, body = os.urandom(payload), os.urandom(change)
+    per = max(1, payload // change)
+    floor: list[float] = []
+    node: list[float] = []
+    with (
+        raw_hop(write_dir) as dealer,
+        node_processes(base_path, 1, 1 << 40) as nodes,
+        ChangelogClient.open(base_path, node=nodes[0].address) as client,
+    ):
+        w = client.create_writer("bench-latency", range(128))
+        state = {"after": 0, "k": 0}
+
+        def floor_once() -> None:
+            dealer.send_multipart([b"a", raw_body], copy=False)
+            dealer.recv()
+
+        staging = [w.staging(kg) for kg in range(128)]  # the state backend's way in
+
+        def node_once() -> None:
+            for i in range(per):
+                staging[i % 128].append(body)
+            k = state["k"]
+            w.persist_durably(state["after"], checkpoint_id=k).result()
+            state["after"], state["k"] = w.next_sqn(), k + 1
+            w.truncate(state["after"])
+
+        for _ in range(_LATENCY_SLICES):
+            slice_s = seconds / _LATENCY_SLICES / 2
+            floor += _timed(floor_once, slice_s, minimum // _LATENCY_SLICES + 1)
+            node += _timed(node_once, slice_s, minimum // _LATENCY_SLICES + 1)
+    f, n = _percentiles(floor), _percentiles(node)
     return {
         "payload_bytes": payload,
         "change_bytes": change,
-        "node": node,
-        "floor": floor,
-        "ratio_p50": node["p50"] / floor["p50"],
-        "ratio_p99": node["p99"] / floor["p99"],
+        "node": n,
+        "floor": f,
+        "ratio_p50": n["p50"] / f["p50"],
+        "ratio_p99": n["p99"] / f["p99"],
     }

@@ -34,6 +34,7 @@ class InFlightLimit:
         self._cond = threading.Condition()
         self._waits = 0
         self._waited = 0.0
+        self._waiting = 0  # threads blocked in acquire: release wakes them only if any
 
     def acquire(self, nbytes: int, timeout: float | None = None) -> None:
         """Block until ``nbytes`` fit (blocking call). Raises TimeoutError after
@@ -43,8 +44,12 @@ class InFlightLimit:
                 self._in_flight += nbytes
                 return
             self._waits += 1
+            self._waiting += 1
             start = time.monotonic()
-            ok = self._cond.wait_for(lambda: self._fits(nbytes), timeout)
+            try:
+                ok = self._cond.wait_for(lambda: self._fits(nbytes), timeout)
+            finally:
+                self._waiting -= 1
             self._waited += time.monotonic() - start
             if not ok:
                 raise TimeoutError(f"{self._in_flight} bytes in flight; {nbytes} more do not fit")
@@ -53,7 +58,8 @@ class InFlightLimit:
     def release(self, nbytes: int) -> None:
         with self._cond:
             self._in_flight = max(0, self._in_flight - nbytes)
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
     def statistics(self) -> InFlightStatistics:
         with self._cond:
