@@ -105,6 +105,7 @@ def _forwarding_figures(base: str, s: HotpathSettings, cap: dict[str, float]) ->
         node = node_throughput(
             os.path.join(base, f"fwd-{depth}-{size}"), size, s.seconds / 2, depth
         )
+        bound = store_bound(depth, raw["cpu_s_per_gb"], cap)
         out.append(
             Figure(
                 f"forwarding, {label}",
@@ -119,10 +120,22 @@ def _forwarding_figures(base: str, s: HotpathSettings, cap: dict[str, float]) ->
                     "floor_cpu_s_per_gb": raw["cpu_s_per_gb"],
                     "store_bytes_per_s": cap["bytes_per_s"],
                     "store_cpu_s_per_gb": cap["cpu_s_per_gb"],
+                    "bound_bytes_per_s": bound,
+                    "bound_ratio": bound / raw["bytes_per_s"],
                 },
             )
         )
     return out
+
+
+def store_bound(hops: int, hop_cpu_s_per_gb: float, store: dict[str, float]) -> float:
+    """The most bytes/s any node could forward over ``hops`` raw hops into ``store``
+    on this machine, were its own code free: every CPU busy with nothing but the hops
+    (``hop_cpu_s_per_gb`` each, the raw hop's CPU per 10**9 bytes) and the store's puts
+    (``store["cpu_s_per_gb"]``), and never more than the store takes
+    (``store["bytes_per_s"]``)."""
+    cpu_per_byte = (hops * hop_cpu_s_per_gb + store["cpu_s_per_gb"]) / 1e9
+    return min(store["bytes_per_s"], (os.cpu_count() or 1) / cpu_per_byte)
 
 
 def _latencies(root: str, s: HotpathSettings) -> list[Figure]:
@@ -288,7 +301,8 @@ def _detail(f: Figure) -> str:
         return (
             f"CPU {d['cpu_s_per_gb']:.2f} s/GB (floor {d['floor_cpu_s_per_gb']:.2f}); "
             f"the store takes {_short(d['store_bytes_per_s'], 'bytes/s')} at "
-            f"{d['store_cpu_s_per_gb']:.2f} CPU s/GB"
+            f"{d['store_cpu_s_per_gb']:.2f} CPU s/GB; bound with this store "
+            f"{_short(d['bound_bytes_per_s'], 'bytes/s')} ({d['bound_ratio']:.2f}x floor)"
         )
     if "p99" in d:
         return (
@@ -410,7 +424,9 @@ _HOW = """How each figure is measured (real components, security off; nodes in t
   store takes": 4 MiB objects put durably by 4 threads into the same directory
   (`--forward-dir`, default the workdir), the most any node can write there, and the
   CPU seconds per 10^9 bytes those puts cost: the floor writes nothing, a node cannot
-  write less than that.
+  write less than that. "Bound with this store": the rate a node whose own code cost
+  nothing could reach here, `nproc` / (hops x the raw hop's CPU per byte + the
+  store's CPU per byte), at most the store's rate (`store_bound`).
 - persist latency: per checkpoint, stage the bytes on the writer's staging lists as
   the state backend does (one 64 KiB change, or 100-byte changes), then
   `persist_durably(after, checkpoint_id=k)` through one node in its own process until
