@@ -35,9 +35,8 @@ from dstltree.bench.hotpath_local import (
     task_loop_figures,
 )
 from dstltree.bench.hotpath_net import (
+    forwarding_throughput,
     latency_figures,
-    node_throughput,
-    raw_throughput,
     store_throughput,
 )
 
@@ -101,10 +100,12 @@ def _forwarding_figures(base: str, s: HotpathSettings, cap: dict[str, float]) ->
         (MIB, 1, "node 1 MiB"),
         (MIB, 2, "chain of 2 nodes 1 MiB"),
     ):
-        raw = raw_throughput(size, s.seconds / 2)
-        node = node_throughput(
-            os.path.join(base, f"fwd-{depth}-{size}"), size, s.seconds / 2, depth
-        )
+        store_dir = os.path.join(base, f"fwd-{depth}-{size}")
+        pair = forwarding_throughput(store_dir, size, s.seconds, depth)
+        node, raw = pair["node"], pair["raw"]
+        # removed at once: on a tmpfs the objects of one figure would hold gigabytes
+        # of memory through the next ones (and slow their writes down)
+        shutil.rmtree(store_dir, ignore_errors=True)
         bound = store_bound(depth, raw["cpu_s_per_gb"], cap)
         out.append(
             Figure(

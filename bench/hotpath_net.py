@@ -40,7 +40,7 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _rate(nbytes: int, seconds: float, cpu: float) -> dict[str, float]:
+def _rate(nbytes: float, seconds: float, cpu: float) -> dict[str, float]:
     """``bytes_per_s`` and ``cpu_s_per_gb`` (CPU seconds per 10**9 bytes)."""
     return {"bytes_per_s": nbytes / seconds, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
 
@@ -92,43 +92,58 @@ def raw_hop(write_dir: str | None = None) -> Iterator[zmq.Socket]:
         router.close()
 
 
-def raw_throughput(segment: int, seconds: float) -> dict[str, float]:
-    """Bytes/s of ``segment``-byte messages sent with ``copy=False`` over a raw hop for
-    about ``seconds`` s (timed until the receiver acknowledged the last one), and CPU
-    seconds per GB of both ends."""
-    body = os.urandom(segment)
-    with raw_hop() as dealer:
-        sent, cpu0, t0 = 0, cpu_seconds(), time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            for _ in range(16):
-                dealer.send_multipart([b"n", body], copy=False)
-            sent += 16 * segment
-        dealer.send_multipart([b"a", b"x"])
-        dealer.recv()
-        elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
-    return _rate(sent, elapsed, cpu)
-
-
-def _stream(w: ChangelogWriter, body: bytes, seconds: float) -> int:
-    """Append ``body`` as one change at a time for ``seconds`` s (each becomes one
-    segment through a pre-emptive upload; the client's in-flight limit blocks the
-    appends); every ``_CHECKPOINT_BYTES`` persist what was appended and truncate what
-    the previous persist made durable (at most one persist in flight, as a task does
-    at its checkpoints). Returns the bytes appended, all durable on return."""
-    pending: Future[ChangelogHandle] | None = None
-    sent, after, t0 = 0, 0, time.perf_counter()
-    per_checkpoint = max(1, _CHECKPOINT_BYTES // len(body))
+def _raw_send(dealer: zmq.Socket, body: bytes, seconds: float) -> tuple[int, float, float]:
+    """Send ``body`` with ``copy=False`` over an open raw hop for about ``seconds`` s,
+    timed until the receiver acknowledged the last one: (bytes, seconds, CPU seconds
+    of this process)."""
+    sent, cpu0, t0 = 0, cpu_seconds(), time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        for _ in range(per_checkpoint):
-            w.append(0, body)
-        sent += per_checkpoint * len(body)
+        for _ in range(16):
+            dealer.send_multipart([b"n", body], copy=False)
+        sent += 16 * len(body)
+    dealer.send_multipart([b"a", b"x"])
+    dealer.recv()
+    return sent, time.perf_counter() - t0, cpu_seconds() - cpu0
+
+
+class _Stream:
+    """One writer streaming changes of ``len(body)`` bytes (each becomes one segment
+    through a pre-emptive upload; the client's in-flight limit blocks the appends).
+    Every ``_CHECKPOINT_BYTES`` it persists what was appended and, once that is
+    durable, truncates it and ``drop``s the objects only truncated changes are in (at
+    most one persist in flight, as a task does at its checkpoints; the objects go as
+    the shared state registry lets them go after a materialization: a stream on a
+    tmpfs would otherwise fill the memory)."""
+
+    def __init__(self, w: ChangelogWriter, body: bytes, drop: Callable[[set[str]], object]):
+        self.w, self.body, self.drop = w, body, drop
+        self.after = 0
+        self.held: frozenset[str] = frozenset()
+
+    def run(self, seconds: float) -> int:
+        """Stream for about ``seconds`` s; returns the bytes appended, all durable on
+        return."""
+        w, body = self.w, self.body
+        pending: Future[ChangelogHandle] | None = None
+        sent, t0 = 0, time.perf_counter()
+        per_checkpoint = max(1, _CHECKPOINT_BYTES // len(body))
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(per_checkpoint):
+                w.append(0, body)
+            sent += per_checkpoint * len(body)
+            if pending is not None:
+                self._durable(pending.result())
+            pending = w.persist_durably(self.after)
+            self.after = w.next_sqn()
         if pending is not None:
-            w.truncate(pending.result().sqn_range[1])
-        pending = w.persist_durably(after)
-        after = w.next_sqn()
-    if pending is not None:
-        pending.result()
-    return sent
+            self._durable(pending.result())
+        return sent
+
+    def _durable(self, handle: ChangelogHandle) -> None:
+        self.w.truncate(handle.sqn_range[1])
+        paths = handle.object_paths()
+        self.drop(set(self.held - paths))
+        self.held = paths
 
 
 def _serve_node(
@@ -195,17 +210,21 @@ def node_processes(base_path: str, depth: int, target_bytes: int) -> Iterator[li
                 n.process.join(10)
 
 
-def node_throughput(
+def forwarding_throughput(
     base_path: str, segment: int, seconds: float, depth: int = 1
-) -> dict[str, float]:
+) -> dict[str, dict[str, float]]:
     """Bytes/s of ``segment``-byte segments written by one writer through a chain of
-    ``depth`` node processes (:func:`node_processes`, root objects of 4 MiB) for about
-    ``seconds`` s, until durable, and CPU seconds per GB of the client's and the nodes'
-    processes. The client uploads pre-emptively at ``segment`` bytes with 64 MiB in
-    flight at most, so each change of ``segment`` bytes goes out as one segment
-    (:func:`_stream`)."""
+    ``depth`` node processes (:func:`node_processes`, root objects of 4 MiB) until
+    durable, for half of about ``seconds`` s, against a raw hop sending the same sizes
+    (:func:`raw_hop`) for a quarter before and a quarter after it, so that a change
+    of the machine's load during the run hits both. The client uploads pre-emptively
+    at ``segment`` bytes with 64 MiB in flight at most, so each change of ``segment``
+    bytes goes out as one segment (:class:`_Stream`). Keys ``node`` and ``raw``, each
+    with ``bytes_per_s`` and ``cpu_s_per_gb`` (CPU seconds per 10**9 bytes: of the
+    client's and the nodes' processes; of the raw hop's process)."""
     body = os.urandom(segment)
     with (
+        raw_hop() as dealer,
         node_processes(base_path, depth, 4 * 1024 * 1024) as nodes,
         ChangelogClient.open(
             base_path,
@@ -215,12 +234,16 @@ def node_throughput(
         ) as client,
     ):
         w = client.create_writer("bench-forward", range(128))
+        stream = _Stream(w, body, client.store.delete)
+        before = _raw_send(dealer, body, seconds / 4)
         node_cpu0 = sum(n.cpu_seconds() for n in nodes)
         cpu0, t0 = cpu_seconds(), time.perf_counter()
-        sent = _stream(w, body, seconds)
+        sent = stream.run(seconds / 2)
         elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
         cpu += sum(n.cpu_seconds() for n in nodes) - node_cpu0
-    return _rate(sent, elapsed, cpu)
+        after = _raw_send(dealer, body, seconds / 4)
+    raw = [a + b for a, b in zip(before, after, strict=True)]
+    return {"node": _rate(sent, elapsed, cpu), "raw": _rate(*raw)}
 
 
 def store_throughput(
