@@ -217,6 +217,7 @@ class NodeCore:
     def __init__(self, config: NodeConfig, validate: bool = False) -> None:
         self.config = config
         self.batch = Batch(config.target_bytes, config.persist_delay)
+        self._relay_check_at = config.max_forward_bytes  # batch bytes of the next relay check
         self.parent: str | None = config.parent_address
         self._validate = validate
         self._writers: dict[str, float] = {}  # own log_id -> last seen, oldest first
@@ -547,13 +548,14 @@ class NodeCore:
         out: list[Instruction] = []
         refused: list[AckEntry] = []
         target = self.config.target_bytes
+        relay = self.parent is not None and target > self.config.max_forward_bytes
         for r in requests:
             if (why := self._accept(identity, r, relayed, now)) is not None:
                 refused.append(AckEntry(r.id, error=why))
             elif self.batch.nbytes >= target:
                 out += self._flush("size", now)
-            elif self.batch.nbytes >= self.config.max_forward_bytes and self._relays_all(now):
-                out += self._flush("forward", now)
+            elif relay and self.batch.nbytes >= self._relay_check_at:
+                out += self._relay_cut(now)
         if refused:
             out.append(ReplyBelow(identity, PersistAck(tuple(refused))))
         return out
@@ -794,6 +796,15 @@ class NodeCore:
             return SELF
         return self.parent
 
+    def _relay_cut(self, now: float) -> list[Instruction]:
+        """The batch holds a whole message: send it at once if all of it goes upstream
+        (:meth:`_relays_all`); if not, look again only once another message's worth
+        has arrived (a batch of many checkpoints is not rescanned per request)."""
+        if self._relays_all(now):
+            return self._flush("forward", now)
+        self._relay_check_at = self.batch.nbytes + self.config.max_forward_bytes
+        return []
+
     def _relays_all(self, now: float) -> bool:
         """Every item of the batch goes upstream at a flush that is not a size cut (a
         relay whose target is above one message): a full message is sent at once, as
@@ -802,6 +813,7 @@ class NodeCore:
         return all(self._route(cp, "forward", now) != SELF for cp in self.batch.checkpoints())
 
     def _flush(self, reason: str, now: float) -> list[Instruction]:
+        self._relay_check_at = self.config.max_forward_bytes
         groups: dict[str, list[PersistItem]] = defaultdict(list)
         routes: dict[int | None, str] = {}  # the route depends on the checkpoint only
         for item in self.batch.take(reason, self.expected_writers()):

@@ -10,7 +10,7 @@ No I/O and no clock: callers pass ``now`` (seconds, monotonic).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -116,13 +116,13 @@ class Batch:
             return self._persisted.keys()
         return self._persisted.keys() | self._summed.keys()
 
-    def checkpoints(self) -> set[int | None]:
+    def checkpoints(self) -> Iterator[int | None]:
         """The checkpoint ids of the batched items (None for items without one), and
-        after a size cut those of the checkpoints it still counts."""
-        ids: set[int | None] = set(self._checkpoints())
+        after a size cut those of the checkpoints it still counts; lazily (a caller
+        may stop at the first that matters)."""
         if self.unnumbered:
-            ids.add(None)
-        return ids
+            yield None
+        yield from self._checkpoints()
 
     def persisted(self, checkpoint: int) -> int:
         """Writers known to have persisted for ``checkpoint`` (own items by log id, plus
