@@ -88,15 +88,21 @@ class ObjectReservations:
                 return True
             return False
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
         """Stop refilling and unlink the reservations never handed out (those handed
-        out belong to their writers)."""
+        out belong to their writers). Waits up to ``timeout`` seconds for a refill in
+        progress, which unlinks what it made: once this returns, no reservation of
+        this pool is left on disk (a listing right after a client closed saw files
+        still being made)."""
         with self._cond:
             self._closed = True
             left = [p for p, _ in self._pool]
             self._pool.clear()
             self._cond.notify_all()
+            thread = self._thread
         _unlink(left)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def ready(self) -> int:
         """Reservations ready to be taken (tests, statistics)."""

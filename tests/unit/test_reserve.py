@@ -5,6 +5,7 @@ falls back to the ordinary write, close deletes what was never handed out."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -90,3 +91,31 @@ def test_exclusive_and_wrapped_stores_never_reserve(tmp_path: Path) -> None:
 def test_a_reserved_target_must_be_positive() -> None:
     with pytest.raises(ValueError, match="target"):
         reserve.ObjectReservations(lambda: "x", lambda _: None, lambda _: None, 0)
+
+
+def test_close_waits_for_a_refill_in_progress_and_leaves_no_file(tmp_path: Path) -> None:
+    """A listing right after close() must not meet files a refill is still making."""
+    names = iter(range(1000))
+    entered, go = threading.Event(), threading.Event()
+
+    def slow_fsync_dir(_: str) -> None:  # the refill has made its files: hold it here
+        entered.set()
+        go.wait(30)
+
+    r = reserve.ObjectReservations(
+        lambda: str(tmp_path / f"o{next(names)}"), lambda _: None, slow_fsync_dir, 4
+    )
+    assert r.take() is None  # nothing ready yet: starts the refill
+    assert entered.wait(30)
+    seen: list[list[str]] = []
+
+    def close_and_list() -> None:
+        r.close()
+        seen.append(sorted(os.listdir(tmp_path)))
+
+    closer = threading.Thread(target=close_and_list)
+    closer.start()
+    closer.join(0.5)  # a close that did not wait would have listed the 4 files by now
+    go.set()
+    closer.join(30)
+    assert not closer.is_alive() and seen == [[]]
