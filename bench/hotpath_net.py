@@ -154,11 +154,12 @@ def _serve_node(
     seconds until anything else arrives (stop)."""
     store = ObjectStore(base_path, reserve_objects=RESERVED_OBJECTS)  # as build_node's
     node = Node(NodeConfig(node_id, parent, target, plans=False), store, security=None)
-    node.start()
+    serving = node.start()
     conn.send(node.address)
     while conn.recv() == "cpu":
         conn.send(cpu_seconds())
     node.stop()
+    serving.join(30)  # the node closes its sockets and its store (reserved files) first
     conn.send("stopped")
 
 
@@ -183,7 +184,7 @@ def node_processes(base_path: str, depth: int, target_bytes: int) -> Iterator[li
     hop; clients connect to the last one. Each node runs in its own process, as nodes
     are deployed (``dstl node``, never inside a task's process), started with
     multiprocessing's spawn; stopped through their pipes, killed by PID if they do not
-    stop in 10 s."""
+    stop in 40 s."""
     ctx = mp.get_context("spawn")
     nodes: list[NodeProcess] = []
     try:
@@ -203,7 +204,7 @@ def node_processes(base_path: str, depth: int, target_bytes: int) -> Iterator[li
         for n in reversed(nodes):
             with suppress(OSError, EOFError):
                 n.conn.send("stop")
-                n.conn.poll(10)
+                n.conn.poll(30)
             n.process.join(10)
             if n.process.is_alive():
                 n.process.kill()
