@@ -416,7 +416,9 @@ _HOW = """How each figure is measured (real components, security off; nodes in t
 - forwarding: one writer appends changes of the segment size; its client uploads
   pre-emptively at that size, so each change goes out as one segment (at most 64 MiB
   in flight: the client's limit blocks the appends; a persist, no checkpoint id, every
-  32 MiB, truncated once durable), through `Node`s each in its own process (started
+  32 MiB, at most two waiting as a task's acknowledgements; each truncated once
+  durable, and the objects only truncated changes are in deleted on a thread of their
+  own, as the shared state registry would, its CPU counted), through `Node`s each in its own process (started
   with multiprocessing's spawn, as `dstl node` runs beside a task; root object target
   4 MiB; the chain's lower node relays hop by hop) to a local store, timed until every
   handle is durable; the floor is a pyzmq DEALER->ROUTER hop over loopback TCP (both
