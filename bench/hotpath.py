@@ -418,18 +418,20 @@ _HOW = """How each figure is measured (real components, security off; nodes in t
   in flight: the client's limit blocks the appends; a persist, no checkpoint id, every
   32 MiB, at most two waiting as a task's acknowledgements; each truncated once
   durable, and the objects only truncated changes are in deleted on a thread of their
-  own, as the shared state registry would, its CPU counted), through `Node`s each in its own process (started
-  with multiprocessing's spawn, as `dstl node` runs beside a task; root object target
-  4 MiB; the chain's lower node relays hop by hop) to a local store, timed until every
-  handle is durable; the floor is a pyzmq DEALER->ROUTER hop over loopback TCP (both
-  ends in one process) sending the same sizes with `copy=False`, writing nothing. CPU =
-  user + system seconds of the client's and the nodes' processes per 10^9 bytes. "The
-  store takes": 4 MiB objects put durably by 4 threads into the same directory
-  (`--forward-dir`, default the workdir), the most any node can write there, and the
-  CPU seconds per 10^9 bytes those puts cost: the floor writes nothing, a node cannot
-  write less than that. "Bound with this store": the rate a node whose own code cost
-  nothing could reach here, `nproc` / (hops x the raw hop's CPU per byte + the
-  store's CPU per byte), at most the store's rate (`store_bound`).
+  own, as the shared state registry would, its CPU counted), through `Node`s each in
+  its own process (started with multiprocessing's spawn, as `dstl node` runs beside a
+  task; root object target 4 MiB; the chain's lower node relays hop by hop) to a local
+  store, timed until every handle is durable; the floor is a pyzmq DEALER->ROUTER hop
+  over loopback TCP (both ends in one process) sending the same sizes with
+  `copy=False`, writing nothing, run for a quarter of the time just before and a
+  quarter just after the node. CPU = user + system seconds of the client's and the
+  nodes' processes per 10^9 bytes. "The store takes": 4 MiB objects put durably by 4
+  threads into the same directory (`--forward-dir`, default the workdir), the most any
+  node can write there, and the CPU seconds per 10^9 bytes those puts cost: the floor
+  writes nothing, a node cannot write less than that. "Bound with this store": the
+  rate a node whose own code cost nothing could reach here, `nproc` / (hops x the raw
+  hop's CPU per byte + the store's CPU per byte), at most the store's rate
+  (`store_bound`).
 - persist latency: per checkpoint, stage the bytes on the writer's staging lists as
   the state backend does (one 64 KiB change, or 100-byte changes), then
   `persist_durably(after, checkpoint_id=k)` through one node in its own process until
