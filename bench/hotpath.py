@@ -123,6 +123,8 @@ def _forwarding_figures(base: str, s: HotpathSettings, cap: dict[str, float]) ->
                     "store_cpu_s_per_gb": cap["cpu_s_per_gb"],
                     "bound_bytes_per_s": bound,
                     "bound_ratio": bound / raw["bytes_per_s"],
+                    "deferred_bytes": node["deferred_bytes"],
+                    "dropped_bytes": node["dropped_bytes"],
                 },
             )
         )
@@ -303,7 +305,9 @@ def _detail(f: Figure) -> str:
             f"CPU {d['cpu_s_per_gb']:.2f} s/GB (floor {d['floor_cpu_s_per_gb']:.2f}); "
             f"the store takes {_short(d['store_bytes_per_s'], 'bytes/s')} at "
             f"{d['store_cpu_s_per_gb']:.2f} CPU s/GB; bound with this store "
-            f"{_short(d['bound_bytes_per_s'], 'bytes/s')} ({d['bound_ratio']:.2f}x floor)"
+            f"{_short(d['bound_bytes_per_s'], 'bytes/s')} ({d['bound_ratio']:.2f}x floor); "
+            f"objects of {_short(d.get('deferred_bytes', 0), 'bytes')} deleted after the "
+            f"run, of {_short(d.get('dropped_bytes', 0), 'bytes')} during it"
         )
     if "p99" in d:
         return (
@@ -417,8 +421,10 @@ _HOW = """How each figure is measured (real components, security off; nodes in t
   pre-emptively at that size, so each change goes out as one segment (at most 64 MiB
   in flight: the client's limit blocks the appends; a persist, no checkpoint id, every
   32 MiB, at most two waiting as a task's acknowledgements; each truncated once
-  durable, and the objects only truncated changes are in deleted on a thread of their
-  own, as the shared state registry would, its CPU counted), through `Node`s each in
+  durable; the objects only truncated changes are in are deleted after the timed run,
+  as the store figure's are (that is the shared state registry's work on the driver),
+  while they take at most a quarter of the directory's free space (8 GiB at most),
+  beyond that on a thread of their own during the run, its CPU counted), through `Node`s each in
   its own process (started with multiprocessing's spawn, as `dstl node` runs beside a
   task; root object target 4 MiB; the chain's lower node relays hop by hop) to a local
   store, timed until every handle is durable; the floor is a pyzmq DEALER->ROUTER hop

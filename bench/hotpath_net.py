@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import statistics
 import threading
 import time
@@ -34,6 +35,7 @@ _CHECKPOINT_BYTES = 32 * 1024 * 1024  # bytes a forwarding writer appends betwee
 _PENDING_PERSISTS = 2  # persists a forwarding writer lets wait, as a task's acks
 _LATENCY_SLICES = 8  # alternating slices of floor and node samples in latency_figures
 _SMALL_CHANGE = 100  # bytes of one change of the "1 MB of small changes" figure
+_MAX_DEFERRED_BYTES = 8 << 30  # dropped objects a forwarding stream leaves until it ends
 
 
 def cpu_seconds() -> float:
@@ -113,15 +115,31 @@ class _Stream:
     through a pre-emptive upload; the client's in-flight limit blocks the appends).
     Every ``_CHECKPOINT_BYTES`` it persists what was appended; at most two persists
     wait (as a task's acknowledgements do, ``sparkplug.acks.PendingAcks``). Once one is
-    durable it truncates it, and ``drop`` deletes the objects only truncated changes
-    are in, on a thread of its own (the shared state registry does it after a
-    materialization, outside the task; a stream on a tmpfs would otherwise fill the
-    memory): its CPU still counts, but it does not hold the producer up."""
+    durable it truncates it; the objects only truncated changes are in are dropped.
 
-    def __init__(self, w: ChangelogWriter, body: bytes, drop: Callable[[set[str]], object]):
+    Deleting them is the shared state registry's work after a materialization, on the
+    driver, not the task's or the node's: while the dropped objects hold at most
+    ``defer_bytes`` (stream bytes), they are left for :meth:`close` (after the timed
+    window, like the store figure's, which deletes nothing while it runs). Beyond
+    that (a long run on a tmpfs would fill the memory), ``drop`` deletes them on a
+    thread of its own during the run: that CPU counts, but it does not hold the
+    producer up."""
+
+    def __init__(
+        self,
+        w: ChangelogWriter,
+        body: bytes,
+        drop: Callable[[set[str]], object],
+        defer_bytes: int = 0,
+    ):
         self.w, self.body, self.drop = w, body, drop
         self.after = 0
         self.held: frozenset[str] = frozenset()
+        self.defer_bytes = defer_bytes
+        self.deferred_bytes = 0  # stream bytes whose objects are left for close()
+        self.dropped_bytes = 0  # stream bytes whose objects were deleted during the run
+        self._deferred: set[str] = set()
+        self._per_persist = max(1, _CHECKPOINT_BYTES // len(body)) * len(body)
         self._deleter = ThreadPoolExecutor(1, thread_name_prefix="bench-drop")
 
     def run(self, seconds: float) -> int:
@@ -130,11 +148,11 @@ class _Stream:
         w, body = self.w, self.body
         pending: deque[Future[ChangelogHandle]] = deque()
         sent, t0 = 0, time.perf_counter()
-        per_checkpoint = max(1, _CHECKPOINT_BYTES // len(body))
+        per_checkpoint = self._per_persist // len(body)
         while time.perf_counter() - t0 < seconds:
             for _ in range(per_checkpoint):
                 w.append(0, body)
-            sent += per_checkpoint * len(body)
+            sent += self._per_persist
             pending.append(w.persist_durably(self.after))
             self.after = w.next_sqn()
             if len(pending) > _PENDING_PERSISTS:
@@ -143,15 +161,38 @@ class _Stream:
             self._durable(pending.popleft().result())
         return sent
 
+    def drain(self) -> None:
+        """Wait for the deletions asked for during the run (not the deferred ones)."""
+        self._deleter.submit(lambda: None).result()
+
     def close(self) -> None:
-        """Wait for the deletions asked for."""
+        """Delete the deferred objects; wait for every deletion."""
+        if self._deferred:
+            self._deleter.submit(self.drop, self._deferred)
+            self._deferred = set()
         self._deleter.shutdown(wait=True)
 
     def _durable(self, handle: ChangelogHandle) -> None:
         self.w.truncate(handle.sqn_range[1])
         paths = handle.object_paths()
-        self._deleter.submit(self.drop, set(self.held - paths))
+        gone = set(self.held - paths)
         self.held = paths
+        if self.deferred_bytes + self._per_persist <= self.defer_bytes:
+            self._deferred |= gone
+            self.deferred_bytes += self._per_persist
+        else:
+            self._deleter.submit(self.drop, gone)
+            self.dropped_bytes += self._per_persist
+
+
+def deferrable_bytes(path: str) -> int:
+    """Bytes of dropped objects a forwarding stream may leave under ``path`` until its
+    timed window ends: a quarter of the free space of its filesystem (of the nearest
+    existing ancestor), at most ``_MAX_DEFERRED_BYTES``."""
+    existing = os.path.abspath(path)
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    return min(shutil.disk_usage(existing).free // 4, _MAX_DEFERRED_BYTES)
 
 
 def _serve_node(
@@ -228,9 +269,12 @@ def forwarding_throughput(
     (:func:`raw_hop`) for a quarter before and a quarter after it, so that a change
     of the machine's load during the run hits both. The client uploads pre-emptively
     at ``segment`` bytes with 64 MiB in flight at most, so each change of ``segment``
-    bytes goes out as one segment (:class:`_Stream`). Keys ``node`` and ``raw``, each
-    with ``bytes_per_s`` and ``cpu_s_per_gb`` (CPU seconds per 10**9 bytes: of the
-    client's and the nodes' processes; of the raw hop's process)."""
+    bytes goes out as one segment (:class:`_Stream`; dropped objects are deleted after
+    the raw hop's second quarter while they fit in :func:`deferrable_bytes`). Keys
+    ``node`` and ``raw``, each with ``bytes_per_s`` and ``cpu_s_per_gb`` (CPU seconds
+    per 10**9 bytes: of the client's and the nodes' processes; of the raw hop's
+    process); ``node`` also has ``deferred_bytes`` and ``dropped_bytes`` (stream bytes
+    whose objects were deleted after the run / during it)."""
     body = os.urandom(segment)
     with (
         raw_hop() as dealer,
@@ -243,17 +287,22 @@ def forwarding_throughput(
         ) as client,
     ):
         w = client.create_writer("bench-forward", range(128))
-        stream = _Stream(w, body, client.store.delete)
+        stream = _Stream(w, body, client.store.delete, deferrable_bytes(base_path))
         before = _raw_send(dealer, body, seconds / 4)
         node_cpu0 = sum(n.cpu_seconds() for n in nodes)
         cpu0, t0 = cpu_seconds(), time.perf_counter()
         sent = stream.run(seconds / 2)
         elapsed = time.perf_counter() - t0
-        stream.close()  # the deletions' CPU counts too
+        stream.drain()  # the CPU of deletions during the run counts too
         cpu = cpu_seconds() - cpu0 + sum(n.cpu_seconds() for n in nodes) - node_cpu0
         after = _raw_send(dealer, body, seconds / 4)
+        stream.close()  # the deferred deletions: after the raw hop, untimed
     raw = [a + b for a, b in zip(before, after, strict=True)]
-    return {"node": _rate(sent, elapsed, cpu), "raw": _rate(*raw)}
+    node = _rate(sent, elapsed, cpu) | {
+        "deferred_bytes": stream.deferred_bytes,
+        "dropped_bytes": stream.dropped_bytes,
+    }
+    return {"node": node, "raw": _rate(*raw)}
 
 
 def store_throughput(

@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from dstltree.bench import hotpath_net
 from dstltree.bench.hotpath import write_markdown
+from dstltree.bench.hotpath_net import _Stream, deferrable_bytes
 from dstltree.cli.app import app
+from dstltree.client.api import ChangelogClient
 
 EXPECTED = {
     "task loop with the changelog",
@@ -43,7 +47,11 @@ def test_hotpath_suite_tiny(tmp_path: Path) -> None:
     assert set(figures) == EXPECTED
     for f in figures.values():
         assert f["value"] > 0 and f["floor"] > 0 and f["ratio"] > 0, f
+        deletions = {k: f["detail"].pop(k, 0) for k in ("deferred_bytes", "dropped_bytes")}
         assert all(v > 0 for v in f["detail"].values()), f
+        assert min(deletions.values()) >= 0, f
+        if f["name"].startswith("forwarding"):  # every run drops objects, now or later
+            assert sum(deletions.values()) > 0, f
     assert doc["meta"]["command"].startswith("dstl bench hotpath --seconds 0.1")
     assert doc["meta"]["command"].endswith(f"--forward-dir {tmp_path / 'fwd'}")
     assert list((tmp_path / "fwd").iterdir()) == []  # the forwarding stores are removed
@@ -58,3 +66,36 @@ def test_markdown_section_is_replaced_in_place(tmp_path: Path) -> None:
     md.write_text("# B\n\n## Hot path\n\nold\n\n## Next\n\nkept\n")
     write_markdown(md, "## Hot path\n\nnew\n")
     assert md.read_text() == "# B\n\n## Hot path\n\nnew\n\n## Next\n\nkept\n"
+
+
+@pytest.mark.parametrize("defer", [0, 1 << 40])
+def test_forwarding_stream_defers_deletions_within_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, defer: int
+) -> None:
+    """Dropped objects are deleted during the run beyond the budget, after it within."""
+    monkeypatch.setattr(hotpath_net, "_CHECKPOINT_BYTES", 64 * 1024)
+    deleted: list[set[str]] = []
+    with ChangelogClient.open(str(tmp_path / "s"), preemptive_bytes=16 * 1024) as client:
+        stream = _Stream(
+            client.create_writer("w", range(4)), b"x" * 16 * 1024, deleted.append, defer
+        )
+        sent = 0
+        for _ in range(100):  # each run persists once at least (its first turn)
+            sent += stream.run(0.001)
+            if stream.deferred_bytes + stream.dropped_bytes >= 4 * 64 * 1024:
+                break
+        stream.drain()
+        during = [paths for paths in deleted if paths]
+        stream.close()
+        after = [paths for paths in deleted if paths][len(during) :]
+    assert stream.deferred_bytes + stream.dropped_bytes == sent  # every persist dropped
+    if defer:
+        assert (during, stream.dropped_bytes) == ([], 0)
+        assert len(after) == 1 and after[0]  # one deletion after the run, of them all
+    else:
+        assert during and after == [] and stream.deferred_bytes == 0
+
+
+def test_deferrable_bytes_is_a_quarter_of_the_free_space_at_most_8_gib(tmp_path: Path) -> None:
+    room = deferrable_bytes(str(tmp_path / "not" / "made" / "yet"))
+    assert 0 < room <= 8 << 30
