@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
 from dstltree.client.objectformat import Buffer
 from dstltree.client.segment import SegmentMeta
@@ -23,7 +23,7 @@ from dstltree.client.segment import SegmentMeta
 class LocalOrigin:
     """An item submitted in this process: its ``future`` gets the segment's reference."""
 
-    future: Future[SegmentRef | None] = field(compare=False)
+    future: SegmentFuture[SegmentRef | None] = field(compare=False)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class PersistItem:
         several times more per item on the node's hot path)."""
         return PersistItem(self.meta, self.checkpoint_id, self.data, origin, self.writers)
 
-    def future(self) -> Future[SegmentRef | None]:
+    def future(self) -> SegmentFuture[SegmentRef | None]:
         """The future of a :class:`LocalOrigin` item; TypeError for any other origin."""
         if not isinstance(self.origin, LocalOrigin):
             raise TypeError(f"{self.meta.log_id}: not a local item ({self.origin!r})")

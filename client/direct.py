@@ -14,10 +14,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from dstltree.client.batching import Batch, LocalOrigin, PersistItem
 from dstltree.client.errors import DstlError
+from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
 from dstltree.client.objectformat import build_object
 from dstltree.storage.errors import StorageError
@@ -105,8 +106,8 @@ class DirectUploader:
             self._writers.discard(log_id)
             self._cond.notify()
 
-    def submit(self, item: PersistItem) -> Future[SegmentRef | None]:
-        fut: Future[SegmentRef | None] = Future()
+    def submit(self, item: PersistItem) -> SegmentFuture[SegmentRef | None]:
+        fut: SegmentFuture[SegmentRef | None] = SegmentFuture()
         if item.data is None:
             fut.set_result(None)
         item = item.from_origin(LocalOrigin(fut))

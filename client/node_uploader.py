@@ -21,7 +21,6 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import zmq
@@ -30,6 +29,7 @@ from dstltree.client.batching import PersistItem
 from dstltree.client.direct import DirectUploader
 from dstltree.client.errors import DstlError
 from dstltree.client.failover import NodePreference
+from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
 from dstltree.client.links import MonitoredDealer
 from dstltree.client.wire import (
@@ -53,7 +53,7 @@ log = logging.getLogger("dstltree.client")
 @dataclass
 class _AwaitingAck:
     item: PersistItem
-    future: Future[SegmentRef | None]
+    future: SegmentFuture[SegmentRef | None]
     deadline: float
 
 
@@ -143,7 +143,9 @@ class NodeUploader:
         self._down_for = retry_after  # doubles while the node stays silent
         self._node_down_until = float("-inf")
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
-        self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, Future]] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, SegmentFuture]] = (
+            queue.SimpleQueue()
+        )
         self._pending: dict[int, _AwaitingAck] = {}
         self._ids = itertools.count(1)
         self._writers: set[str] = set()
@@ -179,12 +181,12 @@ class NodeUploader:
             self._writers.discard(log_id)
         self._post(Unregister(log_id))
 
-    def submit(self, item: PersistItem) -> Future[SegmentRef | None]:
+    def submit(self, item: PersistItem) -> SegmentFuture[SegmentRef | None]:
         """Send ``item`` to the node (or to DFS while the node is marked down); the
         future resolves to its ref. Raises DstlError once closed."""
         with self._lock:
             self._check_usable()
-        fut: Future[SegmentRef | None] = Future()
+        fut: SegmentFuture[SegmentRef | None] = SegmentFuture()
         if item.data is None:
             fut.set_result(None)
         elif time.monotonic() < self._node_down_until:
@@ -280,7 +282,7 @@ class NodeUploader:
                 self._close_fds()
 
     # -- I/O thread ----------------------------------------------------------------------
-    def _post(self, what: Message | tuple[PersistItem, Future]) -> None:
+    def _post(self, what: Message | tuple[PersistItem, SegmentFuture]) -> None:
         """Queue ``what`` for the I/O thread; wake it unless a wake-up is pending (the
         thread clears the flag after reading the pipe and before draining the outbox,
         so an item queued before a post that saw the flag set is always drained)."""
@@ -415,7 +417,7 @@ class NodeUploader:
                 self._fall_back(_AwaitingAck(what[0], what[1], 0.0), "uploader closed")
 
     def _send_outbox(self, sock: zmq.Socket) -> None:
-        batch: list[tuple[PersistItem, Future]] = []
+        batch: list[tuple[PersistItem, SegmentFuture]] = []
         while True:
             try:
                 what = self._outbox.get_nowait()
@@ -428,7 +430,7 @@ class NodeUploader:
         if batch:
             self._send_items(sock, batch)
 
-    def _send_items(self, sock: zmq.Socket, batch: list[tuple[PersistItem, Future]]) -> None:
+    def _send_items(self, sock: zmq.Socket, batch: list[tuple[PersistItem, SegmentFuture]]) -> None:
         deadline = time.monotonic() + self.ack_timeout
         requests = []
         for item, fut in batch:
@@ -517,7 +519,7 @@ class NodeUploader:
         direct.add_done_callback(lambda f: _chain(f, p.future))
 
 
-def _chain(src: Future[SegmentRef | None], dst: Future[SegmentRef | None]) -> None:
+def _chain(src: SegmentFuture[SegmentRef | None], dst: SegmentFuture[SegmentRef | None]) -> None:
     if dst.done():
         return
     if (e := src.exception()) is not None:

@@ -43,6 +43,7 @@ from typing import cast
 
 from dstltree.client.batching import PersistItem
 from dstltree.client.errors import DstlError, PersistError
+from dstltree.client.futures import SegmentFuture, UploadFuture
 from dstltree.client.handle import ChangelogHandle, SegmentRef
 from dstltree.client.inflight import InFlightLimit
 from dstltree.client.segment import (
@@ -64,7 +65,7 @@ LastWins = dict[bytes, bytes | None]
 class _SegmentUpload:
     sqn_from: int
     sqn_to: int
-    future: Future[SegmentRef | None]
+    future: UploadFuture[SegmentRef | None]
 
     def failed(self) -> bool:
         return self.future.done() and self.future.exception() is not None
@@ -412,11 +413,13 @@ class ChangelogWriter:
         limit, size = self._in_flight, len(data)
         if limit is not None:
             limit.acquire(size)  # back-pressure: blocks append/persist while too much is in flight
+        fut: UploadFuture[SegmentRef | None]
         try:
             fut = self._uploader.submit(item)
         except Exception as e:  # noqa: BLE001 - a refused submit is a failed upload
-            fut = Future()
-            fut.set_exception(e)
+            refused: SegmentFuture[SegmentRef | None] = SegmentFuture()
+            refused.set_exception(e)
+            fut = refused
         if limit is not None:
             fut.add_done_callback(lambda _: limit.release(size))
         return _SegmentUpload(lo, hi, fut)
@@ -454,7 +457,7 @@ def _combine(
     # the uploads would make a reference cycle per persist (left to the cycle collector)
     pending = list(uploads)
 
-    def done(_: Future[SegmentRef | None]) -> None:
+    def done(_: UploadFuture[SegmentRef | None]) -> None:
         with lock:
             remaining[0] -= 1
             if remaining[0] or out.done():
