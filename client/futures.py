@@ -7,8 +7,8 @@ Condition, the Condition's bound methods, deque and lists); those that outlive t
 young generations make every full collection longer and more frequent. Measured on a
 2-core machine, the task's side of a 64 KiB pre-emptive upload (encode, submit,
 callback, resolve) took 16.9 µs with ``Future`` and 11.0 µs with :class:`SegmentFuture`,
-which allocates two (itself and, once a callback is added, its callback list) and an
-Event only when a thread waits.
+which allocates one (itself; a list once a second callback is added) and an Event
+only when a thread waits.
 
 :class:`UploadFuture` is the part of the ``Future`` interface the writer uses, so an
 uploader may return either (the in-process uploader's items, tests' uploaders).
@@ -31,6 +31,9 @@ T_co = TypeVar("T_co", covariant=True)
 # a few bytecodes (never while a callback runs or a thread waits), so one lock for all
 # costs no contention worth a lock object per future
 _LOCK = threading.Lock()
+
+
+_Callback = Callable[["SegmentFuture[T]"], object]
 
 
 class UploadFuture(Protocol[T_co]):
@@ -63,7 +66,8 @@ class SegmentFuture(Generic[T]):
         self._done = False
         self._result: T | None = None
         self._exception: BaseException | None = None
-        self._callbacks: list[Callable[[SegmentFuture[T]], object]] | None = None
+        # None, the one callback, or a list of them (most futures get one or two)
+        self._callbacks: _Callback[T] | list[_Callback[T]] | None = None
         self._event: threading.Event | None = None
 
     def done(self) -> bool:
@@ -84,10 +88,13 @@ class SegmentFuture(Generic[T]):
         """Call ``fn(self)`` once done: now, on this thread, if it already is."""
         with _LOCK:
             if not self._done:
-                if self._callbacks is None:
-                    self._callbacks = [fn]
+                cbs = self._callbacks
+                if cbs is None:
+                    self._callbacks = fn
+                elif isinstance(cbs, list):
+                    cbs.append(fn)
                 else:
-                    self._callbacks.append(fn)
+                    self._callbacks = [cbs, fn]
                 return
         self._call(fn)
 
@@ -114,8 +121,11 @@ class SegmentFuture(Generic[T]):
             event = self._event
         if event is not None:
             event.set()
-        for fn in callbacks or ():
-            self._call(fn)
+        if isinstance(callbacks, list):
+            for fn in callbacks:
+                self._call(fn)
+        elif callbacks is not None:
+            self._call(callbacks)
 
     def _call(self, fn: Callable[[SegmentFuture[T]], object]) -> None:
         try:

@@ -71,6 +71,21 @@ class _SegmentUpload:
         return self.future.done() and self.future.exception() is not None
 
 
+class _Release:
+    """The callback that gives an upload's bytes back to the in-flight limit: one
+    object (a lambda is four the cycle collector tracks: function, closure, two cells)
+    and no reference to the future (a cycle through a Future, which keeps its
+    callbacks, would be left to the collector)."""
+
+    __slots__ = ("limit", "size")
+
+    def __init__(self, limit: InFlightLimit, size: int) -> None:
+        self.limit, self.size = limit, size
+
+    def __call__(self, _: object) -> None:
+        self.limit.release(self.size)
+
+
 @dataclass(frozen=True)
 class WriterStatistics:
     """A snapshot of a writer: SQNs, bytes held in memory, uploads referenced."""
@@ -421,7 +436,7 @@ class ChangelogWriter:
             refused.set_exception(e)
             fut = refused
         if limit is not None:
-            fut.add_done_callback(lambda _: limit.release(size))
+            fut.add_done_callback(_Release(limit, size))
         return _SegmentUpload(lo, hi, fut)
 
 

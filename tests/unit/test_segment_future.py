@@ -106,13 +106,23 @@ def test_callbacks_added_while_it_completes_run_exactly_once() -> None:
 
 def test_allocates_nothing_the_cycle_collector_tracks_until_needed() -> None:
     """The reason for the class: a Future holds a Condition, its bound methods, a deque
-    and two lists, all tracked; a SegmentFuture holds none until a callback is added."""
+    and two lists, all tracked; a SegmentFuture holds none of its own but a list once
+    it has two callbacks."""
 
     def tracked(obj: object) -> list[object]:
         return [o for o in gc.get_referents(obj) if gc.is_tracked(o) and o is not type(obj)]
 
     f: SegmentFuture[int] = SegmentFuture()
     assert tracked(f) == []
+
+    def first(_: object) -> None: ...
+
+    def second(_: object) -> None: ...
+
+    f.add_done_callback(first)
+    assert tracked(f) == [first]  # the one callback, no list
+    f.add_done_callback(second)
+    assert tracked(f) == [[first, second]]
     f.set_result(1)
-    assert tracked(f) == []
+    assert tracked(f) == []  # the callbacks are dropped once called
     assert len(tracked(Future())) >= 3
