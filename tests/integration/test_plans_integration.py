@@ -72,14 +72,18 @@ class Cluster:
 def _stats(tree: InProcessTree) -> dict:  # type: ignore[type-arg]
     """Every node's statistics once they show each received byte written: a node
     refreshes its snapshot after the loop turn that acked, so a snapshot read right
-    after a checkpoint can still miss its last object."""
+    after a checkpoint can still miss its last object. Every node idle (nothing batched,
+    being written or awaiting its parent's ack) and the bytes written at least those
+    received: a relayed item whose parent did not ack within ``parent_timeout`` (a
+    loaded machine) is written by the child as well, and both copies count."""
 
     def read() -> dict:  # type: ignore[type-arg]
         return {nid: n.statistics() for nid, n in tree.nodes.items()}
 
     def settled() -> bool:
         s = read().values()
-        return sum(x.bytes_written for x in s) == sum(x.bytes_own for x in s)
+        idle = all(x.backlog_bytes == 0 and x.in_flight_up == 0 for x in s)
+        return idle and sum(x.bytes_written for x in s) >= sum(x.bytes_own for x in s)
 
     wait_until(settled, timeout=10)
     return read()
