@@ -291,7 +291,7 @@ def _short(x: float, unit: str) -> str:
     if unit == "s":
         return f"{x * 1e3:.2f} ms"
     if unit == "bytes":
-        return f"{x / 1e6:.2f} MB"
+        return f"{x / 1e9:.2f} GB" if x >= 1e9 else f"{x / 1e6:.2f} MB"
     if unit == "bytes/s":
         return f"{x / 1e9:.3f} GB/s" if x >= 1e9 else f"{x / 1e6:.1f} MB/s"
     return f"{x:,.0f} {unit}"
