@@ -3,15 +3,14 @@
 A writer holds one future per segment until the segment is truncated (about as many as
 fit in the in-flight limit and two checkpoints: a thousand or more at 64 KiB segments).
 ``concurrent.futures.Future`` allocates ten objects the cycle collector tracks (its
-Condition, the Condition's bound methods, deque and lists); those that outlive the
-young generations make every full collection longer and more frequent. Measured on a
-2-core machine, the task's side of a 64 KiB pre-emptive upload (encode, submit,
-callback, resolve) took 16.9 µs with ``Future`` and 11.0 µs with :class:`SegmentFuture`,
-which allocates one (itself; a list once a second callback is added) and an Event
-only when a thread waits.
+Condition, the Condition's bound methods and deque, two lists); those that outlive the
+young generations make every collection of the older ones longer and more frequent. On
+the pre-emptive uploads of 64 KiB segments that cost the task's process about a fifth
+of its time (BENCHMARKS.md, "Hot path": forwarding). :class:`SegmentFuture` allocates
+itself (a list once it has a second callback) and an Event only when a thread waits.
 
 :class:`UploadFuture` is the part of the ``Future`` interface the writer uses, so an
-uploader may return either (the in-process uploader's items, tests' uploaders).
+uploader may return either (tests' uploaders return ``concurrent.futures`` ones).
 """
 
 from __future__ import annotations
