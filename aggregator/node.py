@@ -65,6 +65,7 @@ _METRICS_INTERVAL = 0.5  # seconds between metrics updates from the node's count
 _CLOSE_LINGER_MS = 1000  # the ROUTER's linger at close: final acks get this long to go out
 _BURST = 100  # messages from below handled at once (NodeCore.handle_many)
 _HEADER_SLACK = 1 << 20  # bytes a header frame may take beyond max_message_bytes
+_WRITE_OUTCOMES = (ObjectWritten, ObjectFailed)  # built once, not a union per result
 
 
 def _configure_router(sock: zmq.Socket, max_message_bytes: int, hwm: int) -> None:
@@ -343,7 +344,7 @@ class Node:
                 event = self._results.get_nowait()
             except queue.Empty:
                 return handled
-            if isinstance(event, ObjectWritten | ObjectFailed):
+            if isinstance(event, _WRITE_OUTCOMES):
                 self._writes_running -= 1
             self._run(self.core.handle(event))
             self._start_writes()

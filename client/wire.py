@@ -40,6 +40,8 @@ MAX_ITEMS = 4096
 MAX_LOG_ID = 256
 MAX_WRITERS = 1 << 20  # residual writers a Stats may claim
 MAX_STATS_BYTES = float(1 << 62)  # bytes per checkpoint a Stats may claim
+_SEQUENCES = (list, tuple)  # a tuple: ``list | tuple`` would build a union per call
+_NUMBERS = (int, float)
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,7 @@ def _decode(h: dict[str, Any], payloads: Sequence[Any]) -> Message:
 
 def _decode_stats(h: dict[str, Any]) -> Stats:
     raw = h.get("bytes", 0.0)
-    if not isinstance(raw, int | float) or isinstance(raw, bool):
+    if not isinstance(raw, _NUMBERS) or isinstance(raw, bool):
         raise WireError(f"stats bytes must be a number, got {type(raw).__name__}")
     nbytes = float(raw)
     if not 0.0 <= nbytes <= MAX_STATS_BYTES:  # also refuses NaN and infinities
@@ -339,6 +341,6 @@ def _log_id(x: Any) -> str:
 
 
 def _list(x: Any) -> list[Any] | tuple[Any, ...]:
-    if not isinstance(x, list | tuple):
+    if not isinstance(x, _SEQUENCES):
         raise WireError(f"expected a list, got {type(x).__name__}")
     return x

@@ -185,6 +185,7 @@ def _makedirs_durable(parent: str) -> None:
         fsync_dir(os.path.dirname(d) or "/")
 
 
+_BUFFERS = (bytes, bytearray, memoryview)  # one object, not a union built per put
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _IN_PLACE_FLAGS = os.O_WRONLY | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
@@ -618,7 +619,7 @@ class ObjectStore:
         where it writes parts (:meth:`writes_parts`), else ONE bytes object. A caller
         that writes the same bytes several times (hedged attempts) prepares them once;
         :meth:`put` then copies nothing more (a single bytes part is never joined)."""
-        if isinstance(parts, bytes | bytearray | memoryview):
+        if isinstance(parts, _BUFFERS):
             parts = [parts]
         if self.writes_parts(exclusive) or (len(parts) == 1 and type(parts[0]) is bytes):
             return list(parts)
