@@ -102,7 +102,7 @@ def _forwarding_figures(base: str, s: HotpathSettings, cap: dict[str, float]) ->
     ):
         store_dir = os.path.join(base, f"fwd-{depth}-{size}")
         pair = forwarding_throughput(store_dir, size, s.seconds, depth)
-        node, raw = pair["node"], pair["raw"]
+        node, raw, apart = pair["node"], pair["raw"], pair["raw_apart"]
         # removed at once: on a tmpfs the objects of one figure would hold gigabytes
         # of memory through the next ones (and slow their writes down)
         shutil.rmtree(store_dir, ignore_errors=True)
@@ -123,6 +123,9 @@ def _forwarding_figures(base: str, s: HotpathSettings, cap: dict[str, float]) ->
                     "store_cpu_s_per_gb": cap["cpu_s_per_gb"],
                     "bound_bytes_per_s": bound,
                     "bound_ratio": bound / raw["bytes_per_s"],
+                    "apart_bytes_per_s": apart["bytes_per_s"],
+                    "apart_cpu_s_per_gb": apart["cpu_s_per_gb"],
+                    "apart_ratio": node["bytes_per_s"] / apart["bytes_per_s"],
                     "deferred_bytes": node["deferred_bytes"],
                     "dropped_bytes": node["dropped_bytes"],
                 },
@@ -306,6 +309,8 @@ def _detail(f: Figure) -> str:
             f"the store takes {_short(d['store_bytes_per_s'], 'bytes/s')} at "
             f"{d['store_cpu_s_per_gb']:.2f} CPU s/GB; bound with this store "
             f"{_short(d['bound_bytes_per_s'], 'bytes/s')} ({d['bound_ratio']:.2f}x floor); "
+            f"the raw hop between two processes {_short(d['apart_bytes_per_s'], 'bytes/s')} "
+            f"at {d['apart_cpu_s_per_gb']:.2f} CPU s/GB (node {d['apart_ratio']:.3f}x that); "
             f"objects of {_short(d.get('deferred_bytes', 0), 'bytes')} deleted after the "
             f"run, of {_short(d.get('dropped_bytes', 0), 'bytes')} during it"
         )
@@ -424,20 +429,22 @@ _HOW = """How each figure is measured (real components, security off; nodes in t
   durable; the objects only truncated changes are in are deleted after the timed run,
   as the store figure's are (that is the shared state registry's work on the driver),
   while they take at most a quarter of the directory's free space (8 GiB at most),
-  beyond that on a thread of their own during the run, its CPU counted), through `Node`s each in
-  its own process (started with multiprocessing's spawn, as `dstl node` runs beside a
-  task; root object target 4 MiB; the chain's lower node relays hop by hop) to a local
-  store, timed until every handle is durable; the floor is a pyzmq DEALER->ROUTER hop
-  over loopback TCP (both ends in one process) sending the same sizes with
-  `copy=False`, writing nothing, run for a quarter of the time just before and a
-  quarter just after the node. CPU = user + system seconds of the client's and the
-  nodes' processes per 10^9 bytes. "The store takes": 4 MiB objects put durably by 4
-  threads into the same directory (`--forward-dir`, default the workdir), the most any
-  node can write there, and the CPU seconds per 10^9 bytes those puts cost: the floor
-  writes nothing, a node cannot write less than that. "Bound with this store": the
-  rate a node whose own code cost nothing could reach here, `nproc` / (hops x the raw
-  hop's CPU per byte + the store's CPU per byte), at most the store's rate
-  (`store_bound`).
+  beyond that on a thread of their own during the run, its CPU counted), through
+  `Node`s each in its own process (started with multiprocessing's spawn, as
+  `dstl node` runs beside a task; root object target 4 MiB; the chain's lower node
+  relays hop by hop) to a local store, timed until every handle is durable; the floor
+  is a pyzmq DEALER->ROUTER hop over loopback TCP (both ends in one process) sending
+  the same sizes with `copy=False`, writing nothing, run for a quarter of the time
+  just before and a quarter just after the node. The same hop with its receiver in a
+  process of its own (as a node is), an eighth before and an eighth after, is in the
+  detail with its CPU (both processes) and the node's ratio to it. CPU = user +
+  system seconds of the client's and the nodes' processes per 10^9 bytes. "The store
+  takes": 4 MiB objects put durably by 4 threads into the same directory
+  (`--forward-dir`, default the workdir), the most any node can write there, and the
+  CPU seconds per 10^9 bytes those puts cost: the floor writes nothing, a node cannot
+  write less than that. "Bound with this store": the rate a node whose own code cost
+  nothing could reach here, `nproc` / (hops x the raw hop's CPU per byte + the
+  store's CPU per byte), at most the store's rate (`store_bound`).
 - persist latency: per checkpoint, stage the bytes on the writer's staging lists as
   the state backend does (one 64 KiB change, or 100-byte changes), then
   `persist_durably(after, checkpoint_id=k)` through one node in its own process until

@@ -195,6 +195,84 @@ def deferrable_bytes(path: str) -> int:
     return min(shutil.disk_usage(existing).free // 4, _MAX_DEFERRED_BYTES)
 
 
+def _serve_raw(conn: Connection) -> None:
+    """The receiving process of :func:`raw_hop_process`: a ROUTER on a free loopback
+    port served by :func:`_raw_receiver` on a thread; sends its endpoint, then answers
+    ``"cpu"`` with this process's CPU seconds until anything else arrives (stop)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.SNDHWM, 64)
+    router.setsockopt(zmq.RCVHWM, 64)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    receiving = threading.Thread(target=_raw_receiver, args=(router, None), daemon=True)
+    receiving.start()
+    conn.send(f"tcp://127.0.0.1:{port}")
+    while conn.recv() == "cpu":
+        conn.send(cpu_seconds())
+    receiving.join(10)  # the sender's empty frame ended it
+    router.close()
+    conn.send("stopped")
+
+
+@dataclass
+class RawReceiver:
+    """The receiving end of :func:`raw_hop_process`: its process and control pipe."""
+
+    process: BaseProcess
+    conn: Connection
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU seconds of the receiving process so far."""
+        self.conn.send("cpu")
+        return float(self.conn.recv())
+
+
+@contextmanager
+def raw_hop_process() -> Iterator[tuple[zmq.Socket, RawReceiver]]:
+    """A raw hop whose ROUTER end runs in a process of its own (started with
+    multiprocessing's spawn, as the nodes of :func:`node_processes`): a DEALER here
+    and the receiver. Stopped with an empty frame and through its pipe; killed by PID
+    if it does not stop in 30 s."""
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_serve_raw, args=(theirs,), daemon=True)
+    proc.start()
+    dealer: zmq.Socket | None = None
+    try:
+        if not ours.poll(60):
+            raise TimeoutError("raw receiver process did not start in 60 s")
+        address = ours.recv()
+        dealer = zmq.Context.instance().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.SNDHWM, 64)
+        dealer.setsockopt(zmq.RCVHWM, 64)
+        dealer.connect(address)
+        yield dealer, RawReceiver(proc, ours)
+    finally:
+        if dealer is not None:
+            dealer.send_multipart([b"", b""])
+            dealer.poll(10_000)
+            dealer.close()
+        with suppress(OSError, EOFError):
+            ours.send("stop")
+            ours.poll(30)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+
+
+def _raw_send_apart(
+    dealer: zmq.Socket, receiver: RawReceiver, body: bytes, seconds: float
+) -> tuple[int, float, float]:
+    """:func:`_raw_send` over :func:`raw_hop_process`: the CPU seconds are the sending
+    process's plus the receiving process's."""
+    far0 = receiver.cpu_seconds()
+    sent, elapsed, cpu = _raw_send(dealer, body, seconds)
+    return sent, elapsed, cpu + receiver.cpu_seconds() - far0
+
+
 def _serve_node(
     conn: Connection, base_path: str, node_id: str, parent: str | None, target: int
 ) -> None:
@@ -266,18 +344,23 @@ def forwarding_throughput(
     """Bytes/s of ``segment``-byte segments written by one writer through a chain of
     ``depth`` node processes (:func:`node_processes`, root objects of 4 MiB) until
     durable, for half of about ``seconds`` s, against a raw hop sending the same sizes
-    (:func:`raw_hop`) for a quarter before and a quarter after it, so that a change
-    of the machine's load during the run hits both. The client uploads pre-emptively
-    at ``segment`` bytes with 64 MiB in flight at most, so each change of ``segment``
+    (:func:`raw_hop`, both ends in this process) for a quarter before and a quarter
+    after it, so that a change of the machine's load during the run hits both, and
+    against the same hop between two processes (:func:`raw_hop_process`) for an
+    eighth before and an eighth after. The client uploads pre-emptively at
+    ``segment`` bytes with 64 MiB in flight at most, so each change of ``segment``
     bytes goes out as one segment (:class:`_Stream`; dropped objects are deleted after
-    the raw hop's second quarter while they fit in :func:`deferrable_bytes`). Keys
-    ``node`` and ``raw``, each with ``bytes_per_s`` and ``cpu_s_per_gb`` (CPU seconds
-    per 10**9 bytes: of the client's and the nodes' processes; of the raw hop's
-    process); ``node`` also has ``deferred_bytes`` and ``dropped_bytes`` (stream bytes
-    whose objects were deleted after the run / during it)."""
+    the raw hops' second turn while they fit in :func:`deferrable_bytes`).
+
+    Keys ``node``, ``raw`` and ``raw_apart``, each with ``bytes_per_s`` and
+    ``cpu_s_per_gb`` (CPU seconds per 10**9 bytes: of the client's and the nodes'
+    processes; of the raw hop's process; of both raw processes); ``node`` also has
+    ``deferred_bytes`` and ``dropped_bytes`` (stream bytes whose objects were deleted
+    after the run / during it)."""
     body = os.urandom(segment)
     with (
         raw_hop() as dealer,
+        raw_hop_process() as (far, receiver),
         node_processes(base_path, depth, 4 * 1024 * 1024) as nodes,
         ChangelogClient.open(
             base_path,
@@ -289,6 +372,7 @@ def forwarding_throughput(
         w = client.create_writer("bench-forward", range(128))
         stream = _Stream(w, body, client.store.delete, deferrable_bytes(base_path))
         before = _raw_send(dealer, body, seconds / 4)
+        apart_before = _raw_send_apart(far, receiver, body, seconds / 8)
         node_cpu0 = sum(n.cpu_seconds() for n in nodes)
         cpu0, t0 = cpu_seconds(), time.perf_counter()
         sent = stream.run(seconds / 2)
@@ -296,13 +380,15 @@ def forwarding_throughput(
         stream.drain()  # the CPU of deletions during the run counts too
         cpu = cpu_seconds() - cpu0 + sum(n.cpu_seconds() for n in nodes) - node_cpu0
         after = _raw_send(dealer, body, seconds / 4)
-        stream.close()  # the deferred deletions: after the raw hop, untimed
+        apart_after = _raw_send_apart(far, receiver, body, seconds / 8)
+        stream.close()  # the deferred deletions: after the raw hops, untimed
     raw = [a + b for a, b in zip(before, after, strict=True)]
+    apart = [a + b for a, b in zip(apart_before, apart_after, strict=True)]
     node = _rate(sent, elapsed, cpu) | {
         "deferred_bytes": stream.deferred_bytes,
         "dropped_bytes": stream.dropped_bytes,
     }
-    return {"node": node, "raw": _rate(*raw)}
+    return {"node": node, "raw": _rate(*raw), "raw_apart": _rate(*apart)}
 
 
 def store_throughput(
