@@ -216,20 +216,32 @@ def _serve_raw(conn: Connection) -> None:
 
 
 @dataclass
-class RawReceiver:
-    """The receiving end of :func:`raw_hop_process`: its process and control pipe."""
+class ChildProcess:
+    """A process of :func:`raw_hop_process` or :func:`node_processes` and its control
+    pipe (it answers ``"cpu"``; anything else stops it)."""
 
     process: BaseProcess
     conn: Connection
 
     def cpu_seconds(self) -> float:
-        """User plus system CPU seconds of the receiving process so far."""
+        """User plus system CPU seconds of the process so far."""
         self.conn.send("cpu")
         return float(self.conn.recv())
 
+    def stop(self) -> None:
+        """Ask it to stop through the pipe; kill it by PID if it has not ended 40 s
+        later."""
+        with suppress(OSError, EOFError):
+            self.conn.send("stop")
+            self.conn.poll(30)
+        self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+
 
 @contextmanager
-def raw_hop_process() -> Iterator[tuple[zmq.Socket, RawReceiver]]:
+def raw_hop_process() -> Iterator[tuple[zmq.Socket, ChildProcess]]:
     """A raw hop whose ROUTER end runs in a process of its own (started with
     multiprocessing's spawn, as the nodes of :func:`node_processes`): a DEALER here
     and the receiver. Stopped with an empty frame and through its pipe; killed by PID
@@ -248,23 +260,17 @@ def raw_hop_process() -> Iterator[tuple[zmq.Socket, RawReceiver]]:
         dealer.setsockopt(zmq.SNDHWM, 64)
         dealer.setsockopt(zmq.RCVHWM, 64)
         dealer.connect(address)
-        yield dealer, RawReceiver(proc, ours)
+        yield dealer, ChildProcess(proc, ours)
     finally:
         if dealer is not None:
             dealer.send_multipart([b"", b""])
             dealer.poll(10_000)
             dealer.close()
-        with suppress(OSError, EOFError):
-            ours.send("stop")
-            ours.poll(30)
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
+        ChildProcess(proc, ours).stop()
 
 
 def _raw_send_apart(
-    dealer: zmq.Socket, receiver: RawReceiver, body: bytes, seconds: float
+    dealer: zmq.Socket, receiver: ChildProcess, body: bytes, seconds: float
 ) -> tuple[int, float, float]:
     """:func:`_raw_send` over :func:`raw_hop_process`: the CPU seconds are the sending
     process's plus the receiving process's."""
@@ -291,17 +297,10 @@ def _serve_node(
 
 
 @dataclass
-class NodeProcess:
-    """A node of :func:`node_processes`: its endpoint, process and control pipe."""
+class NodeProcess(ChildProcess):
+    """A node of :func:`node_processes`: its process, control pipe and endpoint."""
 
     address: str
-    process: BaseProcess
-    conn: Connection
-
-    def cpu_seconds(self) -> float:
-        """User plus system CPU seconds of the node's process so far."""
-        self.conn.send("cpu")
-        return float(self.conn.recv())
 
 
 @contextmanager
@@ -325,17 +324,11 @@ def node_processes(base_path: str, depth: int, target_bytes: int) -> Iterator[li
             proc.start()
             if not ours.poll(60):
                 raise TimeoutError(f"node process n{i} did not start in 60 s")
-            nodes.append(NodeProcess(ours.recv(), proc, ours))
+            nodes.append(NodeProcess(proc, ours, address=ours.recv()))
         yield nodes
     finally:
         for n in reversed(nodes):
-            with suppress(OSError, EOFError):
-                n.conn.send("stop")
-                n.conn.poll(30)
-            n.process.join(10)
-            if n.process.is_alive():
-                n.process.kill()
-                n.process.join(10)
+            n.stop()
 
 
 def forwarding_throughput(
