@@ -311,8 +311,8 @@ def _detail(f: Figure) -> str:
             f"{_short(d['bound_bytes_per_s'], 'bytes/s')} ({d['bound_ratio']:.2f}x floor); "
             f"the raw hop between two processes {_short(d['apart_bytes_per_s'], 'bytes/s')} "
             f"at {d['apart_cpu_s_per_gb']:.2f} CPU s/GB (node {d['apart_ratio']:.3f}x that); "
-            f"objects of {_short(d.get('deferred_bytes', 0), 'bytes')} deleted after the "
-            f"run, of {_short(d.get('dropped_bytes', 0), 'bytes')} during it"
+            f"objects of {_short(d['deferred_bytes'], 'bytes')} deleted after the "
+            f"run, of {_short(d['dropped_bytes'], 'bytes')} during it"
         )
     if "p99" in d:
         return (

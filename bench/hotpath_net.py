@@ -34,7 +34,6 @@ _WINDOW_BYTES = 64 * 1024 * 1024  # bytes in flight of a throughput sender
 _CHECKPOINT_BYTES = 32 * 1024 * 1024  # bytes a forwarding writer appends between persists
 _PENDING_PERSISTS = 2  # persists a forwarding writer lets wait, as a task's acks
 _LATENCY_SLICES = 8  # alternating slices of floor and node samples in latency_figures
-_SMALL_CHANGE = 100  # bytes of one change of the "1 MB of small changes" figure
 _MAX_DEFERRED_BYTES = 8 << 30  # dropped objects a forwarding stream leaves until it ends
 
 
@@ -72,16 +71,29 @@ def _raw_receiver(router: zmq.Socket, write_dir: str | None) -> None:
             router.send_multipart([ident, b"ok"])
 
 
+def _raw_socket(kind: int) -> zmq.Socket:
+    """A socket of a raw hop: no linger, 64 messages queued each way."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 64)
+    sock.setsockopt(zmq.RCVHWM, 64)
+    return sock
+
+
+def _end_hop(dealer: zmq.Socket) -> None:
+    """Stop a raw hop's receiver with an empty frame (its answer awaited up to 10 s)
+    and close the DEALER."""
+    dealer.send_multipart([b"", b""])
+    dealer.poll(10_000)
+    dealer.close()
+
+
 @contextmanager
 def raw_hop(write_dir: str | None = None) -> Iterator[zmq.Socket]:
     """A DEALER connected over loopback TCP to a ROUTER served by a thread (see
     :func:`_raw_receiver`); the receiver is stopped with an empty frame on exit."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
-    for s in (router, dealer):
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 64)
-        s.setsockopt(zmq.RCVHWM, 64)
+    router, dealer = _raw_socket(zmq.ROUTER), _raw_socket(zmq.DEALER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer.connect(f"tcp://127.0.0.1:{port}")
     t = threading.Thread(target=_raw_receiver, args=(router, write_dir), daemon=True)
@@ -89,10 +101,8 @@ def raw_hop(write_dir: str | None = None) -> Iterator[zmq.Socket]:
     try:
         yield dealer
     finally:
-        dealer.send_multipart([b"", b""])
-        dealer.poll(10_000)
+        _end_hop(dealer)
         t.join(10)
-        dealer.close()
         router.close()
 
 
@@ -199,11 +209,7 @@ def _serve_raw(conn: Connection) -> None:
     """The receiving process of :func:`raw_hop_process`: a ROUTER on a free loopback
     port served by :func:`_raw_receiver` on a thread; sends its endpoint, then answers
     ``"cpu"`` with this process's CPU seconds until anything else arrives (stop)."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.setsockopt(zmq.SNDHWM, 64)
-    router.setsockopt(zmq.RCVHWM, 64)
+    router = _raw_socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     receiving = threading.Thread(target=_raw_receiver, args=(router, None), daemon=True)
     receiving.start()
@@ -240,33 +246,36 @@ class ChildProcess:
             self.process.join(10)
 
 
-@contextmanager
-def raw_hop_process() -> Iterator[tuple[zmq.Socket, ChildProcess]]:
-    """A raw hop whose ROUTER end runs in a process of its own (started with
-    multiprocessing's spawn, as the nodes of :func:`node_processes`): a DEALER here
-    and the receiver. Stopped with an empty frame and through its pipe; killed by PID
-    if it does not stop in 30 s."""
+def _spawn(target: Callable[..., None], args: tuple[Any, ...], what: str) -> ChildProcess:
+    """Start ``target(conn, *args)`` in a process of its own (multiprocessing's spawn,
+    daemon) and wait up to 60 s for its first message (then on the pipe: ``recv``).
+    Raises TimeoutError, after killing it, if none came."""
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
-    proc = ctx.Process(target=_serve_raw, args=(theirs,), daemon=True)
+    proc = ctx.Process(target=target, args=(theirs, *args), daemon=True)
     proc.start()
-    dealer: zmq.Socket | None = None
+    child = ChildProcess(proc, ours)
+    if not ours.poll(60):
+        child.stop()
+        raise TimeoutError(f"{what} did not start in 60 s")
+    return child
+
+
+@contextmanager
+def raw_hop_process() -> Iterator[tuple[zmq.Socket, ChildProcess]]:
+    """A raw hop whose ROUTER end runs in a process of its own (:func:`_spawn`, as
+    the nodes of :func:`node_processes`): a DEALER here and the receiver. Stopped with
+    an empty frame and through its pipe; killed by PID if it does not stop in 40 s."""
+    receiver = _spawn(_serve_raw, (), "raw receiver process")
     try:
-        if not ours.poll(60):
-            raise TimeoutError("raw receiver process did not start in 60 s")
-        address = ours.recv()
-        dealer = zmq.Context.instance().socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.SNDHWM, 64)
-        dealer.setsockopt(zmq.RCVHWM, 64)
-        dealer.connect(address)
-        yield dealer, ChildProcess(proc, ours)
+        dealer = _raw_socket(zmq.DEALER)
+        dealer.connect(receiver.conn.recv())
+        try:
+            yield dealer, receiver
+        finally:
+            _end_hop(dealer)
     finally:
-        if dealer is not None:
-            dealer.send_multipart([b"", b""])
-            dealer.poll(10_000)
-            dealer.close()
-        ChildProcess(proc, ours).stop()
+        receiver.stop()
 
 
 def _raw_send_apart(
@@ -311,20 +320,13 @@ def node_processes(base_path: str, depth: int, target_bytes: int) -> Iterator[li
     are deployed (``dstl node``, never inside a task's process), started with
     multiprocessing's spawn; stopped through their pipes, killed by PID if they do not
     stop in 40 s."""
-    ctx = mp.get_context("spawn")
     nodes: list[NodeProcess] = []
     try:
         for i in range(depth):
             parent = nodes[-1].address if nodes else None
             size = target_bytes if parent is None else 1 << 40
-            ours, theirs = ctx.Pipe()
-            proc = ctx.Process(
-                target=_serve_node, args=(theirs, base_path, f"n{i}", parent, size), daemon=True
-            )
-            proc.start()
-            if not ours.poll(60):
-                raise TimeoutError(f"node process n{i} did not start in 60 s")
-            nodes.append(NodeProcess(proc, ours, address=ours.recv()))
+            child = _spawn(_serve_node, (base_path, f"n{i}", parent, size), f"node process n{i}")
+            nodes.append(NodeProcess(child.process, child.conn, address=child.conn.recv()))
         yield nodes
     finally:
         for n in reversed(nodes):
