@@ -108,6 +108,16 @@ def test_close_waits_for_a_refill_in_progress_and_leaves_no_file(tmp_path: Path)
     assert r.take() is None  # nothing ready yet: starts the refill
     assert entered.wait(30)
     seen: list[list[str]] = []
+    joining = threading.Event()  # close() waits for the refill thread
+    refill = r._thread
+    assert refill is not None
+    join = refill.join
+
+    def observed_join(timeout: float | None = None) -> None:
+        joining.set()
+        join(timeout)
+
+    refill.join = observed_join  # type: ignore[method-assign]
 
     def close_and_list() -> None:
         r.close()
@@ -115,7 +125,8 @@ def test_close_waits_for_a_refill_in_progress_and_leaves_no_file(tmp_path: Path)
 
     closer = threading.Thread(target=close_and_list)
     closer.start()
-    closer.join(0.5)  # a close that did not wait would have listed the 4 files by now
+    # a close that did not wait would list the 4 files without joining the refill
+    wait_until(lambda: joining.is_set() or bool(seen), timeout=10)
     go.set()
     closer.join(30)
     assert not closer.is_alive() and seen == [[]]
