@@ -150,12 +150,17 @@ def test_end_to_end_checkpoints_materialization_and_deletion(tmp_path: Path) -> 
         assert all(h.sqn_range[0] >= tc.materialized.sqn for h in tc.changelog)
     reader.close()
     # A restarted coordinator recovers the same latest checkpoint and cleans orphans.
-    again = Coordinator(store, NUM_TASKS)
+    # Grace 0: a persist of a checkpoint that was still pending at the stop wrote a file
+    # seconds ago, which the default grace (60 s) rightly spares.
+    late = store.new_object_path()  # such a file, every time
+    store.put(late, b"late")
+    again = Coordinator(store, NUM_TASKS, orphan_grace=0.0)
     again.start()
     try:
         assert again.begin_attempt(1) == latest
         referenced = set().union(*(c.referenced_paths() for c in retained))
         assert set(list_data_files(store)) == referenced
+        assert late not in referenced
     finally:
         again.stop()
 
