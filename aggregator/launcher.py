@@ -4,6 +4,7 @@ demo, the tests). Each node is a separate process stopped by its PID."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,7 @@ class LocalTree:
     base_path: str | None = None
     plans: bool = True
     supervisor: NodeSupervisor | None = None  # restarts dead nodes (supervise())
+    remove_workdir: bool = False  # stop() deletes workdir (its key files included)
 
     @property
     def client_security(self) -> Curve | None:
@@ -114,10 +116,12 @@ class LocalTree:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop restarting nodes, then SIGTERM every node (leaves first), SIGKILL after
-        ``timeout`` seconds."""
+        ``timeout`` seconds; then delete the work directory if :attr:`remove_workdir`."""
         if self.supervisor is not None:
             self.supervisor.stop()
         stop_nodes(self.tree, self.nodes, timeout)
+        if self.remove_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> LocalTree:
         return self
@@ -154,6 +158,7 @@ def start_node_process(
     plans: bool = True,
     keys_dir: Path | None = None,
     respawn_pid_file: Path | None = None,
+    remove_workdir: bool = False,
 ) -> NodeHandle:
     """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address
     file (advertised endpoint, then metrics URL when the topology sets ``metrics_port``).
@@ -163,7 +168,8 @@ def start_node_process(
     cluster key directory, passed in ``$DSTL_KEYS`` (never on the command line; it wins
     over the topology's ``security.keys``). ``respawn_pid_file``: the node is started
     again whenever it dies (dstltree.aggregator.respawn); the handle's process is the
-    respawner, the file holds the running node's PID."""
+    respawner, the file holds the running node's PID. ``remove_workdir``: the node's
+    process deletes ``workdir`` when it stops for good (a directory of its own)."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
     cmd = [
@@ -192,6 +198,8 @@ def start_node_process(
         cmd += ["--no-plans"]
     if respawn_pid_file is not None:  # the process is the respawner; the file has the node
         cmd += ["--respawn-pid-file", str(respawn_pid_file)]
+    if remove_workdir:
+        cmd += ["--remove-dir", str(workdir)]
     stats_file = workdir / f"{node_id}.stats.json"
     snapshot_file = workdir / f"{node_id}.snapshot.json"
     cmd += ["--stats-file", str(stats_file), "--snapshot-file", str(snapshot_file)]
@@ -218,6 +226,7 @@ def start_tree(
     executors: int | None = None,
     plans: bool = True,
     keys: ClusterKeys | None = None,
+    remove_workdir: bool | None = None,
 ) -> LocalTree:
     """Start every node of ``topology`` as a local process, parents before children;
     each child gets its parent's endpoint from the parent's address file. Nodes tied
@@ -227,7 +236,9 @@ def start_tree(
 
     CURVE is on unless the topology says ``security.curve: false``: the cluster keys are
     ``keys``, else ``$DSTL_KEYS`` or the topology's ``security.keys``, else generated
-    into ``<workdir>/keys`` (0600 secrets); see :attr:`LocalTree.keys`."""
+    into ``<workdir>/keys`` (0600 secrets); see :attr:`LocalTree.keys`.
+    ``remove_workdir``: whether :meth:`LocalTree.stop` deletes the work directory
+    (None: when it was made here, ``workdir`` not given)."""
     tree = topology.tree(executors)
     check_local_hosts(topology, topology_file)
     wd = workdir or Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
@@ -241,6 +252,7 @@ def start_tree(
         topology_file=topology_file,
         base_path=base_path,
         plans=plans,
+        remove_workdir=workdir is None if remove_workdir is None else remove_workdir,
     )
     try:
         for node_id in tree.topological():  # every parent before its children

@@ -28,7 +28,7 @@ def respawn(cmd: list[str], pid_file: Path, exit_with_pid: int | None = None) ->
     """Run ``cmd`` (a node) until it stops on purpose; restart it after each death,
     waiting 0.5, 1, 2 ... at most MAX_BACKOFF_S seconds when it dies again within
     10 s of a start. SIGTERM/SIGINT to this process are passed on to the node and end
-    the loop. Returns the node's last exit code. Blocking."""
+    the loop. Returns the node's last exit code, after deleting ``pid_file``. Blocking."""
     stop = threading.Event()
     running: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -40,6 +40,19 @@ def respawn(cmd: list[str], pid_file: Path, exit_with_pid: int | None = None) ->
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    try:
+        return _supervise(cmd, pid_file, exit_with_pid, stop, running)
+    finally:
+        pid_file.unlink(missing_ok=True)  # no node of this respawner runs any more
+
+
+def _supervise(
+    cmd: list[str],
+    pid_file: Path,
+    exit_with_pid: int | None,
+    stop: threading.Event,
+    running: dict[str, subprocess.Popen[bytes]],
+) -> int:
     quick_deaths = 0
     while True:
         started = time.monotonic()

@@ -90,7 +90,7 @@ def local_nodes(
     workdir = Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
     effective = workdir / "topology.yaml"
     effective.write_text(yaml.safe_dump(topo.model_dump(mode="json", exclude_none=True)))
-    tree = start_tree(topo, effective, workdir=workdir)
+    tree = start_tree(topo, effective, workdir=workdir, remove_workdir=True)
     tree.supervise()  # a node that dies is started again (same id and endpoint)
     ids = tree.tree.nodes
     return NodePlacement(
@@ -222,6 +222,7 @@ def _start_on_executor(
         exit_with_pid=_executor_pid(),
         keys_dir=keys_dir,
         respawn_pid_file=_pid_file(run, executor),  # a node that dies comes back
+        remove_workdir=True,  # its key files do not outlive it on the executor's host
     )
     return [(executor, h.address, depth)]
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +50,13 @@ def node(
         help="Run the node as a child and start it again when it dies without being "
         "asked to; this file holds the running node's PID (SIGTERM it to stop both).",
     ),
+    remove_dir: Path | None = typer.Option(
+        None,
+        file_okay=False,
+        help="A directory deleted when the node stops for good (with --respawn-pid-file: "
+        "when the respawner ends): the work directory a launcher made for it, with its "
+        "topology copy, key files and statistics.",
+    ),
 ) -> None:
     """Run one aggregator node (blocking; stops on SIGTERM/SIGINT). The one entry point
     of a node process: supervisors run it, and so do ``dstl up`` and the launchers.
@@ -56,12 +66,37 @@ def node(
     CURVE is on unless the topology says ``security: {curve: false}``: the cluster key
     directory comes from ``$DSTL_KEYS`` or ``security.keys`` (exit 2 naming
     ``security.keys`` when neither names one)."""
+    with _removed_at_exit(remove_dir):
+        if respawn_pid_file is not None:
+            _respawn(respawn_pid_file, exit_with_pid)
+        given = _Given(bind, advertise, tuple(parent), depth)
+        files = _NodeFiles(address_file, stats_file, snapshot_file)
+        _run(topology, node_id, given, base_path, no_plans, exit_with_pid, files)
+
+
+@dataclass(frozen=True)
+class _NodeFiles:
+    """Where a node writes its advertised endpoint, its final statistics and its
+    statistics on SIGUSR1 (None: not written)."""
+
+    address: Path | None
+    stats: Path | None
+    snapshot: Path | None
+
+
+def _run(
+    topology: Path,
+    node_id: str,
+    given: _Given,
+    base_path: str,
+    no_plans: bool,
+    exit_with_pid: int | None,
+    files: _NodeFiles,
+) -> None:
+    """Run the node in this process until SIGTERM/SIGINT (see :func:`node`)."""
     from dstltree.aggregator.process import node_security, run_node
     from dstltree.cli.commands._common import exit_topology_error
     from dstltree.topology.config import TopologyError, load_topology
-
-    if respawn_pid_file is not None:
-        _respawn(respawn_pid_file, exit_with_pid)
 
     try:
         topo = load_topology(
@@ -69,7 +104,7 @@ def node(
         )
     except TopologyError as e:
         exit_topology_error(e, "--topology")
-    place = _place(topo, topology, node_id, _Given(bind, advertise, tuple(parent), depth))
+    place = _place(topo, topology, node_id, given)
     try:  # CURVE (the default): the key directory of $DSTL_KEYS or security.keys
         security = node_security(topo, str(topology))
     except TopologyError as e:
@@ -82,13 +117,23 @@ def node(
         place.depth,
         endpoint,
         place.parent,
-        address_file,
+        files.address,
         exit_with_pid,
-        stats_file,
-        snapshot_file,
+        files.stats,
+        files.snapshot,
         advertise=place.advertise or None,
         security=security,
     )
+
+
+@contextlib.contextmanager
+def _removed_at_exit(directory: Path | None) -> Iterator[None]:
+    """Delete ``directory`` (and what is in it) when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _respawn(pid_file: Path, exit_with_pid: int | None) -> None:
@@ -99,11 +144,11 @@ def _respawn(pid_file: Path, exit_with_pid: int | None) -> None:
     from dstltree.aggregator.respawn import STOPPED, respawn
 
     args, skip = [], False
-    for a in sys.argv[1:]:
-        if skip or a.startswith("--respawn-pid-file="):
+    for a in sys.argv[1:]:  # the node gets neither: the respawner keeps the file and dir
+        if skip or a.startswith(("--respawn-pid-file=", "--remove-dir=")):
             skip = False
             continue
-        if a == "--respawn-pid-file":
+        if a in ("--respawn-pid-file", "--remove-dir"):
             skip = True
             continue
         args.append(a)

@@ -67,10 +67,14 @@ def test_demo_local_mode_with_task_kill_and_chaos(tmp_path: Path) -> None:
 def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:
     # the second executor's node killed hard after 5 checkpoints: its task goes on
     # through the first executor's node (its second node), the result stays exact
-    r = _demo(
-        tmp_path, "--tasks", "2", "--master", "local-cluster[2,1,1024]", "--kill-node-after", "5"
-    )
+    tmp = tmp_path / "tmp"  # the executors' temporary directory: the nodes' work dirs
+    tmp.mkdir()
+    args = ("--tasks", "2", "--master", "local-cluster[2,1,1024]", "--kill-node-after", "5")
+    r = run_demo_cli(tmp_path, str(tmp_path / "dfs"), *args, tmpdir=tmp)
     _check(r, nodes=2)
+    # each node's directory (topology, CURVE key files, statistics) and PID file went
+    # with the node: nothing of them outlives the job on the executors' hosts
+    assert sorted(p.name for p in tmp.glob("dstl-node*")) == []
     k = r["node_kill"]
     assert k is not None and k["after_checkpoints"] >= 5, r
     assert k["checkpoint_ms_before"]["checkpoints"] >= 5

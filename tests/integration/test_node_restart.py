@@ -49,6 +49,8 @@ def test_a_respawned_node_comes_back_and_stops_when_asked(tmp_path: Path) -> Non
         tmp_path / "t.yaml", str(tmp_path / "dfs"), [{"id": "root"}], security={"curve": False}
     )
     pid_file = tmp_path / "root.pid"
+    workdir = tmp_path / "node-wd"  # as on an executor: the node's own directory
+    workdir.mkdir()
     with socket.socket() as s:  # a fixed endpoint, as on an executor
         s.bind(("127.0.0.1", 0))
         bind = f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -57,10 +59,11 @@ def test_a_respawned_node_comes_back_and_stops_when_asked(tmp_path: Path) -> Non
         "root",
         0,
         None,
-        tmp_path,
+        workdir,
         bind=bind,
         exit_with_pid=os.getpid(),
         respawn_pid_file=pid_file,
+        remove_workdir=True,
     )
     try:
         first = int(pid_file.read_text())
@@ -78,7 +81,25 @@ def test_a_respawned_node_comes_back_and_stops_when_asked(tmp_path: Path) -> Non
         finally:
             client.close()
         assert h.process.poll() is None
+        assert workdir.exists(), "a death on its own is no stop: the directory stays"
         os.kill(second, signal.SIGTERM)  # a stop on purpose ends both
         assert h.process.wait(timeout=30) == 0
+        assert not workdir.exists() and not pid_file.exists(), "nothing is left behind"
     finally:
         h.kill()
+
+
+def test_a_tree_deletes_the_work_directory_it_made_with_its_keys(tmp_path: Path) -> None:
+    from dstltree.aggregator.launcher import start_tree
+    from dstltree.topology.config import load_topology
+    from tests.support.tree_fixtures import write_topology
+
+    topo_file = write_topology(tmp_path / "t.yaml", str(tmp_path / "dfs"), [{"id": "root"}])
+    made = start_tree(load_topology(topo_file), topo_file)  # CURVE: keys generated
+    given = start_tree(load_topology(topo_file), topo_file, workdir=tmp_path / "given")
+    assert made.workdir is not None and given.workdir is not None
+    assert (made.workdir / "keys" / "node.key_secret").exists()
+    made.stop()
+    given.stop()
+    assert not made.workdir.exists(), "a secret key outlived the tree"
+    assert (given.workdir / "root.stats.json").exists(), "a directory given is the caller's"

@@ -31,9 +31,12 @@ QUICK = [
 ]
 
 
-def run_demo_cli(tmp_path: Path, base: str, *args: str) -> dict[str, Any]:
+def run_demo_cli(
+    tmp_path: Path, base: str, *args: str, tmpdir: Path | None = None
+) -> dict[str, Any]:
     """The report of ``dstl demo --base-path base`` plus the quick mode and ``args``
-    (later flags win); fails the test with the command's stderr if it exits non-zero."""
+    (later flags win); fails the test with the command's stderr if it exits non-zero.
+    ``tmpdir``: the command's ``$TMPDIR`` (its Python workers' temporary files)."""
     report = tmp_path / "report.json"
     cmd = [
         sys.executable,
@@ -48,7 +51,12 @@ def run_demo_cli(tmp_path: Path, base: str, *args: str) -> dict[str, Any]:
         *args,
     ]
     proc = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=420, env=os.environ
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env=os.environ if tmpdir is None else {**os.environ, "TMPDIR": str(tmpdir)},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result: dict[str, Any] = json.loads(report.read_text())
