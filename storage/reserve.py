@@ -4,10 +4,14 @@ Creating a file and making its name durable (an fsync of its directory) costs ab
 much as writing and fsyncing a small object's bytes. A local :class:`ObjectStore` with
 ``reserve_objects > 0`` creates the files of the names
 :meth:`~dstltree.storage.store.ObjectStore.new_object_path` hands out ahead of time, on
-a background thread, with one directory fsync per batch; ``put`` then writes into the
-existing empty file and fsyncs it: one fsync on the write path instead of a file's and
-its directory's, and no rename. Databases recycle or pre-allocate their log files for
-the same reason (RocksDB's ``recycle_log_file_num``, PostgreSQL's WAL segments).
+a background thread, in batches whose names share one directory (a local filesystem
+gains nothing from prefixes) so that one directory fsync makes a batch durable; ``put``
+then writes into the existing empty file and fsyncs it: one fsync on the write path
+instead of a file's and its directory's, and no rename. On a journaling filesystem
+(ext4, XFS) every directory fsync commits the journal, and a write's fsync waiting
+behind that commit is the latency a batch per directory keeps rare. Databases recycle
+or pre-allocate their log files for the same reason (RocksDB's
+``recycle_log_file_num``, PostgreSQL's WAL segments).
 
 Reserved files are empty until written, under their final names. Nothing references a
 name before its ``put`` returned, so a reader never meets one. Their modification time
@@ -38,20 +42,20 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
 class ObjectReservations:
-    """Up to ``target`` pre-created empty files named by ``new_name()`` (a local path
-    in a directory ``ensure_dir`` creates durably), refilled on a daemon thread when
-    half are taken. Thread-safe."""
+    """Up to ``target`` pre-created empty files named by ``new_names(n)`` (``n`` fresh
+    local paths in one directory, which ``ensure_dir`` creates durably), refilled on a
+    daemon thread when half are taken. Thread-safe."""
 
     def __init__(
         self,
-        new_name: Callable[[], str],
+        new_names: Callable[[int], list[str]],
         ensure_dir: Callable[[str], None],
         fsync_dir: Callable[[str], None],
         target: int,
     ) -> None:
         if target < 1:
             raise ValueError(f"target must be >= 1, got {target}")
-        self._new_name = new_name
+        self._new_names = new_names
         self._ensure_dir = ensure_dir
         self._fsync_dir = fsync_dir
         self.target = target
@@ -136,14 +140,15 @@ class ObjectReservations:
                     self._cond.wait(1.0)
 
     def _create(self, n: int) -> list[str]:
-        """Create ``n`` empty files, set their times ahead, fsync their directories
-        once each; the paths made durable (none on an error, which is left to the
+        """Create ``n`` empty files, set their times ahead, fsync their directory
+        once; the paths made durable (none on an error, which is left to the
         ordinary write path)."""
         made: list[str] = []
         try:
-            for _ in range(n):
-                path = self._new_name()
-                self._ensure_dir(posixpath.dirname(path))
+            names = self._new_names(n)
+            for parent in {posixpath.dirname(p) for p in names}:
+                self._ensure_dir(parent)
+            for path in names:
                 os.close(os.open(path, _FLAGS, 0o666))
                 made.append(path)
                 ahead = time.time() + FUTURE_S

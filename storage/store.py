@@ -75,7 +75,7 @@ CHECKPOINT_DIR = "checkpoints"
 DEFAULT_PREFIXES = 256
 #: object files a node's or a direct client's local store keeps created ahead
 #: (``ObjectStore(reserve_objects=...)``, :mod:`dstltree.storage.reserve`)
-RESERVED_OBJECTS = 8
+RESERVED_OBJECTS = 32
 
 T = TypeVar("T")
 
@@ -501,7 +501,7 @@ class ObjectStore:
         self._reserved: ObjectReservations | None = None
         if reserve_objects > 0 and self._bare_local:
             self._reserved = ObjectReservations(
-                lambda: self._path(self._fresh_object_path()),
+                lambda n: [self._path(u) for u in self._fresh_object_paths(n)],
                 self._ensure_dir,
                 fsync_dir,
                 reserve_objects,
@@ -596,8 +596,13 @@ class ObjectStore:
         return self._fresh_object_path()
 
     def _fresh_object_path(self) -> str:
-        oid = os.urandom(16).hex()
-        return f"{self._changelog_url}/{object_prefix(oid, self.prefixes)}/{oid}{OBJECT_SUFFIX}"
+        return self._fresh_object_paths(1)[0]
+
+    def _fresh_object_paths(self, n: int) -> list[str]:
+        """``n`` fresh object URLs under the prefix of the first one's random id."""
+        oids = [os.urandom(16).hex() for _ in range(n)]
+        folder = f"{self._changelog_url}/{object_prefix(oids[0], self.prefixes)}"
+        return [f"{folder}/{oid}{OBJECT_SUFFIX}" for oid in oids]
 
     def new_snapshot_path(self) -> str:
         """A fresh URL for a materialized-state snapshot (random id, like objects)."""

@@ -90,7 +90,7 @@ def test_exclusive_and_wrapped_stores_never_reserve(tmp_path: Path) -> None:
 
 def test_a_reserved_target_must_be_positive() -> None:
     with pytest.raises(ValueError, match="target"):
-        reserve.ObjectReservations(lambda: "x", lambda _: None, lambda _: None, 0)
+        reserve.ObjectReservations(lambda n: ["x"] * n, lambda _: None, lambda _: None, 0)
 
 
 def test_close_waits_for_a_refill_in_progress_and_leaves_no_file(tmp_path: Path) -> None:
@@ -103,7 +103,10 @@ def test_close_waits_for_a_refill_in_progress_and_leaves_no_file(tmp_path: Path)
         go.wait(30)
 
     r = reserve.ObjectReservations(
-        lambda: str(tmp_path / f"o{next(names)}"), lambda _: None, slow_fsync_dir, 4
+        lambda n: [str(tmp_path / f"o{next(names)}") for _ in range(n)],
+        lambda _: None,
+        slow_fsync_dir,
+        4,
     )
     assert r.take() is None  # nothing ready yet: starts the refill
     assert entered.wait(30)
@@ -130,3 +133,17 @@ def test_close_waits_for_a_refill_in_progress_and_leaves_no_file(tmp_path: Path)
     go.set()
     closer.join(30)
     assert not closer.is_alive() and seen == [[]]
+
+
+def test_a_refill_batch_shares_one_directory_and_one_fsync(tmp_path: Path) -> None:
+    synced: list[str] = []
+    store = ObjectStore(str(tmp_path), reserve_objects=8)
+    assert store._reserved is not None
+    store._reserved._fsync_dir = synced.append  # observe (the files are made all the same)
+    store.new_object_path()  # starts the refill: one batch of 8
+    reserved = store._reserved
+    wait_until(lambda: reserved.ready() == 8)
+    files = list_data_files(store)
+    assert len(files) == 8 and len({os.path.dirname(p) for p in files}) == 1
+    assert synced == [os.path.dirname(files[0])]
+    store.close()
