@@ -48,26 +48,76 @@ def _rate(nbytes: float, seconds: float, cpu: float) -> dict[str, float]:
     return {"bytes_per_s": nbytes / seconds, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
 
 
+class _FloorFiles:
+    """The files a raw receiver writes under ``write_dir``, with names never used
+    before: a NEW file per write (created for it, as a store creates an object), or a
+    file created ahead (:meth:`prepare`, one directory fsync for them all, as a node's
+    reserved object files: storage/reserve.py) when one is ready."""
+
+    def __init__(self, write_dir: str) -> None:
+        self.dir, self.run, self.n = write_dir, os.urandom(4).hex(), 0
+        self.ready: deque[str] = deque()
+        self.fallbacks = 0  # writes into a new file because none was ready
+
+    def _name(self) -> str:
+        self.n += 1
+        return os.path.join(self.dir, f"raw-{self.run}-{self.n}")
+
+    def prepare(self, count: int) -> None:
+        """Unlink the files made ahead and never written; create ``count`` more."""
+        self.discard()
+        for _ in range(count):
+            path = self._name()
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            self.ready.append(path)
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write(self, body: zmq.Frame, ahead: bool) -> None:
+        """Write ``body`` and fsync it: into a file made ahead if ``ahead`` (a new file
+        when none is left, counted in :attr:`fallbacks`), else into a new file."""
+        if ahead and self.ready:
+            fd = os.open(self.ready.popleft(), os.O_WRONLY)
+        else:
+            self.fallbacks += ahead
+            fd = os.open(self._name(), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, body.buffer)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def discard(self) -> None:
+        while self.ready:
+            with suppress(OSError):
+                os.unlink(self.ready.popleft())
+
+
 def _raw_receiver(router: zmq.Socket, write_dir: str | None) -> None:
     """Receive until an empty frame; acknowledge each message whose first frame is
     b"a" (after writing and fsyncing its body to a NEW file under ``write_dir`` when
-    given: created for it, as a store creates an object) and the final empty one."""
-    n, run = 0, os.urandom(4).hex()  # names never used before: no write into an old file
+    given), b"r" (the same into a file made ahead, :class:`_FloorFiles`) or b"p" (after
+    making as many files ahead as its body says, in ASCII; the answer is the number of
+    b"r" writes so far that found none ready) and the final empty one."""
+    files = None if write_dir is None else _FloorFiles(write_dir)
     while True:
         ident, flag, body = router.recv_multipart(copy=False)
         if not len(body):
+            if files is not None:
+                files.discard()
             router.send_multipart([ident, b"done"])
             return
-        if write_dir is not None:
-            n += 1
-            path = os.path.join(write_dir, f"raw-{run}-{n}")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.write(fd, body.buffer)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        if flag.bytes == b"a":
+        kind = flag.bytes
+        if files is not None and kind == b"p":
+            files.prepare(int(body.bytes))
+            router.send_multipart([ident, str(files.fallbacks).encode()])
+            continue
+        if files is not None:
+            files.write(body, ahead=kind == b"r")
+        if kind in (b"a", b"r"):
             router.send_multipart([ident, b"ok"])
 
 
@@ -434,11 +484,11 @@ def _timed(call: Callable[[], None], seconds: float, minimum: int) -> list[float
 def latency_figures(
     base_path: str, write_dir: str, payload: int, change: int, seconds: float, minimum: int = 20
 ) -> dict[str, Any]:
-    """Persist latency through one node against its floor, sampled in alternating
-    slices (8 of each, about ``seconds`` s in all, at least ``minimum`` samples each)
-    so that the machine's noise hits both alike; slices, not single samples, so that
-    one's disk work (the node's reserved object files) is not flushed by the other's
-    fsync:
+    """Persist latency through one node against two floors, sampled in alternating
+    slices (8 of each, about ``seconds`` s for the node's and the first floor's, at least
+    ``minimum`` samples each) so that the machine's noise hits all alike; slices, not
+    single samples, so that one's disk work (the node's reserved object files) is not
+    flushed by the other's fsync:
 
     - the checkpoint: stage ``payload`` bytes as changes of ``change`` bytes (on the
       writer's staging lists, as the state backend logs them), then
@@ -446,14 +496,17 @@ def latency_figures(
       included), through one node in its own process (:func:`node_processes`: how
       nodes run) writing under ``base_path``;
     - the floor: one raw round trip carrying ``payload`` bytes whose receiver writes
-      and fsyncs them to a new file under ``write_dir`` before answering.
+      and fsyncs them to a new file under ``write_dir`` before answering;
+    - the reserved floor: the same into an empty file created ahead (before the
+      slice, outside the timing), as the node writes its objects: where creating a
+      file costs the disk more than filling one, the stricter floor.
 
-    Keys ``node`` and ``floor`` (p50 / p99 in s, n), ``ratio_p50`` and ``ratio_p99``
-    (node / floor: times the floor)."""
+    Keys ``node``, ``floor`` and ``floor_reserved`` (p50 / p99 in s, n), ``ratio_p50``
+    and ``ratio_p99`` (node / floor: times the floor), ``ratio_reserved_p50`` and
+    ``reserved_fallbacks`` (reserved-floor writes that found no file ready)."""
     raw_body, body = os.urandom(payload), os.urandom(change)
     per = max(1, payload // change)
-    floor: list[float] = []
-    node: list[float] = []
+    series: dict[str, list[float]] = {"floor": [], "floor_reserved": [], "node": []}
     with (
         raw_hop(write_dir) as dealer,
         node_processes(base_path, 1, 1 << 40) as nodes,
@@ -462,9 +515,12 @@ def latency_figures(
         w = client.create_writer("bench-latency", range(128))
         state = {"after": 0, "k": 0}
 
-        def floor_once() -> None:
-            dealer.send_multipart([b"a", raw_body], copy=False)
-            dealer.recv()
+        def floor_once(flag: bytes) -> Callable[[], None]:
+            def once() -> None:
+                dealer.send_multipart([flag, raw_body], copy=False)
+                dealer.recv()
+
+            return once
 
         staging = [w.staging(kg) for kg in range(128)]  # the state backend's way in
 
@@ -476,16 +532,24 @@ def latency_figures(
             state["after"], state["k"] = w.next_sqn(), k + 1
             w.truncate(state["after"])
 
+        slice_s, least = seconds / _LATENCY_SLICES / 2, minimum // _LATENCY_SLICES + 1
         for _ in range(_LATENCY_SLICES):
-            slice_s = seconds / _LATENCY_SLICES / 2
-            floor += _timed(floor_once, slice_s, minimum // _LATENCY_SLICES + 1)
-            node += _timed(node_once, slice_s, minimum // _LATENCY_SLICES + 1)
-    f, n = _percentiles(floor), _percentiles(node)
+            new = _timed(floor_once(b"a"), slice_s, least)
+            dealer.send_multipart([b"p", str(2 * len(new) + least).encode()])
+            dealer.recv()  # files for twice as many writes as the new files took
+            series["floor"] += new
+            series["floor_reserved"] += _timed(floor_once(b"r"), slice_s, least)
+            series["node"] += _timed(node_once, slice_s, least)
+        dealer.send_multipart([b"p", b"0"])  # the files left unused are unlinked
+        fallbacks = int(dealer.recv())
+    p = {k: _percentiles(v) for k, v in series.items()}
+    n, f, r = p["node"], p["floor"], p["floor_reserved"]
     return {
         "payload_bytes": payload,
         "change_bytes": change,
-        "node": n,
-        "floor": f,
+        **p,
         "ratio_p50": n["p50"] / f["p50"],
         "ratio_p99": n["p99"] / f["p99"],
+        "ratio_reserved_p50": n["p50"] / r["p50"],
+        "reserved_fallbacks": fallbacks,
     }

@@ -48,6 +48,7 @@ def test_hotpath_suite_tiny(tmp_path: Path) -> None:
     for f in figures.values():
         assert f["value"] > 0 and f["floor"] > 0 and f["ratio"] > 0, f
         deletions = {k: f["detail"].pop(k, 0) for k in ("deferred_bytes", "dropped_bytes")}
+        assert f["detail"].pop("reserved_fallbacks", 0) >= 0, f
         assert all(v > 0 for v in f["detail"].values()), f
         assert min(deletions.values()) >= 0, f
         if f["name"].startswith("forwarding"):  # every run drops objects, now or later
@@ -56,6 +57,8 @@ def test_hotpath_suite_tiny(tmp_path: Path) -> None:
     assert doc["meta"]["command"].endswith(f"--forward-dir {tmp_path / 'fwd'}")
     assert list((tmp_path / "fwd").iterdir()) == []  # the forwarding stores are removed
     assert figures["forwarding, node 1 MiB"]["detail"]["store_bytes_per_s"] > 0
+    latency = figures["persist latency p50, one checkpoint of 64 KiB"]["detail"]
+    assert latency["floor_reserved_p50"] > 0 and latency["ratio_reserved_p50"] > 0
     text = md.read_text()
     assert "## 1. Other\n\nkept" in text and text.count("## Hot path") == 1
     assert doc["meta"]["commit"] in text and "task loop with the changelog" in text
@@ -99,3 +102,23 @@ def test_forwarding_stream_defers_deletions_within_its_budget(
 def test_deferrable_bytes_is_a_quarter_of_the_free_space_at_most_8_gib(tmp_path: Path) -> None:
     room = deferrable_bytes(str(tmp_path / "not" / "made" / "yet"))
     assert 0 < room <= 8 << 30
+
+
+def test_the_reserved_floor_writes_into_files_made_ahead(tmp_path: Path) -> None:
+    with hotpath_net.raw_hop(str(tmp_path)) as dealer:
+        dealer.send_multipart([b"p", b"2"])
+        assert dealer.recv() == b"0"
+        ahead = {p: p.stat().st_ino for p in tmp_path.iterdir()}
+        assert len(ahead) == 2 and all(p.stat().st_size == 0 for p in ahead)
+        for _ in range(3):  # two into the files made ahead, one without any left
+            dealer.send_multipart([b"r", b"body"])
+            assert dealer.recv() == b"ok"
+        assert all(p.stat().st_ino == ino and p.stat().st_size == 4 for p, ino in ahead.items())
+        dealer.send_multipart([b"p", b"1"])
+        assert dealer.recv() == b"1", "one write found no file ready"
+        dealer.send_multipart([b"a", b"new"])  # a new file, the file made ahead kept
+        assert dealer.recv() == b"ok"
+        sizes = sorted(p.stat().st_size for p in tmp_path.iterdir())
+        assert sizes == [0, 3, 4, 4, 4]
+    sizes = sorted(p.stat().st_size for p in tmp_path.iterdir())
+    assert sizes == [3, 4, 4, 4], "the receiver unlinks the files it made and never wrote"
