@@ -160,8 +160,9 @@ class Node:
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._stats: NodeStatistics = self.core.statistics()
+        # held by the loop while it changes the core or its counts, so that a reader of
+        # statistics() computes them from a consistent state (no snapshot per turn)
+        self._lock = threading.RLock()
         self.metrics = metrics
         self._metrics_due = 0.0
         self._shell_counts = {
@@ -188,14 +189,23 @@ class Node:
 
     def _step(self, front: bool) -> None:
         """One loop turn: poll, read (the front only if ``front`` and the core accepts
-        more), feed results and time to the core, refresh statistics."""
-        if front:
-            self._back_pressure(self.core.accepting())
-        elif self._front_polled:  # stopping: the front is not read any more
-            self._poller.unregister(self._front)
-            self._front_polled = False
+        more), feed results and time to the core."""
+        with self._lock:
+            if front:
+                self._back_pressure(self.core.accepting())
+            elif self._front_polled:  # stopping: the front is not read any more
+                self._poller.unregister(self._front)
+                self._front_polled = False
         ready = dict(self._poller.poll(self._poll_ms()))
         now = time.monotonic()
+        with self._lock:
+            self._react(ready, now)
+        if self.metrics is not None and now >= self._metrics_due:
+            self._metrics_due = now + _METRICS_INTERVAL
+            self._update_metrics()
+
+    def _react(self, ready: dict[Any, int], now: float) -> None:
+        """Handle what ``ready`` (the poll's answer) says, then time (under the lock)."""
         handled = False  # the core's time-driven rules ran after an event of this turn
         if self._front in ready and self._front_polled:
             handled = self._drain_front(now)
@@ -213,11 +223,6 @@ class Node:
         handled = self._drain_results() or handled
         if not handled:
             self._run(self.core.handle(TimePassed(time.monotonic())))
-        with self._lock:
-            self._stats = self._statistics(now)
-        if self.metrics is not None and now >= self._metrics_due:
-            self._metrics_due = now + _METRICS_INTERVAL
-            self._update_metrics()
 
     def _back_pressure(self, reading: bool) -> None:
         """Poll the front only while ``reading``; count the pauses and their time."""
@@ -266,8 +271,10 @@ class Node:
             os.write(self._wake_w, b"x")
 
     def statistics(self) -> NodeStatistics:
+        """The node's counters now (computed on the caller's thread, between two turns
+        of the loop: every reply the loop sent is counted)."""
         with self._lock:
-            return self._stats
+            return self._statistics(time.monotonic())
 
     def _update_metrics(self) -> None:
         if self.metrics is not None:
@@ -425,9 +432,8 @@ class Node:
     def _close(self) -> None:
         self._closing = True
         self._start_writes()  # drops the waiting ones
-        self._drain_results()
         with self._lock:
-            self._stats = self._statistics(time.monotonic())
+            self._drain_results()
         if self.metrics is not None:
             self._update_metrics()
             self.metrics.close()
