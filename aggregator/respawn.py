@@ -22,13 +22,25 @@ log = logging.getLogger(__name__)
 #: exit codes of a node that was asked to stop (Popen's -N: killed by signal N)
 STOPPED = (0, -signal.SIGTERM, -signal.SIGINT)
 MAX_BACKOFF_S = 30.0
+#: deaths in a row, each within QUICK_S of its start, after which the respawner gives up
+MAX_QUICK_DEATHS = 10
+QUICK_S = 10.0
 
 
-def respawn(cmd: list[str], pid_file: Path, exit_with_pid: int | None = None) -> int:
+def respawn(
+    cmd: list[str],
+    pid_file: Path,
+    exit_with_pid: int | None = None,
+    max_quick_deaths: int = MAX_QUICK_DEATHS,
+) -> int:
     """Run ``cmd`` (a node) until it stops on purpose; restart it after each death,
     waiting 0.5, 1, 2 ... at most MAX_BACKOFF_S seconds when it dies again within
-    10 s of a start. SIGTERM/SIGINT to this process are passed on to the node and end
-    the loop. Returns the node's last exit code, after deleting ``pid_file``. Blocking."""
+    QUICK_S seconds of a start, and give up (logged as an error) after
+    ``max_quick_deaths`` such deaths in a row: a node that cannot start (a port taken,
+    a broken key file) is not retried for ever; its writers go on through their other
+    parent or straight to DFS. SIGTERM/SIGINT to this process are passed on to the
+    node and end the loop. Returns the node's last exit code, after deleting
+    ``pid_file``. Blocking."""
     stop = threading.Event()
     running: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -41,7 +53,7 @@ def respawn(cmd: list[str], pid_file: Path, exit_with_pid: int | None = None) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
-        return _supervise(cmd, pid_file, exit_with_pid, stop, running)
+        return _supervise(cmd, pid_file, exit_with_pid, stop, running, max_quick_deaths)
     finally:
         pid_file.unlink(missing_ok=True)  # no node of this respawner runs any more
 
@@ -52,7 +64,9 @@ def _supervise(
     exit_with_pid: int | None,
     stop: threading.Event,
     running: dict[str, subprocess.Popen[bytes]],
+    max_quick_deaths: int = MAX_QUICK_DEATHS,
 ) -> int:
+    """The loop of :func:`respawn` (``stop`` set by its signal handler)."""
     quick_deaths = 0
     while True:
         started = time.monotonic()
@@ -61,7 +75,16 @@ def _supervise(
         code = _wait(node, exit_with_pid, stop)
         if stop.is_set() or code in STOPPED or not _alive(exit_with_pid):
             return code
-        quick_deaths = quick_deaths + 1 if time.monotonic() - started < 10.0 else 0
+        quick_deaths = quick_deaths + 1 if time.monotonic() - started < QUICK_S else 0
+        if quick_deaths >= max_quick_deaths:
+            log.error(
+                "node exited with code %s, %d times in a row within %.0f s of its start: "
+                "not starting it again",
+                code,
+                quick_deaths,
+                QUICK_S,
+            )
+            return code
         backoff = min(MAX_BACKOFF_S, 0.5 * 2.0 ** max(0, quick_deaths - 1))
         log.warning("node exited with code %s: starting it again in %.1f s", code, backoff)
         if stop.wait(backoff):

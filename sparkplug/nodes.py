@@ -14,7 +14,8 @@
   second parent in another subtree unless the topology says ``second_parents: false``. A stage that
   does not reach every registered executor fails with NodeLaunchError. Nodes exit with
   their executor JVM, come back by themselves when they die otherwise (each runs under
-  a respawner, dstltree.aggregator.respawn), and are stopped by a second barrier stage
+  a respawner, dstltree.aggregator.respawn, which gives up on a node that dies at every
+  start), and are stopped by a second barrier stage
   on the executors
   (SIGTERM to the node whose PID the first stage left on that host), never by PID from
   the driver.
