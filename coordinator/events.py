@@ -257,9 +257,12 @@ class DeleteCheckpoint:
 @dataclass(frozen=True)
 class DeleteObjects:
     """Delete these object paths: no retained checkpoint references them any more;
-    answered by ObjectsDeleted or DeleteFailed."""
+    answered by ObjectsDeleted or DeleteFailed. ``logs``: the log ids of this job's
+    writers; an object outside the job's own folders (written by a node that other
+    jobs' writers may share) is deleted only if every segment in it is of one of them."""
 
     paths: tuple[str, ...]
+    logs: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

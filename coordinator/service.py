@@ -60,7 +60,9 @@ class CoordinatorStatistics:
     ``orphans_deleted`` counts the cleanup at start and the in-run sweeps
     (``orphan_sweeps``, the final one included); ``orphans_spared``: unreferenced
     files too young at the last cleanup; ``deletes_refused``: paths outside the job's
-    prefix (or asked of a fenced driver) not deleted; ``pointer_versions_deleted``: old
+    prefix (or asked of a fenced driver) not deleted; ``shared_objects_kept``: released
+    objects of nodes outside the job's folders kept because they hold segments of other
+    logs (another job's) or an unreadable index; ``pointer_versions_deleted``: old
     ``LATEST-<n>`` pointer versions; ``writes_fenced``: storage work refused because
     another driver took the job over (``fenced``: why, else None);
     ``materializations``: per applied epoch (seconds from its trigger to its
@@ -92,6 +94,7 @@ class CoordinatorStatistics:
     orphan_sweeps: int = 0
     orphans_spared: int = 0
     deletes_refused: int = 0
+    shared_objects_kept: int = 0
     pointer_versions_deleted: int = 0
     writes_fenced: int = 0
     fenced: str | None = None
@@ -188,7 +191,13 @@ class Coordinator:
         self._thread: threading.Thread | None = None
         policy = SweepPolicy(sweep_interval, orphan_grace)
         self._sweeper = OrphanSweeper(policy)
-        self._storage = StorageWorker(store, self.checkpoints, sink=sink, orphan_grace=policy.grace)
+        self._storage = StorageWorker(
+            store,
+            self.checkpoints,
+            sink=sink,
+            orphan_grace=policy.grace,
+            extra_prefixes=extra_object_prefixes,
+        )
         self._storage.counters.listener = self._count_storage
         self.metrics = None if metrics_port is None else CoordinatorMetrics(metrics_port)
         self._ctx = zmq.Context()
@@ -400,6 +409,7 @@ class Coordinator:
             "orphan_sweeps": c["orphan_sweeps"],
             "orphans_spared": c["orphans_spared"],
             "deletes_refused": c["deletes_refused"],
+            "shared_objects_kept": c["shared_objects_kept"],
             "pointer_versions_deleted": self.checkpoints.pointers_deleted,
             "writes_fenced": c["writes_fenced"],
             "fenced": None if fenced is None else str(fenced),

@@ -41,7 +41,9 @@ dask/distributed's ``worker_state_machine``). Behaviour:
 - Deletion: only the :class:`SharedStateRegistry` decides what is deleted.
   :class:`DeleteObjects` names only paths it released (no retained checkpoint
   references them any more), and of those only paths under ``config.object_prefixes``
-  (others are kept and counted in ``deletions_refused``); no path taken from a task's
+  (others are kept and counted in ``deletions_refused``), with the log ids of the job's
+  writers (an object of a node shared with other jobs is deleted only if each of its
+  segments is of one of them: the storage worker reads its index); no path taken from a task's
   message is ever deleted directly (not on abort, not on a refused ack), and
   :class:`CleanOrphans` deletes by listing, sparing what the registry references.
 - Source (FLIP-27 split enumerator, coordinator/splits.py): the enumerator is rebuilt
@@ -805,8 +807,21 @@ class CoordinatorState:
             if dropped:
                 if self._released is not None:
                     self._released.update(dropped)
-                out.append(DeleteObjects(tuple(dropped)))
+                out.append(DeleteObjects(tuple(dropped), self._job_logs(old)))
         return out
+
+    def _job_logs(self, released: CompletedCheckpoint) -> frozenset[str]:
+        """The log ids this job's writers own as far as this coordinator knows: those
+        of ``released``, of the retained checkpoints, of this attempt's acknowledgements
+        and of the restored checkpoint (a shared object holding a segment of any other
+        log is kept: it may be another job's)."""
+        logs = set(self._restored_logs)
+        for spans in self._logs.values():
+            logs.update(spans)
+        for cp in (released, *self.retained):
+            for tc in cp.tasks.values():
+                logs.update(h.log_id for h in tc.changelog)
+        return frozenset(logs)
 
     def _abort(self, reason: str) -> list[Instruction]:
         assert self._pending is not None

@@ -32,6 +32,8 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from functools import singledispatchmethod
 
+from dstltree.client.errors import CorruptObjectError
+from dstltree.client.reader import read_index
 from dstltree.coordinator.cleanup import scan_orphans, within_job
 from dstltree.coordinator.events import (
     CheckpointDeleted,
@@ -60,6 +62,7 @@ from dstltree.coordinator.events import (
 from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.sparkplug.sinks.committer import SinkCommitter
 from dstltree.sparkplug.sinks.sink import FileSink
+from dstltree.storage.errors import StorageError
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -71,13 +74,16 @@ WorkerInstruction = StorageInstruction | SweepOrphans
 @dataclass
 class StorageCounters:
     """Counts of the storage worker since start: ``deletes_refused`` (paths outside
-    the job's prefix, or asked of a fenced driver), ``orphans_spared`` (unreferenced
+    the job's prefix, or asked of a fenced driver), ``shared_objects_kept`` (released
+    objects outside the job's own folders kept because a segment in them is of a log
+    not the job's, or their index could not be read), ``orphans_spared`` (unreferenced
     files too young at the last cleanup or sweep), ``orphan_sweeps`` (in-run sweeps
     carried out, the final one included), ``writes_fenced`` (checkpoint writes and
     cleanups refused because another driver took the job over). ``listener(name,
     n)`` is called on each count (metrics)."""
 
     deletes_refused: int = 0
+    shared_objects_kept: int = 0
     orphans_spared: int = 0
     orphan_sweeps: int = 0
     writes_fenced: int = 0
@@ -231,8 +237,27 @@ class StorageWorker:
 
     @run.register
     def _(self, instruction: DeleteObjects) -> Event:
-        deleted = len(self.store.delete(self._allowed(instruction.paths)))
+        paths = [
+            p
+            for p in self._allowed(instruction.paths)
+            if within_job(self.store, p) or self._only_of(p, instruction.logs)
+        ]
+        deleted = len(self.store.delete(paths))
         return ObjectsDeleted(self._clock(), instruction.paths, deleted)
+
+    def _only_of(self, url: str, logs: frozenset[str]) -> bool:
+        """Whether every segment of the object ``url`` (outside the job's own folders:
+        a shared node's) is of one of ``logs``, by its index (two range reads); False,
+        counted in ``shared_objects_kept``, when one is not or the index is unreadable
+        (the object is kept: another job may need it)."""
+        try:
+            mine = all(r.meta.log_id in logs for r in read_index(self.store, url, verify=False))
+        except (CorruptObjectError, StorageError) as e:
+            log.warning("kept %s: its index cannot be read (%s)", url, e)
+            mine = False
+        if not mine:
+            self.counters.add("shared_objects_kept")
+        return mine
 
     @run.register
     def _(self, instruction: CleanOrphans) -> Event:

@@ -260,7 +260,8 @@ def test_retention_subsumes_and_deletes_unreferenced() -> None:
     out = _complete(s, 5.0, {0: ["o/snap0", "o/c"], 1: ["o/x", "o/y"]})
     assert out == [DeleteCheckpoint(1)]  # a is still in checkpoint 2
     out = _complete(s, 7.0, {0: ["o/snap0", "o/d"], 1: ["o/y", "o/z"]})
-    assert out == [DeleteCheckpoint(2), DeleteObjects(("o/a", "o/b"))]  # x is still in 3
+    logs = frozenset({"log-0", "log-1"})  # the job's writers (coordinator.testing)
+    assert out == [DeleteCheckpoint(2), DeleteObjects(("o/a", "o/b"), logs)]  # x is in 3
     assert [c.checkpoint_id for c in s.retained] == [3, 4]
     counts = {"o/snap0": 2, "o/c": 1, "o/d": 1, "o/x": 1, "o/y": 2, "o/z": 1}
     assert s.registry.counts() == counts
@@ -285,7 +286,7 @@ def test_start_from_retained_continues_ids_subsumes_extras_and_cleans() -> None:
     assert s.next_checkpoint_id == 7
     assert _feed(s, Started(0.0)) == [
         DeleteCheckpoint(4),
-        DeleteObjects(("o/o4",)),
+        DeleteObjects(("o/o4",), frozenset({"log-0"})),
         CleanOrphans(frozenset({"o/o5", "o/o6"})),
     ]
     assert _feed(s, OrphansDeleted(0.1, 3, 1)) == []
@@ -396,7 +397,8 @@ def test_validate_catches_deleting_what_a_retained_checkpoint_references() -> No
         cfg=CoordinatorConfig(1.0, 100.0, 5.0, retained_checkpoints=1, object_prefixes=("o/",)),
     )
     _complete(s, 1.0, {0: ["o/a"]})
-    assert _complete(s, 3.0, {0: ["o/b"]}) == [DeleteCheckpoint(1), DeleteObjects(("o/a",))]
+    deleted = DeleteObjects(("o/a",), frozenset({"log-0"}))
+    assert _complete(s, 3.0, {0: ["o/b"]}) == [DeleteCheckpoint(1), deleted]
     # A task acknowledges an object already released: validation refuses the state.
     _feed(s, Tick(5.0))
     s.handle(ack(5.0, 0, 0, 3, ["o/a"]))

@@ -333,7 +333,7 @@ def test_only_registry_released_paths_under_the_prefixes_are_deleted() -> None:
     outside = completed(1, {0: ["/etc/passwd", f"{CL}a.dstl"]})
     s = CoordinatorState(CFG, [outside, completed(2, {0: [f"{CL}b.dstl"]})], validate=True)
     out = feed(s, Started(0.0))
-    assert of_type(out, DeleteObjects) == [DeleteObjects((f"{CL}a.dstl",))]
+    assert of_type(out, DeleteObjects) == [DeleteObjects((f"{CL}a.dstl",), frozenset({"log-0"}))]
     assert s.deletions_refused == 1
     # Refused and aborted acknowledgements never turn into deletions.
     feed(s, AttemptStarted(0.0, 0, 1), _msg(0, protocol.Hello(0, 0)))

@@ -1,0 +1,61 @@
+"""Objects of nodes shared by several jobs (nodes by host, writing under their own
+topology's prefix): a job's registry deletes such an object once released only when
+every segment in it is of the job's own logs; an object with another job's segment, or
+an unreadable index, is kept and counted."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dstltree.client.objectformat import build_object
+from dstltree.client.segment import SegmentMeta
+from dstltree.coordinator.events import DeleteObjects, ObjectsDeleted, Started
+from dstltree.coordinator.state import CoordinatorConfig, CoordinatorState
+from dstltree.coordinator.storage_worker import StorageWorker
+from dstltree.coordinator.store import CheckpointStore
+from dstltree.coordinator.testing import completed
+from dstltree.storage.store import ObjectStore
+
+
+def _object(store: ObjectStore, logs: list[str]) -> str:
+    """A real object (segments, index, footer) with one segment per log in ``logs``."""
+    data = [bytes([65 + i]) * (100 + i) for i in range(len(logs))]
+    metas = [SegmentMeta(log, 0, 1, (0,), len(d), 0) for log, d in zip(logs, data, strict=True)]
+    parts, _ = build_object(list(zip(metas, data, strict=True)))
+    url = store.new_object_path()
+    store.put(url, parts)
+    return url
+
+
+def test_a_shared_object_is_deleted_only_when_all_its_segments_are_the_jobs(
+    tmp_path: Path,
+) -> None:
+    job, shared = ObjectStore(str(tmp_path / "job")), ObjectStore(str(tmp_path / "nodes"))
+    worker = StorageWorker(job, CheckpointStore(job), extra_prefixes=[shared.join("changelog")])
+    try:
+        mine = _object(shared, ["job-t0-a0", "job-t1-a0"])
+        mixed = _object(shared, ["job-t0-a0", "other-t0-a0"])
+        broken = shared.new_object_path()
+        shared.put(broken, b"not an object")
+        own = _object(job, ["whoever"])  # the job's own folder: no index read
+        logs = frozenset({"job-t0-a0", "job-t1-a0"})
+        event = worker.call(DeleteObjects((mine, mixed, broken, own), logs))
+        assert isinstance(event, ObjectsDeleted) and event.deleted == 2
+        assert not os.path.exists(mine) and not os.path.exists(own)
+        assert os.path.exists(mixed), "another job's segment is in it"
+        assert os.path.exists(broken), "its index cannot be read: kept"
+        counts = worker.counters.snapshot()
+        assert counts["shared_objects_kept"] == 2 and counts["deletes_refused"] == 0
+    finally:
+        worker.shutdown()
+
+
+def test_the_release_names_the_logs_of_the_job() -> None:
+    cfg = CoordinatorConfig(1.0, 1000.0, 5.0, 1, object_prefixes=("o/",))
+    old = completed(1, {0: ["o/a"], 1: ["o/b"]})
+    new = completed(2, {0: ["o/c"], 1: ["o/b"]})
+    state = CoordinatorState(cfg, [old, new])  # retention 1: the start releases old
+    deletes = [i for i in state.handle(Started(0.0)) if isinstance(i, DeleteObjects)]
+    assert [d.paths for d in deletes] == [("o/a",)]
+    assert deletes[0].logs == frozenset({"log-0", "log-1"})  # coordinator.testing's logs
