@@ -59,6 +59,8 @@ def run_figures(
         "tasks_without_node": max(s.tasks_without_node for s in stats),
         "objects_per_checkpoint": round(len(objects) / max(1, checkpoints), 3),
         "objects_deleted": sum(s.objects_deleted for s in stats),
+        "deletes_refused": sum(s.deletes_refused for s in stats),
+        "shared_objects_kept": sum(s.shared_objects_kept for s in stats),
         "orphans_deleted_at_start": stats[0].orphans_deleted,
         "source_files": last.source_files,
         "rescaled_from": last.rescaled_from,

@@ -129,3 +129,6 @@ def test_demo_submitted_to_a_standalone_cluster_survives_executor_and_node_kills
     assert r["records"] == r["sink_rows"] == 30000
     assert r["recoveries"] >= 1 and r["master"] == cluster.master_url
     assert r["nodes"] == 2 and r["tasks_without_node"] == 0
+    # the nodes' objects lie under their topology's prefix, outside the job's folder:
+    # released ones holding only this job's segments are deleted, none refused
+    assert r["deletes_refused"] == 0 and r["objects_deleted"] > 0, r
