@@ -85,6 +85,8 @@ def _result(records: int, cps: list[int], objects: set[str], rescaled: int | Non
         materializations=((0.5, 1000, 400),),
         materializations_completed=1,
         objects_deleted=2,
+        deletes_refused=1,
+        shared_objects_kept=5,
         orphans_deleted=3,
         tasks_without_node=0,
     )
@@ -117,6 +119,7 @@ def test_run_figures_merge_runs() -> None:
     assert f["checkpoint_duration_ms"] == {"p50": pytest.approx(15.0, abs=5), "p99": 20.0}
     assert f["tasks"] == 2 and f["rescaled_from"] == 4 and f["source_files"] == 5
     assert f["orphans_deleted_at_start"] == 3 and f["objects_deleted"] == 4
+    assert f["deletes_refused"] == 2 and f["shared_objects_kept"] == 10
     assert f["checkpoint_sync_ms"]["p99"] == pytest.approx(2.0, abs=0.1)
     assert f["checkpoint_async_ms"]["p99"] == pytest.approx(18.0, abs=0.3)
     assert f["materialized_bytes_last"] == 1000 and f["materialization_written_bytes"] == 800
