@@ -25,7 +25,9 @@ see :attr:`CoordinatorMetrics.url`); off by default.
 - ``dstl_objects_deleted_total`` (released by the shared state registry),
   ``dstl_orphans_deleted_total`` (cleanup at start and in-run sweeps),
   ``dstl_deletes_refused_total`` (paths outside the job's prefix, or of a fenced
-  driver), ``dstl_checkpoint_writes_fenced_total`` (another driver took the job over).
+  driver), ``dstl_shared_objects_kept_total`` (released objects of nodes by host kept:
+  a segment of another job's log in them, or an unreadable index),
+  ``dstl_checkpoint_writes_fenced_total`` (another driver took the job over).
 - ``dstl_messages_fenced_total`` (from stale task attempts),
 - ``dstl_tasks_without_node`` (tasks writing straight to the DFS: no node on their host),
   ``dstl_messages_rejected_total`` (malformed or not task messages, answered with an
@@ -121,6 +123,11 @@ class CoordinatorMetrics:
     def _add_storage_counters(self, r: CollectorRegistry) -> None:
         self.deletes_refused = Counter(
             "dstl_deletes_refused", "Deletions outside the job's prefix refused.", registry=r
+        )
+        self.shared_objects_kept = Counter(
+            "dstl_shared_objects_kept",
+            "Released objects of shared nodes kept: another log's segment in them.",
+            registry=r,
         )
         self.writes_fenced = Counter(
             "dstl_checkpoint_writes_fenced",

@@ -424,6 +424,8 @@ class Coordinator:
             m.deletes_refused.inc(n)
         elif name == "writes_fenced":
             m.writes_fenced.inc(n)
+        elif name == "shared_objects_kept":
+            m.shared_objects_kept.inc(n)
 
     def _call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         t = self._thread

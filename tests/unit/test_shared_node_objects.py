@@ -59,3 +59,20 @@ def test_the_release_names_the_logs_of_the_job() -> None:
     deletes = [i for i in state.handle(Started(0.0)) if isinstance(i, DeleteObjects)]
     assert [d.paths for d in deletes] == [("o/a",)]
     assert deletes[0].logs == frozenset({"log-0", "log-1"})  # coordinator.testing's logs
+
+
+def test_kept_shared_objects_are_counted_in_statistics_and_metrics(tmp_path: Path) -> None:
+    from dstltree.coordinator import Coordinator
+
+    job, shared = ObjectStore(str(tmp_path / "job")), ObjectStore(str(tmp_path / "nodes"))
+    coord = Coordinator(job, 1, metrics_port=0, extra_object_prefixes=[shared.join("changelog")])
+    try:
+        mixed = _object(shared, ["job-t0-a0", "other-t0-a0"])
+        coord._storage.call(DeleteObjects((mixed,), frozenset({"job-t0-a0"})))
+        assert os.path.exists(mixed)
+        assert coord.statistics().shared_objects_kept == 1
+        assert coord.metrics is not None
+        sample = coord.metrics.registry.get_sample_value("dstl_shared_objects_kept_total")
+        assert sample == 1.0
+    finally:
+        coord.stop()
