@@ -266,3 +266,30 @@ def test_retry_policy_validation() -> None:
         RetryPolicy(max_attempts=0)
     with pytest.raises(ValueError, match="backoff"):
         RetryPolicy(initial_backoff=-1)
+
+
+@pytest.mark.s3
+def test_shared_node_objects_on_s3_are_deleted_only_when_all_the_jobs(s3: S3Target) -> None:
+    """A job's release of objects a shared node wrote elsewhere in the bucket: the
+    index is read with two range reads; an object with another job's segment stays."""
+    from dstltree.coordinator.events import DeleteObjects, ObjectsDeleted
+    from dstltree.coordinator.storage_worker import StorageWorker
+    from dstltree.coordinator.store import CheckpointStore
+
+    job = ObjectStore(f"{s3.base_url}/job", s3.storage_options)
+    shared = ObjectStore(f"{s3.base_url}/nodes", s3.storage_options)
+    urls = []
+    for logs in (["job-t0-a0"], ["job-t0-a0", "other-t0-a0"]):
+        data = [bytes([65 + i]) * 100 for i in range(len(logs))]
+        metas = [SegmentMeta(g, 0, 1, (0,), 100, 0) for g in logs]
+        parts, _ = build_object(list(zip(metas, data, strict=True)))
+        urls.append(shared.new_object_path())
+        shared.put(urls[-1], parts)
+    worker = StorageWorker(job, CheckpointStore(job), extra_prefixes=[shared.join("changelog")])
+    try:
+        event = worker.call(DeleteObjects(tuple(urls), frozenset({"job-t0-a0"})))
+        assert isinstance(event, ObjectsDeleted) and event.deleted == 1
+        assert not shared.exists(urls[0]) and shared.exists(urls[1])
+        assert worker.counters.snapshot()["shared_objects_kept"] == 1
+    finally:
+        worker.shutdown()
