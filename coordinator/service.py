@@ -62,7 +62,8 @@ class CoordinatorStatistics:
     files too young at the last cleanup; ``deletes_refused``: paths outside the job's
     prefix (or asked of a fenced driver) not deleted; ``shared_objects_kept``: released
     objects of nodes outside the job's folders kept because they hold segments of other
-    logs (another job's) or an unreadable index; ``pointer_versions_deleted``: old
+    logs (another job's) or an unreadable index; ``shared_orphans_deleted``: this run's
+    orphans deleted there (``log_namespace``); ``pointer_versions_deleted``: old
     ``LATEST-<n>`` pointer versions; ``writes_fenced``: storage work refused because
     another driver took the job over (``fenced``: why, else None);
     ``materializations``: per applied epoch (seconds from its trigger to its
@@ -95,6 +96,7 @@ class CoordinatorStatistics:
     orphans_spared: int = 0
     deletes_refused: int = 0
     shared_objects_kept: int = 0
+    shared_orphans_deleted: int = 0
     pointer_versions_deleted: int = 0
     writes_fenced: int = 0
     fenced: str | None = None
@@ -123,7 +125,10 @@ class Coordinator:
     seconds before a failed sink commit is tried again. ``extra_object_prefixes``:
     where nodes writing outside this job's ``<base>/changelog/`` and
     ``<base>/materialized/`` put objects; acknowledgements and reports naming any
-    other path are refused. See coordinator/state.py.
+    other path are refused. See coordinator/state.py. ``log_namespace``: this run's
+    writers name their logs ``<log_namespace>-...``; then the orphan cleanups and sweeps
+    also delete this run's unreferenced objects under ``extra_object_prefixes``
+    (coordinator/shared.py), never an object holding another log's segment.
     ``security``: CURVE with the per-job keys (``Curve.shared``, tasks connect with the
     same); None = plaintext (tests; the job layer defaults to CURVE).
 
@@ -161,6 +166,7 @@ class Coordinator:
         extra_object_prefixes: Sequence[str] = (),
         orphan_grace: float = 60.0,
         sweep_interval: float = 10.0,
+        log_namespace: str | None = None,
     ) -> None:
         if num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
@@ -197,6 +203,7 @@ class Coordinator:
             sink=sink,
             orphan_grace=policy.grace,
             extra_prefixes=extra_object_prefixes,
+            log_namespace=log_namespace,
         )
         self._storage.counters.listener = self._count_storage
         self.metrics = None if metrics_port is None else CoordinatorMetrics(metrics_port)
@@ -410,6 +417,7 @@ class Coordinator:
             "orphans_spared": c["orphans_spared"],
             "deletes_refused": c["deletes_refused"],
             "shared_objects_kept": c["shared_objects_kept"],
+            "shared_orphans_deleted": c["shared_orphans_deleted"],
             "pointer_versions_deleted": self.checkpoints.pointers_deleted,
             "writes_fenced": c["writes_fenced"],
             "fenced": None if fenced is None else str(fenced),

@@ -34,7 +34,7 @@ from functools import singledispatchmethod
 
 from dstltree.client.errors import CorruptObjectError
 from dstltree.client.reader import read_index
-from dstltree.coordinator.cleanup import scan_orphans, within_job
+from dstltree.coordinator.cleanup import OrphanScan, scan_orphans, within_job
 from dstltree.coordinator.events import (
     CheckpointDeleted,
     CheckpointWritten,
@@ -59,6 +59,7 @@ from dstltree.coordinator.events import (
     SweepOrphans,
     WriteFailed,
 )
+from dstltree.coordinator.shared import SharedOrphans
 from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.sparkplug.sinks.committer import SinkCommitter
 from dstltree.sparkplug.sinks.sink import FileSink
@@ -76,7 +77,9 @@ class StorageCounters:
     """Counts of the storage worker since start: ``deletes_refused`` (paths outside
     the job's prefix, or asked of a fenced driver), ``shared_objects_kept`` (released
     objects outside the job's own folders kept because a segment in them is of a log
-    not the job's, or their index could not be read), ``orphans_spared`` (unreferenced
+    not the job's, or their index could not be read), ``shared_orphans_deleted``
+    (unreferenced objects of this run under shared nodes' prefixes, coordinator/shared.py,
+    deleted by the cleanups and sweeps), ``orphans_spared`` (unreferenced
     files too young at the last cleanup or sweep), ``orphan_sweeps`` (in-run sweeps
     carried out, the final one included), ``writes_fenced`` (checkpoint writes and
     cleanups refused because another driver took the job over). ``listener(name,
@@ -84,6 +87,7 @@ class StorageCounters:
 
     deletes_refused: int = 0
     shared_objects_kept: int = 0
+    shared_orphans_deleted: int = 0
     orphans_spared: int = 0
     orphan_sweeps: int = 0
     writes_fenced: int = 0
@@ -115,7 +119,10 @@ class StorageWorker:
     seconds (the cutoff of the cleanup at start). ``orphan_grace``: seconds; the
     cleanup at start spares unreferenced files younger than that. ``extra_prefixes``:
     URL prefixes outside the job's folders where deletions are allowed too (nodes
-    writing elsewhere)."""
+    writing elsewhere). ``log_namespace``: this run's writers name their logs
+    ``<log_namespace>-...``; with ``extra_prefixes``, the orphan cleanups and sweeps
+    delete this run's orphans there too (:class:`SharedOrphans`), and a released object
+    there goes when each of its segments is of a log the release names or of this run."""
 
     def __init__(
         self,
@@ -127,6 +134,7 @@ class StorageWorker:
         orphan_grace: float = 60.0,
         extra_prefixes: Sequence[str] = (),
         wall: Callable[[], float] = time.time,
+        log_namespace: str | None = None,
     ) -> None:
         if orphan_grace < 0:
             raise ValueError("orphan_grace must be >= 0 seconds")
@@ -135,6 +143,11 @@ class StorageWorker:
         self.sink = sink
         self.orphan_grace = orphan_grace
         self.extra_prefixes = tuple(extra_prefixes)
+        self.shared = (
+            SharedOrphans(store, self.extra_prefixes, log_namespace)
+            if log_namespace and self.extra_prefixes
+            else None
+        )
         self.counters = StorageCounters()
         self._wall = wall
         self._committer: SinkCommitter | None = None
@@ -250,8 +263,12 @@ class StorageWorker:
         a shared node's) is of one of ``logs``, by its index (two range reads); False,
         counted in ``shared_objects_kept``, when one is not or the index is unreadable
         (the object is kept: another job may need it)."""
+        marker = None if self.shared is None else self.shared.marker
         try:
-            mine = all(r.meta.log_id in logs for r in read_index(self.store, url, verify=False))
+            mine = all(
+                r.meta.log_id in logs or (marker is not None and r.meta.log_id.startswith(marker))
+                for r in read_index(self.store, url, verify=False)
+            )
         except (CorruptObjectError, StorageError) as e:
             log.warning("kept %s: its index cannot be read (%s)", url, e)
             mine = False
@@ -274,12 +291,15 @@ class StorageWorker:
         """List, check ownership, then delete what was listed (see the module
         docstring). Raises JobFencedError, StorageError."""
         scan = scan_orphans(self.store, referenced, cutoff)
+        shared = OrphanScan((), ()) if self.shared is None else self.shared.scan(referenced, cutoff)
         stale = self.checkpoints.stale_files(cutoff)
         self.checkpoints.verify_owner()
         orphans = len(self.store.delete(self._allowed(scan.orphans)))
+        in_shared = len(self.store.delete(self._allowed(shared.orphans)))
         deleted_stale = len(self.store.delete(self._allowed(stale)))
-        self.counters.add("orphans_spared", len(scan.spared))
-        return OrphansDeleted(self._clock(), orphans, deleted_stale)
+        self.counters.add("orphans_spared", len(scan.spared) + len(shared.spared))
+        self.counters.add("shared_orphans_deleted", in_shared)
+        return OrphansDeleted(self._clock(), orphans + in_shared, deleted_stale)
 
     def _allowed(self, paths: Sequence[str]) -> list[str]:
         """``paths`` under the job's prefix; the others (all, once fenced) are refused

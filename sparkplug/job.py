@@ -131,6 +131,7 @@ def run_pipeline(
     nodes = NodePlacement() if topo is None else _start_nodes(spark, opts, topo)
     security = JobSecurity.make(opts.auth, nodes.keys)
     bind, advertise = driver_addresses(spark)
+    job_id = uuid.uuid4().hex[:8]  # this run's log namespace: <job_id>-t<task>-a<attempt>
     coord = Coordinator(
         store,
         opts.parallelism,
@@ -147,11 +148,12 @@ def run_pipeline(
         finish_when_source_done=until == "end",
         security=security.job,
         extra_object_prefixes=_node_prefixes(opts, topo),
+        log_namespace=job_id,
     )
     observed = Observed()
     try:
         coord.start()
-        driver = _Attempts(spark, pipeline, opts, coord, nodes, topo, observed, security)
+        driver = _Attempts(spark, pipeline, opts, coord, nodes, topo, observed, security, job_id)
         recoveries = driver.run(start, _deadline(until), stop)
         latest = coord.latest_checkpoint()
         observed.see(latest)
@@ -283,12 +285,13 @@ class _Attempts:
         topo: TopologyConfig | None,
         observed: Observed,
         security: JobSecurity | None = None,
+        job_id: str | None = None,
     ) -> None:
         self.sc = spark.sparkContext
         self.security = security
         self.pipeline, self.opts, self.coord = pipeline, opts, coord
         self.nodes, self.topo, self.observed = nodes, topo, observed
-        self.job_id = uuid.uuid4().hex[:8]
+        self.job_id = job_id or uuid.uuid4().hex[:8]  # the writers' log namespace
         self.master = _master(spark, opts)
         self._stop_sent = False
         self.task_results: list[dict[str, Any]] = []  # what the tasks of the last attempt returned

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dstltree.coordinator.cleanup import normalize
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.security import generate_key_dir
 from dstltree.storage.store import ObjectStore
@@ -132,3 +133,15 @@ def test_demo_submitted_to_a_standalone_cluster_survives_executor_and_node_kills
     # the nodes' objects lie under their topology's prefix, outside the job's folder:
     # released ones holding only this job's segments are deleted, none refused
     assert r["deletes_refused"] == 0 and r["objects_deleted"] > 0, r
+    # the end state there: every written object is named by a retained checkpoint (the
+    # empty files the nodes reserved ahead aside); the sweep's own cases are in
+    # tests/unit/test_shared_node_objects.py
+    nodes_store = ObjectStore(run_prefix(str(base)) + "/checkpoints")
+    job_store = ObjectStore(checkpoint_dir(str(base)))
+    named = {
+        normalize(job_store, p)
+        for cp in CheckpointStore(job_store).list_retained()
+        for p in cp.referenced_paths()
+    }
+    written = [i.url for i in nodes_store.list_info(nodes_store.join("changelog")) if i.size]
+    assert written and {normalize(job_store, u) for u in written} <= named

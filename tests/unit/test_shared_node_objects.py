@@ -6,11 +6,18 @@ an unreadable index, is kept and counted."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from dstltree.client.objectformat import build_object
 from dstltree.client.segment import SegmentMeta
-from dstltree.coordinator.events import DeleteObjects, ObjectsDeleted, Started
+from dstltree.coordinator.events import (
+    DeleteObjects,
+    ObjectsDeleted,
+    OrphansDeleted,
+    Started,
+    SweepOrphans,
+)
 from dstltree.coordinator.state import CoordinatorConfig, CoordinatorState
 from dstltree.coordinator.storage_worker import StorageWorker
 from dstltree.coordinator.store import CheckpointStore
@@ -76,3 +83,46 @@ def test_kept_shared_objects_are_counted_in_statistics_and_metrics(tmp_path: Pat
         assert sample == 1.0
     finally:
         coord.stop()
+
+
+def _aged(store: ObjectStore, url: str, age_s: float) -> str:
+    t = time.time() - age_s
+    os.utime(store._path(url), (t, t))
+    return url
+
+
+def test_sweeps_delete_only_this_runs_orphans_under_the_shared_prefix(tmp_path: Path) -> None:
+    job, shared = ObjectStore(str(tmp_path / "job")), ObjectStore(str(tmp_path / "nodes"))
+    worker = StorageWorker(
+        job,
+        CheckpointStore(job),
+        extra_prefixes=[shared.join("changelog")],
+        log_namespace="run1",
+    )
+    try:
+        ours = _aged(shared, _object(shared, ["run1-t0-a0", "run1-t1-a1"]), 120)
+        young = _object(shared, ["run1-t0-a0"])
+        named = _aged(shared, _object(shared, ["run1-t0-a0"]), 120)  # referenced
+        mixed = _aged(shared, _object(shared, ["run1-t0-a0", "run2-t0-a0"]), 120)
+        theirs = _aged(shared, _object(shared, ["run10-t0-a0"]), 120)  # not "run1-"
+        broken = shared.new_object_path()
+        shared.put(broken, b"no index")
+        _aged(shared, broken, 120)
+        sweep = SweepOrphans(frozenset({named}), time.time() - 60, final=False)
+        event = worker.call(sweep)
+        assert isinstance(event, OrphansDeleted) and event.orphans == 1
+        left = {u for u in (ours, young, named, mixed, theirs, broken) if shared.exists(u)}
+        assert left == {young, named, mixed, theirs, broken}
+        counts = worker.counters.snapshot()
+        assert counts["shared_orphans_deleted"] == 1 and counts["orphans_spared"] == 1
+        # the final sweep (any age) takes the young one too; the others stay
+        event = worker.call(SweepOrphans(frozenset({named}), None, final=True))
+        assert isinstance(event, OrphansDeleted) and event.orphans == 1
+        assert not shared.exists(young) and shared.exists(mixed) and shared.exists(theirs)
+        # a released object with a segment of this run not named by the release
+        release = DeleteObjects((named,), frozenset({"run1-t9-a9"}))
+        event = worker.call(release)
+        assert isinstance(event, ObjectsDeleted) and event.deleted == 1
+        assert not shared.exists(named)
+    finally:
+        worker.shutdown()

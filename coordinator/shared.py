@@ -1,0 +1,75 @@
+"""Orphans of this run under the prefixes of nodes shared with other jobs.
+
+Nodes by host write under their topology's own ``<base_path>/changelog/``, and one
+object may hold segments of several jobs running on the cluster. The job's orphan
+sweeps (coordinator/sweep.py) list that prefix too, but an unreferenced object there is
+deleted only if its index (two range reads) names no log but this run's writers': their
+log ids start with ``<namespace>-`` (sparkplug names them ``<job_id>-t<task>-a<attempt>``,
+``job_id`` random per run). Such an object is this run's garbage under the same rule as
+the job's own files (unreferenced, older than the sweep's cutoff, named by no pending
+acknowledgement); any other object, or one whose index cannot be read, is another
+job's business and is kept. Verdicts on objects that are not this run's are remembered
+(objects are immutable), so a sweep reads each index at most once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+from dstltree.client.errors import CorruptObjectError
+from dstltree.client.reader import read_index
+from dstltree.coordinator.cleanup import OrphanScan, normalize
+from dstltree.storage.errors import StorageError
+from dstltree.storage.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+_MAX_REMEMBERED = 100_000  # verdicts kept on other jobs' objects (then forgotten, re-read)
+
+
+class SharedOrphans:
+    """Scans ``prefixes`` (URLs of shared nodes' changelog folders) on ``store`` for
+    objects of the run whose writers' log ids start with ``namespace + "-"``. Not
+    thread-safe (the storage worker's thread)."""
+
+    def __init__(self, store: ObjectStore, prefixes: Sequence[str], namespace: str) -> None:
+        if not namespace:
+            raise ValueError("a shared-prefix sweep needs a non-empty log namespace")
+        self.store = store
+        self.prefixes = tuple(prefixes)
+        self.marker = namespace + "-"
+        self._foreign: set[str] = set()
+
+    def scan(self, referenced: Iterable[str], cutoff: float | None) -> OrphanScan:
+        """Unreferenced objects of this run modified before ``cutoff`` (epoch seconds,
+        the store's clock; None = any age): ``orphans``; those too young: ``spared``.
+        Raises StorageError for a failed listing."""
+        keep = {normalize(self.store, p) for p in referenced}
+        orphans: list[str] = []
+        spared: list[str] = []
+        for prefix in self.prefixes:
+            for info in self.store.list_info(prefix):
+                url = normalize(self.store, info.url)
+                if url in keep or url in self._foreign:
+                    continue
+                if cutoff is not None and (info.mtime is None or info.mtime >= cutoff):
+                    spared.append(info.url)
+                elif self._ours(info.url):
+                    orphans.append(info.url)
+        return OrphanScan(tuple(orphans), tuple(spared))
+
+    def _ours(self, url: str) -> bool:
+        """Whether every segment of object ``url`` is of this run's logs (remembered
+        when not)."""
+        try:
+            refs = read_index(self.store, url, verify=False)
+        except (CorruptObjectError, StorageError) as e:
+            log.debug("shared object %s is not this run's: %s", url, e)
+            refs = None
+        if refs and all(r.meta.log_id.startswith(self.marker) for r in refs):
+            return True
+        if len(self._foreign) >= _MAX_REMEMBERED:
+            self._foreign.clear()
+        self._foreign.add(normalize(self.store, url))
+        return False
