@@ -51,8 +51,8 @@ class SharedOrphans:
         for prefix in self.prefixes:
             for info in self.store.list_info(prefix):
                 url = normalize(self.store, info.url)
-                if url in keep or url in self._foreign:
-                    continue
+                if url in keep or url in self._foreign or not info.size:
+                    continue  # an empty file (a node's reservation) has no index
                 if cutoff is not None and (info.mtime is None or info.mtime >= cutoff):
                     spared.append(info.url)
                 elif self._ours(info.url):

@@ -265,9 +265,10 @@ class StorageWorker:
         (the object is kept: another job may need it)."""
         marker = None if self.shared is None else self.shared.marker
         try:
-            mine = all(
+            refs = read_index(self.store, url, verify=False)
+            mine = bool(refs) and all(
                 r.meta.log_id in logs or (marker is not None and r.meta.log_id.startswith(marker))
-                for r in read_index(self.store, url, verify=False)
+                for r in refs
             )
         except (CorruptObjectError, StorageError) as e:
             log.warning("kept %s: its index cannot be read (%s)", url, e)

@@ -108,6 +108,8 @@ def test_sweeps_delete_only_this_runs_orphans_under_the_shared_prefix(tmp_path: 
         broken = shared.new_object_path()
         shared.put(broken, b"no index")
         _aged(shared, broken, 120)
+        reserved = shared.new_object_path()  # a node's empty file, made ahead
+        shared.put(reserved, b"")
         sweep = SweepOrphans(frozenset({named}), time.time() - 60, final=False)
         event = worker.call(sweep)
         assert isinstance(event, OrphansDeleted) and event.orphans == 1
@@ -119,6 +121,7 @@ def test_sweeps_delete_only_this_runs_orphans_under_the_shared_prefix(tmp_path: 
         event = worker.call(SweepOrphans(frozenset({named}), None, final=True))
         assert isinstance(event, OrphansDeleted) and event.orphans == 1
         assert not shared.exists(young) and shared.exists(mixed) and shared.exists(theirs)
+        assert shared.exists(reserved) and worker.counters.snapshot()["orphans_spared"] == 0
         # a released object with a segment of this run not named by the release
         release = DeleteObjects((named,), frozenset({"run1-t9-a9"}))
         event = worker.call(release)
