@@ -58,10 +58,10 @@ dask/distributed's ``worker_state_machine``). Behaviour:
   ``protocol.CheckpointComplete``; a failed commit is retried, never skipped. Every
   attempt starts with :class:`RecoverSink` and triggers no checkpoint before it is
   answered. Without a sink, ``CheckpointComplete`` follows the metadata write.
-- End of a run: with ``finish_when_source_done``, once the enumerator is finished the
-  next checkpoint triggered is final (``TriggerCheckpoint(final=True)``); after
-  :class:`StopRequested` the next trigger happens at once (or right after the
-  checkpoint in flight) and is final. An aborted final checkpoint is followed by
+- End of a run: with ``finish_when_source_done``, once the enumerator is finished, and
+  after :class:`StopRequested`, the next checkpoint is triggered at once (or right
+  after the checkpoint in flight), not an interval later, and is final
+  (``TriggerCheckpoint(final=True)``). An aborted final checkpoint is followed by
   another final one. When a final checkpoint is durable and committed, every task is
   sent ``protocol.Finish`` (and so is every task of a later attempt once connected),
   :attr:`CoordinatorState.finished` is set and nothing is triggered any more.
@@ -761,8 +761,8 @@ class CoordinatorState:
             return []
         if self.commits is not None and self.commits.recovering is not None:
             return []
-        if self.now < self._checkpoint_due and not self.stop_requested:
-            return []
+        if self.now < self._checkpoint_due and not self._final_wanted():
+            return []  # the final one is not due: it ends the run as soon as it can
         assert self.attempt is not None
         cid = self.next_checkpoint_id
         self.next_checkpoint_id += 1
