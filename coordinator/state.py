@@ -62,9 +62,11 @@ dask/distributed's ``worker_state_machine``). Behaviour:
   after :class:`StopRequested`, the next checkpoint is triggered at once (or right
   after the checkpoint in flight), not an interval later, and is final
   (``TriggerCheckpoint(final=True)``). An aborted final checkpoint is followed by
-  another final one. When a final checkpoint is durable and committed, every task is
-  sent ``protocol.Finish`` (and so is every task of a later attempt once connected),
-  :attr:`CoordinatorState.finished` is set and nothing is triggered any more.
+  another final one a checkpoint interval later (a failure that lasts costs one
+  attempt per interval, as during the run). When a final checkpoint is durable and
+  committed, every task is sent ``protocol.Finish`` (and so is every task of a later
+  attempt once connected), :attr:`CoordinatorState.finished` is set and nothing is
+  triggered any more.
 
 :meth:`CoordinatorState.validate` checks the invariants (docs/design.md, Invariants);
 a state built with ``validate=True`` checks them after every event.
@@ -261,6 +263,7 @@ class CoordinatorState:
         self._pending: _Pending | None = None
         self._epoch: _Epoch | None = None
         self._checkpoint_due = 0.0
+        self._aborted_last = False  # the last checkpoint triggered was aborted
         self._materialization_due = 0.0
         self._finish_sent: set[bytes] = set()  # identities sent protocol.Finish
         # What tasks of the current attempt acknowledged: task -> log id -> SQN span,
@@ -761,9 +764,11 @@ class CoordinatorState:
             return []
         if self.commits is not None and self.commits.recovering is not None:
             return []
-        if self.now < self._checkpoint_due and not self._final_wanted():
-            return []  # the final one is not due: it ends the run as soon as it can
+        at_once = self._final_wanted() and not self._aborted_last  # the run ends soon
+        if self.now < self._checkpoint_due and not at_once:
+            return []
         assert self.attempt is not None
+        self._aborted_last = False
         cid = self.next_checkpoint_id
         self.next_checkpoint_id += 1
         final = self._final_wanted()
@@ -829,6 +834,7 @@ class CoordinatorState:
         self._pending = None
         self.checkpoints_aborted += 1
         self._checkpoint_due = self.now + self.config.checkpoint_interval
+        self._aborted_last = True
         return [CheckpointAborted(cid, reason)]
 
     # -- materialization ---------------------------------------------------------------

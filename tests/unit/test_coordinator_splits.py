@@ -210,16 +210,18 @@ def test_an_aborted_final_checkpoint_is_followed_by_another_final_one() -> None:
     s = CoordinatorState(CFG, validate=True)
     feed(s, Started(0.0), AttemptStarted(0.0, 0, 1), hello(0.0, 0, 0))
     assert feed(s, StopRequested(0.1)) == triggers(1, 0, 1, final=True)
-    assert feed(s, Tick(6.0)) == [
-        CheckpointAborted(1, "timeout: 0/1 tasks acknowledged"),
-        *triggers(2, 0, 1, final=True),
-    ]
-    feed(s, ack(6.1, 0, 0, 2))
-    assert feed(s, WriteFailed(6.2, 2, "disk full")) == [
+    # the next final one a checkpoint interval (1.0 s) later: a lasting failure costs
+    # one attempt per interval, not one per tick
+    assert feed(s, Tick(6.0)) == [CheckpointAborted(1, "timeout: 0/1 tasks acknowledged")]
+    assert feed(s, Tick(6.5)) == []
+    assert feed(s, Tick(7.0)) == triggers(2, 0, 1, final=True)
+    feed(s, ack(7.1, 0, 0, 2))
+    assert feed(s, WriteFailed(7.2, 2, "disk full")) == [
         CheckpointAborted(2, "write failed: disk full")
     ]
-    assert feed(s, Tick(6.2)) == triggers(3, 0, 1, final=True)
-    _checkpoint(s, 6.3, {0: []})
+    assert feed(s, Tick(7.2)) == []
+    assert feed(s, Tick(8.2)) == triggers(3, 0, 1, final=True)
+    _checkpoint(s, 8.3, {0: []})
     assert s.finished is not None and s.finished.checkpoint_id == 3
 
 
