@@ -127,8 +127,9 @@ class Coordinator:
     ``<base>/materialized/`` put objects; acknowledgements and reports naming any
     other path are refused. See coordinator/state.py. ``log_namespace``: this run's
     writers name their logs ``<log_namespace>-...``; then the orphan cleanups and sweeps
-    also delete this run's unreferenced objects under ``extra_object_prefixes``
-    (coordinator/shared.py), never an object holding another log's segment.
+    also delete the job's unreferenced objects under ``extra_object_prefixes`` (of this
+    run's namespace or of one of the logs its restored checkpoints name:
+    coordinator/shared.py), never an object holding another log's segment.
     ``security``: CURVE with the per-job keys (``Curve.shared``, tasks connect with the
     same); None = plaintext (tests; the job layer defaults to CURVE).
 
@@ -231,6 +232,10 @@ class Coordinator:
             raise CoordinatorError("coordinator already started")
         self.checkpoints.claim()
         retained = self.checkpoints.list_retained()
+        if self._storage.shared is not None:  # earlier runs' orphans are the job's too
+            self._storage.shared.add_namespaces(
+                h.log_id for cp in retained for tc in cp.tasks.values() for h in tc.changelog
+            )
         with self._lock:
             self._state = self._new_state(retained)
             for ins in self._state.handle(ev.Started(time.monotonic())):

@@ -3,9 +3,11 @@
 Nodes by host write under their topology's own ``<base_path>/changelog/``, and one
 object may hold segments of several jobs running on the cluster. The job's orphan
 sweeps (coordinator/sweep.py) list that prefix too, but an unreferenced object there is
-deleted only if its index (two range reads) names no log but this run's writers': their
-log ids start with ``<namespace>-`` (sparkplug names them ``<job_id>-t<task>-a<attempt>``,
-``job_id`` random per run). Such an object is this run's garbage under the same rule as
+deleted only if its index (two range reads) names no log but this job's writers': their
+log ids start with ``<namespace>-``, for this run's namespace or one of an earlier run
+whose checkpoints this run restored (sparkplug names them
+``<job_id>-t<task>-a<attempt>``, ``job_id`` random per run: the namespace of a log id
+is the part before its first ``-``). Such an object is this run's garbage under the same rule as
 the job's own files (unreferenced, older than the sweep's cutoff, named by no pending
 acknowledgement); any other object, or one whose index cannot be read, is another
 job's business and is kept. Verdicts on objects that are not this run's are remembered
@@ -30,16 +32,24 @@ _MAX_REMEMBERED = 100_000  # verdicts kept on other jobs' objects (then forgotte
 
 class SharedOrphans:
     """Scans ``prefixes`` (URLs of shared nodes' changelog folders) on ``store`` for
-    objects of the run whose writers' log ids start with ``namespace + "-"``. Not
-    thread-safe (the storage worker's thread)."""
+    objects of the job whose writers' log ids start with ``namespace + "-"`` (or with
+    a namespace added by :meth:`add_namespaces`). Not thread-safe (the storage
+    worker's thread)."""
 
     def __init__(self, store: ObjectStore, prefixes: Sequence[str], namespace: str) -> None:
         if not namespace:
             raise ValueError("a shared-prefix sweep needs a non-empty log namespace")
         self.store = store
         self.prefixes = tuple(prefixes)
-        self.marker = namespace + "-"
+        self.markers: tuple[str, ...] = (namespace + "-",)
         self._foreign: set[str] = set()
+
+    def add_namespaces(self, log_ids: Iterable[str]) -> None:
+        """Count the namespaces of ``log_ids`` (logs of the job's restored checkpoints:
+        an earlier run's) as the job's too; a log id without ``-`` names none."""
+        found = {log.split("-", 1)[0] + "-" for log in log_ids if "-" in log.strip("-")}
+        self.markers = tuple(sorted(set(self.markers) | found))
+        self._foreign.clear()  # verdicts given without them
 
     def scan(self, referenced: Iterable[str], cutoff: float | None) -> OrphanScan:
         """Unreferenced objects of this run modified before ``cutoff`` (epoch seconds,
@@ -67,7 +77,7 @@ class SharedOrphans:
         except (CorruptObjectError, StorageError) as e:
             log.debug("shared object %s is not this run's: %s", url, e)
             refs = None
-        if refs and all(r.meta.log_id.startswith(self.marker) for r in refs):
+        if refs and all(r.meta.log_id.startswith(self.markers) for r in refs):
             return True
         if len(self._foreign) >= _MAX_REMEMBERED:
             self._foreign.clear()

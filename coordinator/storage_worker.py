@@ -263,12 +263,11 @@ class StorageWorker:
         a shared node's) is of one of ``logs``, by its index (two range reads); False,
         counted in ``shared_objects_kept``, when one is not or the index is unreadable
         (the object is kept: another job may need it)."""
-        marker = None if self.shared is None else self.shared.marker
+        markers = () if self.shared is None else self.shared.markers
         try:
             refs = read_index(self.store, url, verify=False)
             mine = bool(refs) and all(
-                r.meta.log_id in logs or (marker is not None and r.meta.log_id.startswith(marker))
-                for r in refs
+                r.meta.log_id in logs or r.meta.log_id.startswith(markers) for r in refs
             )
         except (CorruptObjectError, StorageError) as e:
             log.warning("kept %s: its index cannot be read (%s)", url, e)

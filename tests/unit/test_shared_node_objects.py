@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from dstltree.client.objectformat import build_object
@@ -129,3 +130,28 @@ def test_sweeps_delete_only_this_runs_orphans_under_the_shared_prefix(tmp_path: 
         assert not shared.exists(named)
     finally:
         worker.shutdown()
+
+
+def test_a_restarted_driver_cleans_the_orphans_of_the_run_it_restores(tmp_path: Path) -> None:
+    from dstltree.coordinator import Coordinator
+    from dstltree.coordinator.testing import handle, task_checkpoint
+
+    job, shared = ObjectStore(str(tmp_path / "job")), ObjectStore(str(tmp_path / "nodes"))
+    named = _object(shared, ["run0-t0-a1"])
+    tc = replace(task_checkpoint(0, 1), changelog=(handle("run0-t0-a1", [named]),))
+    CheckpointStore(job).add(replace(completed(1, {}, attempt=1), tasks={0: tc}))
+    left = _aged(shared, _object(shared, ["run0-t0-a1"]), 120)  # a persist never acked
+    theirs = _aged(shared, _object(shared, ["elsewhere-t0-a0"]), 120)
+    coord = Coordinator(
+        job,
+        1,
+        extra_object_prefixes=[shared.join("changelog")],
+        log_namespace="run1",  # the new driver's run
+    )
+    coord.start()  # the cleanup at start (grace 60 s)
+    try:
+        assert not shared.exists(left), "the restored run's orphan"
+        assert shared.exists(named) and shared.exists(theirs)
+        assert coord.statistics().shared_orphans_deleted == 1
+    finally:
+        coord.stop()
