@@ -28,7 +28,7 @@ from dstltree.aggregator.node import Node
 from dstltree.client.api import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.writer import ChangelogWriter
-from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore
+from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore, fsync_dir
 
 _WINDOW_BYTES = 64 * 1024 * 1024  # bytes in flight of a throughput sender
 _CHECKPOINT_BYTES = 32 * 1024 * 1024  # bytes a forwarding writer appends between persists
@@ -71,11 +71,7 @@ class _FloorFiles:
             path = self._name()
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             self.ready.append(path)
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.dir)
 
     def write(self, body: zmq.Frame, ahead: bool) -> None:
         """Write ``body`` and fsync it: into a file made ahead if ``ahead`` (a new file

@@ -65,21 +65,27 @@ class SharedOrphans:
                     continue  # an empty file (a node's reservation) has no index
                 if cutoff is not None and (info.mtime is None or info.mtime >= cutoff):
                     spared.append(info.url)
-                elif self._ours(info.url):
+                elif self._ours(info.url, url):
                     orphans.append(info.url)
         return OrphanScan(tuple(orphans), tuple(spared))
 
-    def _ours(self, url: str) -> bool:
-        """Whether every segment of object ``url`` is of this run's logs (remembered
-        when not)."""
-        try:
-            refs = read_index(self.store, url, verify=False)
-        except (CorruptObjectError, StorageError) as e:
-            log.debug("shared object %s is not this run's: %s", url, e)
-            refs = None
-        if refs and all(r.meta.log_id.startswith(self.markers) for r in refs):
+    def _ours(self, url: str, canonical: str) -> bool:
+        """Whether every segment of object ``url`` is of the job's logs (remembered
+        by its ``canonical`` URL when not)."""
+        logs = object_log_ids(self.store, url)
+        if logs and all(g.startswith(self.markers) for g in logs):
             return True
         if len(self._foreign) >= _MAX_REMEMBERED:
             self._foreign.clear()
-        self._foreign.add(normalize(self.store, url))
+        self._foreign.add(canonical)
         return False
+
+
+def object_log_ids(store: ObjectStore, url: str) -> list[str] | None:
+    """The log id of every segment in object ``url``, from its index (two range reads);
+    None (logged) when the index cannot be read."""
+    try:
+        return [r.meta.log_id for r in read_index(store, url, verify=False)]
+    except (CorruptObjectError, StorageError) as e:
+        log.warning("the index of %s cannot be read: %s", url, e)
+        return None

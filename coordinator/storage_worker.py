@@ -32,8 +32,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
 from functools import singledispatchmethod
 
-from dstltree.client.errors import CorruptObjectError
-from dstltree.client.reader import read_index
 from dstltree.coordinator.cleanup import OrphanScan, scan_orphans, within_job
 from dstltree.coordinator.events import (
     CheckpointDeleted,
@@ -59,11 +57,10 @@ from dstltree.coordinator.events import (
     SweepOrphans,
     WriteFailed,
 )
-from dstltree.coordinator.shared import SharedOrphans
+from dstltree.coordinator.shared import SharedOrphans, object_log_ids
 from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.sparkplug.sinks.committer import SinkCommitter
 from dstltree.sparkplug.sinks.sink import FileSink
-from dstltree.storage.errors import StorageError
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -264,14 +261,8 @@ class StorageWorker:
         counted in ``shared_objects_kept``, when one is not or the index is unreadable
         (the object is kept: another job may need it)."""
         markers = () if self.shared is None else self.shared.markers
-        try:
-            refs = read_index(self.store, url, verify=False)
-            mine = bool(refs) and all(
-                r.meta.log_id in logs or r.meta.log_id.startswith(markers) for r in refs
-            )
-        except (CorruptObjectError, StorageError) as e:
-            log.warning("kept %s: its index cannot be read (%s)", url, e)
-            mine = False
+        found = object_log_ids(self.store, url)
+        mine = bool(found) and all(g in logs or g.startswith(markers) for g in found or ())
         if not mine:
             self.counters.add("shared_objects_kept")
         return mine
