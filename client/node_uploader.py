@@ -1,9 +1,19 @@
 """The uploader that sends segments to the aggregator node of this executor.
 
-One DEALER socket owned by an I/O thread; ``submit`` is thread-safe. A segment not
-acked within ``ack_timeout`` seconds, or answered with an error, is written straight to
-DFS by the in-process uploader instead (docs/design.md, Invariants: liveness never depends
-on one node). A late ack after such a fallback is ignored; the second copy is an orphan.
+One DEALER socket shared under a lock: the caller of ``submit`` (thread-safe) sends its
+request itself, so a segment costs no thread hand-off on its way out; an I/O thread
+takes the replies, watches the connection and expires late items. It waits on the
+socket's file descriptor (``zmq.FD``), never in a ZeroMQ call on the socket, so that the
+socket is only ever used under the lock (ZeroMQ sockets may move between threads with
+a memory barrier, never be used by two at once). The descriptor signals edge-triggered:
+whoever used the socket last checks ``EVENTS`` and wakes the I/O thread through its pipe
+when replies wait.
+
+A segment not acked within ``ack_timeout`` seconds, or answered with an error, is
+written straight to DFS by the in-process uploader instead (docs/design.md, Invariants:
+liveness never depends on one node). A late ack after such a fallback is ignored; the
+second copy is an orphan. Futures are resolved, and fallbacks started, outside the
+lock: a callback may submit again.
 
 Lifecycle: ``close`` is idempotent; after it, ``register``, ``unregister`` and ``submit``
 raise DstlError and touch nothing. The wake-up pipe belongs to the uploader: ``close``
@@ -17,9 +27,9 @@ import contextlib
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -48,6 +58,9 @@ from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger("dstltree.client")
+
+
+_Entry = PersistRequest | Message  # what waits to be sent: a request, or a whole message
 
 
 @dataclass
@@ -111,9 +124,8 @@ class NodeUploader:
     marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, while
     the node stays silent; reset by its next ack); meanwhile items go to DFS at once.
     ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext.
-    ``max_message_bytes``: segment bytes per Persist message; more items queued at once
-    go in several messages (a node refuses a message above its own limit, 64 MiB by
-    default); an item above it goes alone."""
+    ``max_message_bytes``: segment bytes per Persist message; an item above it goes
+    alone in one (a node refuses a message above its own limit, 64 MiB by default)."""
 
     def __init__(
         self,
@@ -143,17 +155,21 @@ class NodeUploader:
         self._down_for = retry_after  # doubles while the node stays silent
         self._node_down_until = float("-inf")
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
-        self._outbox: queue.SimpleQueue[Message | tuple[PersistItem, SegmentFuture]] = (
-            queue.SimpleQueue()
-        )
-        self._pending: dict[int, _AwaitingAck] = {}
         self._ids = itertools.count(1)
         self._writers: set[str] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # writers, lifecycle flags, the pipe's descriptors
+        # the socket, the current link and the items awaiting acks (never held while
+        # a future is resolved or a fallback starts)
+        self._io = threading.Lock()
+        self._pending: dict[int, _AwaitingAck] = {}
+        # what ZeroMQ would not queue yet (its high-water mark), in order: later sends
+        # queue behind it; the I/O thread sends it as the socket drains
+        self._outbox: deque[_Entry] = deque()
+        self._link: MonitoredDealer | None = self._open(self._pref.address)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)  # a full pipe already wakes the thread
-        # a wake-up byte is on its way and the I/O thread has not drained the outbox
-        # since: later posts need none (one pipe write per drain, not per item)
+        # a wake-up byte is on its way and the I/O thread has not read the pipe since:
+        # later wakes need none
         self._wake_pending = False
         self._closed = False  # close() called: no more use
         self._fds_open = True
@@ -172,18 +188,19 @@ class NodeUploader:
         with self._lock:
             self._check_usable()
             self._writers.add(log_id)
-        self._post(Register(log_id))
+        self._send_now([Register(log_id)])
 
     def unregister(self, log_id: str) -> None:
         """Withdraw writer ``log_id``. Raises DstlError once closed."""
         with self._lock:
             self._check_usable()
             self._writers.discard(log_id)
-        self._post(Unregister(log_id))
+        self._send_now([Unregister(log_id)])
 
     def submit(self, item: PersistItem) -> SegmentFuture[SegmentRef | None]:
-        """Send ``item`` to the node (or to DFS while the node is marked down); the
-        future resolves to its ref. Raises DstlError once closed."""
+        """Send ``item`` to the node on the caller's thread (or write it to DFS while
+        the node is marked down); the future resolves to its ref. Raises DstlError
+        once closed."""
         with self._lock:
             self._check_usable()
         fut: SegmentFuture[SegmentRef | None] = SegmentFuture()
@@ -193,7 +210,20 @@ class NodeUploader:
             # the node did not answer lately: write straight to DFS until retry_after
             self._fall_back(_AwaitingAck(item, fut, 0.0), "node marked down")
             return fut
-        self._post((item, fut))
+        request = PersistRequest(next(self._ids), item)
+        waiting = _AwaitingAck(item, fut, time.monotonic() + self.ack_timeout)
+        with self._io:
+            link = self._link
+            # nothing awaits an ack: send now; else the I/O thread sends what queued up
+            # meanwhile together, in as few messages as fit (a stream of segments)
+            now = not self._pending
+            if link is not None and item.data is not None:
+                self._pending[request.id] = waiting
+            wake = link is not None and self._put(link.sock, [request], now)
+        if link is None and item.data is not None:  # the I/O thread stopped meanwhile
+            self._fall_back(waiting, "uploader closed")
+        if wake:
+            self._wake()
         return fut
 
     def close(self) -> None:
@@ -204,11 +234,7 @@ class NodeUploader:
                 return
             self._closed = True
         deadline = time.monotonic() + self.ack_timeout + 1.0
-        while (
-            time.monotonic() < deadline
-            and self._thread.is_alive()
-            and (self._pending or not self._outbox.empty())
-        ):
+        while time.monotonic() < deadline and self._thread.is_alive() and self._pending:
             time.sleep(0.01)
         self._stop.set()
         self._wake()
@@ -262,9 +288,11 @@ class NodeUploader:
             raise DstlError(f"node uploader for {self.address}: its I/O thread stopped")
 
     def _wake(self) -> None:
-        """One byte into the wake-up pipe, unless the pipe is closed."""
+        """One byte into the wake-up pipe, unless one is on its way or the pipe is
+        closed."""
         with self._lock:
-            if self._fds_open:
+            if self._fds_open and not self._wake_pending:
+                self._wake_pending = True
                 with contextlib.suppress(BlockingIOError):
                     os.write(self._wake_w, b"x")
 
@@ -281,181 +309,143 @@ class NodeUploader:
             if self._fds_to_thread:
                 self._close_fds()
 
-    # -- I/O thread ----------------------------------------------------------------------
-    def _post(self, what: Message | tuple[PersistItem, SegmentFuture]) -> None:
-        """Queue ``what`` for the I/O thread; wake it unless a wake-up is pending (the
-        thread clears the flag after reading the pipe and before draining the outbox,
-        so an item queued before a post that saw the flag set is always drained)."""
-        self._outbox.put(what)
-        if not self._wake_pending:
-            self._wake_pending = True
+    # -- the socket (callers hold self._io) -----------------------------------------------
+    def _put(self, sock: zmq.Socket, entries: Sequence[_Entry], now: bool = True) -> bool:
+        """Queue ``entries`` behind any still queued and, if ``now``, send what is
+        queued (:meth:`_flush`). Returns whether the I/O thread must act: something stays
+        queued, or replies wait on the socket (this use may have taken the descriptor's
+        signal)."""
+        self._outbox.extend(entries)
+        if not now:
+            return True
+        self._flush(sock)
+        return bool(self._outbox) or bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+    def _flush(self, sock: zmq.Socket) -> None:
+        """Send the queued entries in order, consecutive requests together in Persist
+        messages (:func:`persist_messages`), until ZeroMQ refuses one for a full queue
+        (it and the rest stay queued). Requests whose item no longer awaits its ack
+        (it fell back meanwhile) are dropped; another refusal is counted and its items
+        time out and fall back."""
+        box = self._outbox
+        while box:
+            head = box.popleft()
+            if not isinstance(head, PersistRequest):
+                if not self._send_message(sock, head):
+                    box.appendleft(head)
+                    return
+                continue
+            requests = [head] if head.item.data is None or head.id in self._pending else []
+            while box and isinstance(nxt := box[0], PersistRequest):
+                box.popleft()
+                if nxt.item.data is None or nxt.id in self._pending:
+                    requests.append(nxt)
+            messages = persist_messages(requests, self.max_message_bytes) if requests else []
+            for k, msg in enumerate(messages):
+                if not self._send_message(sock, msg):
+                    box.extendleft(reversed([r for m in messages[k:] for r in m.requests]))
+                    return
+
+    def _send_message(self, sock: zmq.Socket, msg: Message) -> bool:
+        """Send one message; False if ZeroMQ's queue is full (nothing sent)."""
+        try:
+            sock.send_multipart(dump(msg), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:
+            self._counts["send"] += 1
+            log.debug("send to node failed (%s); pending items time out and fall back", e)
+        return True
+
+    def _send_now(self, messages: list[Message]) -> None:
+        """Send control messages from the caller's thread (nothing once the link
+        closed)."""
+        with self._io:
+            wake = self._link is not None and self._put(self._link.sock, list(messages))
+        if wake:
             self._wake()
 
+    # -- I/O thread ----------------------------------------------------------------------
     def _loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
-        link = self._open(self._pref.address, poller)
+        assert self._link is not None
+        _watch(poller, self._link)
         next_renewal = time.monotonic() + self._renewal
         try:
             while not self._stop.is_set():
-                ready = dict(poller.poll(self._poll_ms()))
+                ready = dict(poller.poll(_IDLE_POLL_MS))
                 if self._wake_r in ready:
-                    os.read(self._wake_r, 4096)
-                    self._wake_pending = False
-                self._send_outbox(link.sock)
-                if link.sock in ready:
-                    self._receive(link.sock)
+                    with self._lock:
+                        self._wake_pending = False
+                        os.read(self._wake_r, 4096)
+                self._receive()
+                with self._io:
+                    if self._outbox and self._link is not None:
+                        self._flush(self._link.sock)
                 now = time.monotonic()
-                link = self._watch_links(link, ready, poller, now)
+                self._watch_links(ready, poller, now)
                 self._expire(now)
                 if now >= next_renewal:
                     next_renewal = now + self._renewal
-                    self._register_all(link.sock)
+                    self._renew()
         finally:
-            link.close(poller)
+            with self._io:
+                link, self._link = self._link, None
+                pending, self._pending = self._pending, {}
+                self._outbox.clear()
+            if link is not None:
+                _unwatch(poller, link)
             if self._probe is not None:
                 self._probe.close(poller)
-            self._fall_back_all()
+            for p in pending.values():
+                self._fall_back(p, "uploader closed")
             self._thread_exit()
 
-    def _open(self, address: str, poller: zmq.Poller | None) -> MonitoredDealer:
+    def _open(self, address: str) -> MonitoredDealer:
         def configure(sock: zmq.Socket) -> None:
             configure_dealer(sock)
             configure_client(sock, self._security)
 
-        return MonitoredDealer.open(address, configure, poller, self._heartbeat)
+        return MonitoredDealer.open(address, configure, None, self._heartbeat)
 
-    def _register_all(self, sock: zmq.Socket) -> None:
+    def _writer_messages(self, kind: type[Register] | type[Unregister]) -> list[Message]:
         with self._lock:
-            writers = list(self._writers)
-        for log_id in writers:
-            self._send(sock, Register(log_id))
+            return [kind(w) for w in self._writers]
+
+    def _renew(self) -> None:
+        """Announce every writer again (the node's lease on them), unless sends wait
+        in the queue already (then the node is not taking messages; the next renewal
+        goes)."""
+        with self._io:
+            link = self._link
+            wake = link is not None and not self._outbox
+            if link is not None and not self._outbox:
+                wake = self._put(link.sock, self._writer_messages(Register))
+        if wake:
+            self._wake()
 
     def _unregister_all(self, link: MonitoredDealer) -> None:
         """Withdraw the writers from a node still alive that we leave, so that it does
-        not wait for them at its next checkpoint; the socket lingers briefly to send."""
-        with self._lock:
-            writers = list(self._writers)
-        for log_id in writers:
-            self._send(link.sock, Unregister(log_id))
+        not wait for them at its next checkpoint; the socket lingers briefly to send
+        (what its full queue refuses is not sent). Caller holds self._io."""
+        for msg in self._writer_messages(Unregister):
+            self._send_message(link.sock, msg)
         link.sock.setsockopt(zmq.LINGER, _LEAVE_LINGER_MS)
 
-    # -- failover (the I/O thread) -------------------------------------------------------
-    def _watch_links(
-        self, link: MonitoredDealer, ready: dict, poller: zmq.Poller, now: float
-    ) -> MonitoredDealer:
-        """Act on the monitors: a lost connection to the current node moves to the next
-        node (its unacknowledged items sent again there); a probe of a more preferred
-        node that stayed up for the hold-down brings the traffic back. Returns the
-        connection to send on."""
-        pref = self._pref
-        if link.monitor in ready and link.lost() and pref.lost(now) is not None:
-            self._counts["failovers"] += 1
-            return self._switch(link, poller, now, f"lost the connection to {link.address}")
-        probe = self._probe
-        if probe is not None and probe.monitor in ready:
-            for up in probe.changes():
-                pref.probe_seen(up, now)
-        if pref.should_return(now) is not None:
-            self._unregister_all(link)  # the node we leave stops counting our writers
-            return self._switch(link, poller, now, f"it stayed up for {pref.hold_down:g} s")
-        self._keep_probe(poller)
-        return link
-
-    def _keep_probe(self, poller: zmq.Poller) -> None:
-        """A probe connection to the node to return to, while there is one."""
-        pref, probe = self._pref, self._probe
-        target = pref.probe_target()
-        if target is None and probe is not None:
-            probe.close(poller)
-            self._probe = None
-        elif target is not None and probe is None:
-            self._probe = self._open(pref.addresses[target], None)
-            poller.register(self._probe.monitor, zmq.POLLIN)
-
-    def _switch(
-        self, old: MonitoredDealer, poller: zmq.Poller, now: float, why: str
-    ) -> MonitoredDealer:
-        """Send to the node the preference chose from now on: a new connection, the
-        writers registered, every unacknowledged item sent again (the old node's copy,
-        if it wrote one, is never referenced: an orphan for the sweep)."""
-        log.info("node %s -> %s: %s", old.address, self._pref.address, why)
-        old.close(poller)
-        if self._probe is not None and self._probe.address == self._pref.address:
-            self._probe.close(poller)
-            self._probe = None
-        link = self._open(self._pref.address, poller)
-        self._register_all(link.sock)
-        pending, self._pending = self._pending, {}
-        deadline = now + self.ack_timeout
-        requests = []
-        for rid, p in pending.items():
-            self._pending[rid] = _AwaitingAck(p.item, p.future, deadline)
-            requests.append(PersistRequest(rid, p.item))
-        self._counts["resent"] += len(requests)
-        for msg in persist_messages(requests, self.max_message_bytes) if requests else ():
-            self._send(link.sock, msg)  # nothing pending: no (empty, refused) message
-        return link
-
-    def _poll_ms(self) -> int:
-        """The next poll's timeout, ms: 0 if the outbox already holds something, else
-        _IDLE_POLL_MS (every post wakes the thread through the pipe unless a wake-up is
-        already on its way, so no post waits out the poll)."""
-        return 0 if not self._outbox.empty() else _IDLE_POLL_MS
-
-    def _fall_back_all(self) -> None:
-        """The thread is stopping: items pending or never sent go to DFS directly."""
-        for p in self._pending.values():
-            self._fall_back(p, "uploader closed")
-        self._pending.clear()
-        while True:
-            try:
-                what = self._outbox.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(what, tuple) and what[0].data is not None:
-                self._fall_back(_AwaitingAck(what[0], what[1], 0.0), "uploader closed")
-
-    def _send_outbox(self, sock: zmq.Socket) -> None:
-        batch: list[tuple[PersistItem, SegmentFuture]] = []
-        while True:
-            try:
-                what = self._outbox.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(what, tuple):
-                batch.append(what)
-            else:
-                self._send(sock, what)
-        if batch:
-            self._send_items(sock, batch)
-
-    def _send_items(self, sock: zmq.Socket, batch: list[tuple[PersistItem, SegmentFuture]]) -> None:
-        deadline = time.monotonic() + self.ack_timeout
-        requests = []
-        for item, fut in batch:
-            rid = next(self._ids)
-            if item.data is not None:
-                self._pending[rid] = _AwaitingAck(item, fut, deadline)
-            requests.append(PersistRequest(rid, item))
-        for msg in persist_messages(requests, self.max_message_bytes):
-            self._send(sock, msg)
-
-    def _send(self, sock: zmq.Socket, msg: Message) -> None:
-        try:
-            sock.send_multipart(dump(msg), zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError as e:
-            self._counts["send"] += 1
-            log.debug("send to node failed (%s); pending items time out and fall back", e)
-
-    def _receive(self, sock: zmq.Socket) -> None:
-        """Handle every reply queued on ``sock`` (checked with ``EVENTS``: cheaper than
-        a NOBLOCK receive raising zmq.Again at the end of each drain)."""
-        while int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+    def _receive(self) -> None:
+        """Take every reply queued on the socket (checked with ``EVENTS``: cheaper than
+        a NOBLOCK receive raising zmq.Again at the end of each drain; reading them all
+        re-arms the descriptor), then act on them outside the lock."""
+        replies = []
+        with self._io:
+            sock = self._link.sock if self._link is not None else None
+            while sock is not None and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                try:
+                    replies.append(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    break
+        for frames in replies:
             try:
                 msg = load(frames)
             except Exception as e:  # noqa: BLE001 - a bad reply must not stop the thread
@@ -469,8 +459,9 @@ class NodeUploader:
                 self._counts["replies"] += 1
 
     def _on_ack(self, ack: PersistAck) -> None:
-        for e in ack.items:
-            p = self._pending.pop(e.id, None)
+        with self._io:
+            acked = [(e, self._pending.pop(e.id, None)) for e in ack.items]
+        for e, p in acked:
             if p is None:
                 continue
             if e.error is not None or e.path is None:
@@ -485,21 +476,89 @@ class NodeUploader:
     def _expire(self, now: float) -> None:
         # pending items are in send order, so their deadlines rise: stop at the first
         # one not due (O(late), not O(pending) per loop turn)
-        late = []
-        for r, p in self._pending.items():
-            if p.deadline > now:
-                break
-            late.append(r)
-        if late:
+        with self._io:
+            late = []
+            for r, p in self._pending.items():
+                if p.deadline > now:
+                    break
+                late.append(r)
+            expired = [self._pending.pop(r) for r in late]
+        if expired:
             # a node that stays silent is tried again less and less often (a dead node
             # costs its clients one ack timeout per try)
             self._node_down_until = now + self._down_for
             self._down_for = min(self._down_for * 2, self._max_retry_after)
-        for rid in late:
-            self._fall_back(self._pending.pop(rid), f"no ack within {self.ack_timeout} s")
+        for p in expired:
+            self._fall_back(p, f"no ack within {self.ack_timeout} s")
+
+    # -- failover (the I/O thread) -------------------------------------------------------
+    def _watch_links(self, ready: dict, poller: zmq.Poller, now: float) -> None:
+        """Act on the monitors: a lost connection to the current node moves to the next
+        node (its unacknowledged items sent again there); a probe of a more preferred
+        node that stayed up for the hold-down brings the traffic back."""
+        pref, link = self._pref, self._link
+        assert link is not None
+        if link.monitor in ready and link.lost() and pref.lost(now) is not None:
+            self._counts["failovers"] += 1
+            self._switch(poller, now, f"lost the connection to {link.address}", leave=False)
+            return
+        probe = self._probe
+        if probe is not None and probe.monitor in ready:
+            for up in probe.changes():
+                pref.probe_seen(up, now)
+        if pref.should_return(now) is not None:
+            # the node we leave stops counting our writers
+            self._switch(poller, now, f"it stayed up for {pref.hold_down:g} s", leave=True)
+            return
+        self._keep_probe(poller)
+
+    def _keep_probe(self, poller: zmq.Poller) -> None:
+        """A probe connection to the node to return to, while there is one."""
+        pref, probe = self._pref, self._probe
+        target = pref.probe_target()
+        if target is None and probe is not None:
+            probe.close(poller)
+            self._probe = None
+        elif target is not None and probe is None:
+            self._probe = self._open(pref.addresses[target])
+            poller.register(self._probe.monitor, zmq.POLLIN)
+
+    def _switch(self, poller: zmq.Poller, now: float, why: str, leave: bool) -> None:
+        """Send to the node the preference chose from now on: a new connection, the
+        writers registered, every unacknowledged item sent again (the old node's copy,
+        if it wrote one, is never referenced: an orphan for the sweep). ``leave``: the
+        old node is alive, withdraw the writers from it first."""
+        with self._io:
+            old = self._link
+            assert old is not None
+            log.info("node %s -> %s: %s", old.address, self._pref.address, why)
+            if leave:
+                self._unregister_all(old)
+            _unwatch(poller, old)
+            if self._probe is not None and self._probe.address == self._pref.address:
+                self._probe.close(poller)
+                self._probe = None
+            self._link = self._open(self._pref.address)
+            _watch(poller, self._link)
+            deadline = now + self.ack_timeout
+            requests = []
+            for rid, p in self._pending.items():
+                self._pending[rid] = _AwaitingAck(p.item, p.future, deadline)
+                requests.append(PersistRequest(rid, p.item))
+            self._counts["resent"] += len(requests)
+            # the new node: the writers, the items awaiting acks, then the markers not
+            # sent yet (queued control messages were for the old one)
+            markers = [
+                e for e in self._outbox if isinstance(e, PersistRequest) and e.item.data is None
+            ]
+            self._outbox.clear()
+            entries: list[_Entry] = [*self._writer_messages(Register), *requests, *markers]
+            self._put(self._link.sock, entries)
+        self._wake()  # replies may wait on the new socket before its descriptor is read
 
     def _fall_back(self, p: _AwaitingAck, why: str) -> None:
-        """Write the segment straight to DFS; the future follows that upload."""
+        """Write the segment straight to DFS; the future follows that upload. Called
+        without self._io."""
         meta = p.item.meta
         log.info(
             "node %s: %s; writing %s [%d, %d) directly",
@@ -517,6 +576,20 @@ class NodeUploader:
             p.future.set_exception(e)
             return
         direct.add_done_callback(lambda f: _chain(f, p.future))
+
+
+def _watch(poller: zmq.Poller, link: MonitoredDealer) -> None:
+    """Poll ``link``'s socket through its descriptor (no ZeroMQ call on the socket
+    itself, which callers use under the lock meanwhile) and its monitor."""
+    poller.register(int(link.sock.getsockopt(zmq.FD)), zmq.POLLIN)
+    poller.register(link.monitor, zmq.POLLIN)
+
+
+def _unwatch(poller: zmq.Poller, link: MonitoredDealer) -> None:
+    """Stop polling ``link`` and close it."""
+    with contextlib.suppress(KeyError, zmq.ZMQError):
+        poller.unregister(int(link.sock.getsockopt(zmq.FD)))
+    link.close(poller)
 
 
 def _chain(src: SegmentFuture[SegmentRef | None], dst: SegmentFuture[SegmentRef | None]) -> None:

@@ -17,10 +17,9 @@ import pytest
 import zmq
 
 from dstltree.aggregator.object_writer import ObjectWriter
-from dstltree.client import ChangelogClient
+from dstltree.client import ChangelogClient, node_uploader
 from dstltree.client.errors import DstlError, PersistError
 from dstltree.client.node_uploader import (
-    _IDLE_POLL_MS,
     HIGH_WATER_MARK,
     MAX_REPLY_BYTES,
     NodeUploader,
@@ -214,9 +213,8 @@ def test_a_silent_node_is_tried_less_and_less_often(store: ObjectStore) -> None:
 
 
 def test_items_posted_while_others_await_acks_are_sent_at_once(store: ObjectStore) -> None:
-    """No busy poll while acks are due: the I/O thread waits its idle timeout, and a new
-    item wakes it through the pipe (each one reaches the node before the first is
-    acked)."""
+    """Each item reaches the node when submitted, on the caller's thread, while earlier
+    ones still await their acks; the acks of all resolve them."""
     silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes messages, never answers
     silent.setsockopt(zmq.LINGER, 0)
     silent.setsockopt(zmq.RCVTIMEO, 10_000)
@@ -231,7 +229,6 @@ def test_items_posted_while_others_await_acks_are_sent_at_once(store: ObjectStor
                 frames = silent.recv_multipart()
             ids += [r["id"] for r in msgpack.unpackb(frames[1])["items"]]
             assert len(up._pending) == sqn + 1
-            assert up._poll_ms() == _IDLE_POLL_MS
         assert not any(f.done() for f in futures)
         ack = PersistAck(tuple(AckEntry(i, "mem://obj", 7) for i in ids))
         silent.send_multipart([frames[0], *dump(ack)])
@@ -240,3 +237,42 @@ def test_items_posted_while_others_await_acks_are_sent_at_once(store: ObjectStor
     finally:
         up.close()
         silent.close(0)
+
+
+def test_sends_a_full_queue_refuses_wait_in_order_and_go_once_the_node_reads(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that stops reading fills ZeroMQ's queue (a high-water mark of 2 messages
+    here, and the kernel's buffers): later items wait in the uploader instead of
+    failing; once the node reads again every item reaches it once, in the order
+    submitted, and its ack resolves it (no send failure, no fallback)."""
+    monkeypatch.setattr(node_uploader, "HIGH_WATER_MARK", 2)
+    node = zmq.Context.instance().socket(zmq.ROUTER)
+    node.setsockopt(zmq.LINGER, 0)
+    node.setsockopt(zmq.RCVHWM, 2)
+    node.setsockopt(zmq.RCVTIMEO, 10_000)
+    port = node.bind_to_random_port("tcp://127.0.0.1")
+    up = NodeUploader(f"tcp://127.0.0.1:{port}", store, ack_timeout=120)
+    body = os.urandom(1 << 20)
+    try:
+        futures = [up.submit(persist_item("w", sqn, {0: [body]})) for sqn in range(96)]
+        wait_until(lambda: len(up._outbox) > 0, timeout=30)  # the queue and buffers are full
+        ids: list[int] = []
+        while len(ids) < len(futures):
+            frames = node.recv_multipart()  # raises zmq.Again after 10 s
+            header = msgpack.unpackb(frames[1])
+            if header["t"] != "persist":  # a lease renewal
+                continue
+            batch = [r["id"] for r in header["items"]]
+            ids += batch
+            ack = PersistAck(tuple(AckEntry(i, "mem://obj", i) for i in batch))
+            node.send_multipart([frames[0], *dump(ack)])
+        refs = [f.result(timeout=30) for f in futures]
+        assert ids == sorted(ids) and len(set(ids)) == len(futures)
+        assert [r.offset for r in refs if r is not None] == ids
+        stats = up.statistics()
+        assert (stats.send_failures, stats.fallbacks) == (0, 0)
+        assert stats.acked_by_node == len(futures)
+    finally:
+        up.close()
+        node.close(0)
