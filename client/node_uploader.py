@@ -329,17 +329,16 @@ class NodeUploader:
         time out and fall back."""
         box = self._outbox
         while box:
-            head = box.popleft()
-            if not isinstance(head, PersistRequest):
+            if not isinstance(head := box[0], PersistRequest):
                 if not self._send_message(sock, head):
-                    box.appendleft(head)
                     return
-                continue
-            requests = [head] if head.item.data is None or head.id in self._pending else []
-            while box and isinstance(nxt := box[0], PersistRequest):
                 box.popleft()
-                if nxt.item.data is None or nxt.id in self._pending:
-                    requests.append(nxt)
+                continue
+            requests = []
+            while box and isinstance(r := box[0], PersistRequest):
+                box.popleft()
+                if r.item.data is None or r.id in self._pending:
+                    requests.append(r)
             messages = persist_messages(requests, self.max_message_bytes) if requests else []
             for k, msg in enumerate(messages):
                 if not self._send_message(sock, msg):
@@ -361,7 +360,7 @@ class NodeUploader:
         """Send control messages from the caller's thread (nothing once the link
         closed)."""
         with self._io:
-            wake = self._link is not None and self._put(self._link.sock, list(messages))
+            wake = self._link is not None and self._put(self._link.sock, messages)
         if wake:
             self._wake()
 
@@ -418,8 +417,7 @@ class NodeUploader:
         in the queue already (then the node is not taking messages; the next renewal
         goes)."""
         with self._io:
-            link = self._link
-            wake = link is not None and not self._outbox
+            link, wake = self._link, False
             if link is not None and not self._outbox:
                 wake = self._put(link.sock, self._writer_messages(Register))
         if wake:

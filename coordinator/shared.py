@@ -47,7 +47,7 @@ class SharedOrphans:
     def add_namespaces(self, log_ids: Iterable[str]) -> None:
         """Count the namespaces of ``log_ids`` (logs of the job's restored checkpoints:
         an earlier run's) as the job's too; a log id without ``-`` names none."""
-        found = {log.split("-", 1)[0] + "-" for log in log_ids if "-" in log.strip("-")}
+        found = {lid.split("-", 1)[0] + "-" for lid in log_ids if "-" in lid.strip("-")}
         self.markers = tuple(sorted(set(self.markers) | found))
         self._foreign.clear()  # verdicts given without them
 

@@ -261,8 +261,8 @@ class StorageWorker:
         counted in ``shared_objects_kept``, when one is not or the index is unreadable
         (the object is kept: another job may need it)."""
         markers = () if self.shared is None else self.shared.markers
-        found = object_log_ids(self.store, url)
-        mine = bool(found) and all(g in logs or g.startswith(markers) for g in found or ())
+        found = object_log_ids(self.store, url) or []
+        mine = bool(found) and all(g in logs or g.startswith(markers) for g in found)
         if not mine:
             self.counters.add("shared_objects_kept")
         return mine
