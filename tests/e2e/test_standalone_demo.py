@@ -131,8 +131,10 @@ def test_demo_submitted_to_a_standalone_cluster_survives_executor_and_node_kills
     assert r["recoveries"] >= 1 and r["master"] == cluster.master_url
     assert r["nodes"] == 2 and r["tasks_without_node"] == 0
     # the nodes' objects lie under their topology's prefix, outside the job's folder:
-    # released ones holding only this job's segments are deleted, none refused
-    assert r["deletes_refused"] == 0 and r["objects_deleted"] > 0, r
+    # released ones holding only this job's segments are deleted, none refused or kept
+    # (how many are released depends on how many checkpoints the run took: the end state
+    # below shows that none is left)
+    assert r["deletes_refused"] == 0 and r["shared_objects_kept"] == 0, r
     # the end state there: every written object is named by a retained checkpoint (the
     # empty files the nodes reserved ahead aside); the sweep's own cases are in
     # tests/unit/test_shared_node_objects.py
