@@ -9,7 +9,15 @@ sends a larger frame before buffering it) and explicit high-water marks (``hwm``
 messages per peer); the ROUTER has ``ROUTER_MANDATORY``, so a reply to a gone peer or
 a full queue fails loudly: it is counted, and a failed plan is resent (ReplyFailed).
 While the core's backlog is full (``NodeCore.accepting``) the front is not read, so
-ZeroMQ's high-water marks push back on the senders. At stop the batch is written here,
+ZeroMQ's high-water marks push back on the senders.
+
+Threads: the loop owns the core, under a lock; a write thread that finishes an object
+takes the lock, feeds the outcome to the core and sends the acks below itself, so an
+ack costs no hand-off back to the loop. The ROUTER is therefore shared under the lock,
+and the loop waits on its descriptor (``zmq.FD``, edge-triggered) instead of inside
+ZeroMQ: whoever used the socket checks ``EVENTS`` and wakes the loop when a message
+waits. Sends upstream decided on a write thread wait for the loop (it polls those
+DEALERs as sockets). At stop the batch is written here,
 running writes get ``shutdown_timeout`` seconds to finish and their acks go out before
 the ROUTER closes with a bounded linger.
 """
@@ -149,7 +157,11 @@ class Node:
         self.core = NodeCore(replace(config, address=self.address, max_forward_bytes=forward))
         self._upstream: dict[str, MonitoredDealer] = {}
         self._poller = zmq.Poller()
-        self._poller.register(self._front, zmq.POLLIN)
+        # the loop waits on the ROUTER's descriptor (zmq.FD, edge-triggered), never
+        # inside ZeroMQ on the socket, so that write threads may send acks on it (under
+        # the lock); whoever uses the socket checks EVENTS afterwards (_loop_must_look)
+        self._front_fd = int(self._front.getsockopt(zmq.FD))
+        self._poller.register(self._front_fd, zmq.POLLIN)
         # objects being written (at most upload_threads) and those waiting for a slot;
         # a slot is freed when the upload is decided, even if an attempt still hangs
         self._upload_threads = max(1, upload_threads)
@@ -158,6 +170,12 @@ class Node:
         self._write_threads = ReusableThreads(f"node-{config.node_id}-write")
         self._closing = False
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        # while serving, a write thread hands its outcome to the core itself and sends
+        # the acks below; what must go upstream waits here for the loop
+        self._inline = False
+        self._deferred: deque[Instruction] = deque()
+        self._sleep_until = 0.0  # the latest end of the loop's current poll
+        self._closed = False  # the wake pipe is closed: write threads must not use it
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
         # held by the loop while it changes the core or its counts, so that a reader of
@@ -180,6 +198,8 @@ class Node:
         self._poller.register(self._wake_r, zmq.POLLIN)
         if self.core.parent is not None:
             self._socket_to(self.core.parent)
+        with self._lock:
+            self._inline = True
         try:
             while not self._stop.is_set():
                 self._step(front=True)
@@ -194,11 +214,12 @@ class Node:
             if front:
                 self._back_pressure(self.core.accepting())
             elif self._front_polled:  # stopping: the front is not read any more
-                self._poller.unregister(self._front)
+                self._poller.unregister(self._front_fd)
                 self._front_polled = False
-        ready = dict(self._poller.poll(self._poll_ms()))
-        now = time.monotonic()
+            timeout = self._poll_ms()
+        ready = dict(self._poller.poll(timeout))
         with self._lock:
+            now = time.monotonic()  # under the lock: write threads feed the core too
             self._react(ready, now)
         if self.metrics is not None and now >= self._metrics_due:
             self._metrics_due = now + _METRICS_INTERVAL
@@ -207,7 +228,7 @@ class Node:
     def _react(self, ready: dict[Any, int], now: float) -> None:
         """Handle what ``ready`` (the poll's answer) says, then time (under the lock)."""
         handled = False  # the core's time-driven rules ran after an event of this turn
-        if self._front in ready and self._front_polled:
+        if self._front_polled and _readable(self._front):  # edge-triggered: always look
             handled = self._drain_front(now)
         for address, link in list(self._upstream.items()):
             if link.sock in ready:
@@ -220,6 +241,10 @@ class Node:
                     handled = True
         if self._wake_r in ready:
             os.read(self._wake_r, 4096)
+        if self._deferred:
+            deferred, self._deferred = list(self._deferred), deque()
+            self._run(deferred)
+            handled = True
         handled = self._drain_results() or handled
         if not handled:
             self._run(self.core.handle(TimePassed(time.monotonic())))
@@ -230,12 +255,12 @@ class Node:
         if reading and self._paused_since is not None:
             self._paused_s += now - self._paused_since
             self._paused_since = None
-            self._poller.register(self._front, zmq.POLLIN)
+            self._poller.register(self._front_fd, zmq.POLLIN)
             self._front_polled = True
         elif not reading and self._paused_since is None:
             self._paused_since = now
             self._shell_counts["backpressure_pauses"] += 1
-            self._poller.unregister(self._front)
+            self._poller.unregister(self._front_fd)
             self._front_polled = False
 
     def _statistics(self, now: float) -> NodeStatistics:
@@ -282,10 +307,19 @@ class Node:
 
     # -- loop parts ----------------------------------------------------------------------
     def _poll_ms(self) -> int:
+        """Milliseconds the next poll may wait (under the lock): none while the front
+        has a message (its descriptor only signals new ones), else until the core's
+        next deadline, at most ``_MAX_POLL_MS``; recorded in :attr:`_sleep_until`."""
+        now = time.monotonic()
+        if self._front_polled and _readable(self._front):
+            self._sleep_until = now
+            return 0
         deadline = self.core.next_deadline()
-        if deadline is None:
-            return _MAX_POLL_MS
-        return max(0, min(_MAX_POLL_MS, int((deadline - time.monotonic()) * 1000) + 1))
+        ms = _MAX_POLL_MS
+        if deadline is not None:
+            ms = max(0, min(_MAX_POLL_MS, int((deadline - now) * 1000) + 1))
+        self._sleep_until = now + ms / 1000
+        return ms
 
     def _drain_front(self, now: float) -> bool:
         """Read up to 1000 messages in bursts of ``_BURST``, each burst handled at once
@@ -357,18 +391,22 @@ class Node:
             self._start_writes()
             handled = True
 
-    def _run(self, instructions: list[Instruction]) -> None:
+    def _run(self, instructions: list[Instruction], on_loop: bool = True) -> None:
         """Execute ``instructions`` in order; a reply that cannot be delivered goes back
-        to the core (ReplyFailed) and what it answers is executed after them."""
+        to the core (ReplyFailed) and what it answers is executed after them. Off the
+        loop (``on_loop`` False: a write thread, under the lock) sends upstream wait in
+        :attr:`_deferred` for the loop, which owns those sockets."""
         todo = deque(instructions)
         while todo:
-            match todo.popleft():
+            match instruction := todo.popleft():
                 case ReplyBelow(identity, msg):
                     if not self._send(self._front, [identity, *dump(msg)], copy=True):
                         todo.extend(self.core.handle(ReplyFailed(time.monotonic(), identity, msg)))
-                case SendUpstream(address, msg):
+                case SendUpstream(address, msg) if on_loop:
                     if not self._send(self._socket_to(address), dump(msg)):
                         self._shell_counts["undeliverable_upstream"] += 1
+                case SendUpstream():
+                    self._deferred.append(instruction)
                 case WriteObject(oid, items):
                     self._writes_waiting.append((oid, items))
                     self._start_writes()
@@ -413,23 +451,52 @@ class Node:
                 done(e)
 
     def _written(self, oid: int, items: tuple, t0: float, outcome: Written | BaseException) -> None:
-        """Hand the outcome of object ``oid`` to the loop (and the metrics)."""
-        now = time.monotonic()
-        if isinstance(outcome, BaseException):
+        """Hand the outcome of object ``oid`` to the core (on this thread while the node
+        serves, else through the loop) and the metrics."""
+        failed = isinstance(outcome, BaseException)
+        if failed:
             log.warning("object write failed: %s", outcome)
-            event: Event = ObjectFailed(now, oid, str(outcome))
-        else:
-            path, refs = outcome
-            event = ObjectWritten(now, oid, path, tuple(refs))
         if self.metrics is not None:
             size = sum(i.size for i in items)
-            ok = not isinstance(outcome, BaseException)
-            self.metrics.observe_upload(size, len(items), now - t0, ok)
-        self._results.put(event)
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+            self.metrics.observe_upload(size, len(items), time.monotonic() - t0, not failed)
+        with self._lock:
+            now = time.monotonic()  # under the lock: the core sees time in order
+            if isinstance(outcome, BaseException):
+                event: Event = ObjectFailed(now, oid, str(outcome))
+            else:
+                event = ObjectWritten(now, oid, outcome[0], tuple(outcome[1]))
+            if self._inline:
+                wake = self._handle_written(event)
+            else:  # not serving (yet, or any more): the loop takes it, if it runs
+                self._results.put(event)
+                wake = True
+            if wake and not self._closed:
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_w, b"x")
+
+    def _handle_written(self, event: Event) -> bool:
+        """On a write thread, under the lock: feed the outcome to the core and send its
+        acks below at once (no hand-off to the loop on the way to the ack). True if the
+        loop must look now: sends upstream deferred to it, a message waiting on the
+        front (this thread's sends may have taken the descriptor's signal), the front to
+        read again, an earlier deadline than its poll's, or a stop under way."""
+        self._writes_running -= 1
+        self._run(self.core.handle(event), on_loop=False)
+        self._start_writes()
+        if self._deferred or self._stop.is_set():
+            return True
+        if self._front_polled:
+            if _readable(self._front):
+                return True
+        elif self.core.accepting():
+            return True
+        deadline = self.core.next_deadline()
+        return deadline is not None and deadline < self._sleep_until
 
     def _close(self) -> None:
+        with self._lock:
+            self._inline = False  # write threads ending from now on leave the sockets alone
+            self._closed = True
         self._closing = True
         self._start_writes()  # drops the waiting ones
         with self._lock:

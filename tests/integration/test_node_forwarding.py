@@ -5,19 +5,24 @@ refusal or parent timeout, and every persist is acked by the root and reads back
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import zmq
 
 from dstltree.aggregator.core import NodeConfig
+from dstltree.aggregator.events import Instruction, ReplyBelow, SendUpstream
 from dstltree.aggregator.node import Node
 from dstltree.client import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.node_uploader import NodeUploader
 from dstltree.client.reader import read_changes
+from dstltree.client.wire import Register, load
 from dstltree.storage.store import ObjectStore
 from tests.support.waiting import wait_until
 
@@ -98,3 +103,79 @@ def test_writers_on_many_threads_lose_no_wake_up(tmp_path: Path) -> None:
         assert isinstance(client.uploader, NodeUploader)
         assert client.uploader.statistics().fallbacks == 0
         assert client.uploader.statistics().acked_by_node == len(handles) == 200
+
+
+class _RecordingNode(Node):
+    """A real node that notes which thread sent each reply below, by message type."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replies: list[tuple[str, str]] = []
+
+    def _run(self, instructions: list[Instruction], on_loop: bool = True) -> None:
+        for i in instructions:
+            if isinstance(i, ReplyBelow):
+                self.replies.append((threading.current_thread().name, type(i.message).__name__))
+        super()._run(instructions, on_loop)
+
+
+def test_a_write_thread_sends_the_acks_of_its_object(tmp_path: Path) -> None:
+    """The thread that wrote an object hands the outcome to the core and sends its acks
+    itself (no hand-off back to the loop); a persist sent meanwhile is still read (the
+    loop waits on the front's edge-triggered descriptor, which those sends may take)."""
+    base = str(tmp_path / "dfs")
+    cfg = NodeConfig("w", None, 1 << 20, plans=False, persist_delay=0.001)
+    node = _RecordingNode(cfg, ObjectStore(base), security=None)
+    node.start()
+    try:
+        with ChangelogClient.open(base, node=node.address) as client:
+            writers = [client.create_writer(f"t{k}", range(4)) for k in range(2)]
+
+            def run(w: Any) -> int:
+                after = 0
+                for i in range(40):
+                    w.append(i % 4, os.urandom(1000))
+                    w.persist_durably(after).result(timeout=30)
+                    after = w.next_sqn()
+                return after
+
+            with ThreadPoolExecutor(2) as pool:
+                assert list(pool.map(run, writers)) == [40, 40]
+            assert isinstance(client.uploader, NodeUploader)
+            assert client.uploader.statistics().fallbacks == 0
+    finally:
+        node.stop()
+    acks = [thread for thread, kind in node.replies if kind == "PersistAck"]
+    assert len(acks) >= 40 and all(t.startswith("node-w-write-") for t in acks), acks[:5]
+
+
+def test_upstream_sends_decided_off_the_loop_are_sent_by_the_loop(tmp_path: Path) -> None:
+    """A write thread may not use the DEALERs the loop polls: what the core tells it to
+    send upstream waits for the loop, which sends it (in order) on its next turn."""
+    ctx = zmq.Context.instance()
+    parent = ctx.socket(zmq.ROUTER)
+    parent.setsockopt(zmq.LINGER, 0)
+    port = parent.bind_to_random_port("tcp://127.0.0.1")
+    cfg = NodeConfig("leaf", f"tcp://127.0.0.1:{port}", 1 << 40, plans=False)
+    node = Node(cfg, ObjectStore(str(tmp_path / "dfs")), security=None, heartbeat=10.0)
+    node.start()
+    try:
+        up = cfg.parent_address
+        assert up is not None
+        with node._lock:  # as a write thread does
+            node._run([SendUpstream(up, Register("a")), SendUpstream(up, Register("b"))], False)
+            assert list(node._deferred) != []
+        got: list[str] = []
+
+        def received() -> bool:
+            while parent.poll(0):
+                msg = load(parent.recv_multipart(copy=False)[1:])
+                if isinstance(msg, Register):
+                    got.append(msg.log_id)
+            return got == ["a", "b"]
+
+        wait_until(received, timeout=10)
+        assert not node._deferred
+    finally:
+        node.stop()
+        parent.close()
