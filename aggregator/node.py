@@ -17,9 +17,10 @@ ack costs no hand-off back to the loop. The ROUTER is therefore shared under the
 and the loop waits on its descriptor (``zmq.FD``, edge-triggered) instead of inside
 ZeroMQ: whoever used the socket checks ``EVENTS`` and wakes the loop when a message
 waits. Sends upstream decided on a write thread wait for the loop (it polls those
-DEALERs as sockets). At stop the batch is written here,
-running writes get ``shutdown_timeout`` seconds to finish and their acks go out before
-the ROUTER closes with a bounded linger.
+DEALERs as sockets).
+
+At stop the batch is written here, running writes get ``shutdown_timeout`` seconds to
+finish and their acks go out before the ROUTER closes with a bounded linger.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ class Node:
         self._poller = zmq.Poller()
         # the loop waits on the ROUTER's descriptor (zmq.FD, edge-triggered), never
         # inside ZeroMQ on the socket, so that write threads may send acks on it (under
-        # the lock); whoever uses the socket checks EVENTS afterwards (_loop_must_look)
+        # the lock); whoever uses the socket checks EVENTS afterwards (_handle_written)
         self._front_fd = int(self._front.getsockopt(zmq.FD))
         self._poller.register(self._front_fd, zmq.POLLIN)
         # objects being written (at most upload_threads) and those waiting for a slot;
