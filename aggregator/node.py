@@ -177,6 +177,9 @@ class Node:
         self._deferred: deque[Instruction] = deque()
         self._sleep_until = 0.0  # the latest end of the loop's current poll
         self._closed = False  # the wake pipe is closed: write threads must not use it
+        # what the core raised on a write thread: the loop raises it (fail fast, as a
+        # failure of the core on the loop itself stops the node)
+        self._failure: Exception | None = None
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()
         # held by the loop while it changes the core or its counts, so that a reader of
@@ -195,7 +198,8 @@ class Node:
 
     # -- public --------------------------------------------------------------------------
     def serve(self) -> None:
-        """Run the event loop until :meth:`stop` (blocking)."""
+        """Run the event loop until :meth:`stop` (blocking). Raises what the core raised,
+        on the loop or on a write thread (the node stops; a supervisor restarts it)."""
         self._poller.register(self._wake_r, zmq.POLLIN)
         if self.core.parent is not None:
             self._socket_to(self.core.parent)
@@ -228,6 +232,8 @@ class Node:
 
     def _react(self, ready: dict[Any, int], now: float) -> None:
         """Handle what ``ready`` (the poll's answer) says, then time (under the lock)."""
+        if self._failure is not None:
+            raise self._failure
         handled = False  # the core's time-driven rules ran after an event of this turn
         if self._front_polled and _readable(self._front):  # edge-triggered: always look
             handled = self._drain_front(now)
@@ -480,9 +486,15 @@ class Node:
         acks below at once (no hand-off to the loop on the way to the ack). True if the
         loop must look now: sends upstream deferred to it, a message waiting on the
         front (this thread's sends may have taken the descriptor's signal), the front to
-        read again, an earlier deadline than its poll's, or a stop under way."""
+        read again, an earlier deadline than its poll's, a stop under way, or a failure
+        of the core, which the loop raises (:meth:`serve` then raises it)."""
         self._writes_running -= 1
-        self._run(self.core.handle(event), on_loop=False)
+        try:
+            self._run(self.core.handle(event), on_loop=False)
+        except Exception as e:  # noqa: BLE001 - raised again by the loop
+            log.error("the core failed on a write's outcome: %s", e)
+            self._failure, self._inline = e, False
+            return True
         self._start_writes()
         if self._deferred or self._stop.is_set():
             return True

@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from dstltree.aggregator.core import NodeConfig
-from dstltree.aggregator.events import Instruction, ReplyBelow, SendUpstream
+from dstltree.aggregator.events import Instruction, ObjectWritten, ReplyBelow, SendUpstream
 from dstltree.aggregator.node import Node
 from dstltree.client import ChangelogClient
 from dstltree.client.handle import ChangelogHandle
@@ -179,3 +179,39 @@ def test_upstream_sends_decided_off_the_loop_are_sent_by_the_loop(tmp_path: Path
     finally:
         node.stop()
         parent.close()
+
+
+def test_a_core_failure_on_a_write_thread_stops_the_node(tmp_path: Path) -> None:
+    """The core fails while a write thread hands it an object's outcome: the node's
+    loop raises that error (serve ends with it), as when the core fails on the loop;
+    it is not just logged by the upload's callback while the node serves on."""
+    cfg = NodeConfig("w", None, 1 << 20, plans=False, persist_delay=0.001)
+    node = Node(cfg, ObjectStore(str(tmp_path / "dfs")), security=None)
+    handle = node.core.handle
+
+    def failing(event: Any) -> Any:
+        if isinstance(event, ObjectWritten):
+            raise RuntimeError("core failed")
+        return handle(event)
+
+    node.core.handle = failing  # type: ignore[method-assign]
+    raised: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            node.serve()
+        except RuntimeError as e:
+            raised.append(e)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with ChangelogClient.open(str(tmp_path / "dfs"), node=node.address, ack_timeout=1.0) as c:
+            w = c.create_writer("t", range(4))
+            w.append(0, b"x")
+            w.persist_durably(0)  # its ack never comes from this node: DFS after 1 s
+            wait_until(lambda: not t.is_alive(), timeout=20)
+    finally:
+        node.stop()
+        t.join(10)
+    assert [str(e) for e in raised] == ["core failed"]
