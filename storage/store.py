@@ -121,6 +121,13 @@ def object_prefix(key: str, prefixes: int) -> str:
     return f"{h % prefixes:0{len(f'{prefixes - 1:x}')}x}"
 
 
+def _plain_local(path: str) -> bool:
+    """True if fsspec's local filesystem maps ``path`` to itself: an absolute POSIX path
+    with no trailing slash (no protocol to strip, nothing to make absolute). Lets a
+    local store skip that call on every object it names and writes."""
+    return os.sep == "/" and path[:1] == "/" and path[-1:] != "/"
+
+
 def fsync_dir(path: str) -> None:
     """fsync a local directory (makes a rename or link in it durable). Raises OSError."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -575,10 +582,15 @@ class ObjectStore:
     def url(self, path: str) -> str:
         """The full URL of a filesystem path (local paths stay plain)."""
         if self._local:
+            if _plain_local(path):
+                return path
             return str(LocalFileSystem._strip_protocol(path))
         return str(self.fs.unstrip_protocol(path))
 
     def _path(self, url: str) -> str:
+        """The filesystem path of ``url`` (the filesystem's own rule)."""
+        if self._local and _plain_local(url):
+            return url
         return str(self.fs._strip_protocol(url))
 
     def join(self, *parts: str) -> str:

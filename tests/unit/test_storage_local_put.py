@@ -8,6 +8,7 @@ from __future__ import annotations
 import array
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -228,3 +229,19 @@ def test_backoff_doubles_from_the_first_retry(monkeypatch: pytest.MonkeyPatch) -
     assert store.put(store.new_object_path(), b"x") == 1
     assert slept == pytest.approx([0.01, 0.02, 0.03, 0.03])
     assert store.stats.snapshot() == {"retries": {"put": 4}, "failures": {}}
+
+
+_LOCAL = ObjectStore(tempfile.gettempdir())  # nothing is created: only its path rules
+
+
+@settings(max_examples=200, deadline=None)
+@given(path=st.text(alphabet="/ab.c~:", max_size=12))
+def test_a_local_store_names_paths_as_fsspec_does(path: str) -> None:
+    """Where a local store skips fsspec's path rule (an absolute path without trailing
+    slash), that rule would have returned the path unchanged; elsewhere it applies it."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    expected = LocalFileSystem._strip_protocol(path)
+    if store_module._plain_local(path):
+        assert expected == path
+    assert _LOCAL._path(path) == expected and _LOCAL.url(path) == expected
