@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dstltree.bench.hotpath_latency import latency_figures
 from dstltree.bench.hotpath_local import (
     DEMO_RECORDS,
     replay_figures,
@@ -36,7 +37,6 @@ from dstltree.bench.hotpath_local import (
 )
 from dstltree.bench.hotpath_net import (
     forwarding_throughput,
-    latency_figures,
     store_throughput,
 )
 
@@ -174,6 +174,9 @@ def _latencies(root: str, s: HotpathSettings) -> list[Figure]:
                     "floor_reserved_p50": f["floor_reserved"]["p50"],
                     "ratio_reserved_p50": f["ratio_reserved_p50"],
                     "reserved_fallbacks": f["reserved_fallbacks"],
+                    "floor_topology_p50": f["floor_topology"]["p50"],
+                    "ratio_topology_p50": f["ratio_topology_p50"],
+                    "topology_fallbacks": f["topology_fallbacks"],
                 },
             )
         )
@@ -323,6 +326,9 @@ def _detail(f: Figure) -> str:
             f"{d['ratio_p99']:.2f}x; p50 against the write into a file created ahead "
             f"({d['floor_reserved_p50'] * 1e3:.2f} ms): {d['ratio_reserved_p50']:.2f}x"
             + (f" ({d['reserved_fallbacks']} without one)" if d["reserved_fallbacks"] else "")
+            + f"; against the same through a minimal node with a node's and a client's "
+            f"threads ({d['floor_topology_p50'] * 1e3:.2f} ms): {d['ratio_topology_p50']:.2f}x"
+            + (f" ({d['topology_fallbacks']} without one)" if d["topology_fallbacks"] else "")
         )
     if "baseline_seconds" in d:
         return (
@@ -459,8 +465,14 @@ _HOW = """How each figure is measured (real components, security off; nodes in t
   detail gives the node against a stricter floor too: the same round trip writing into
   an empty file created ahead, outside the timing (as the node writes its objects:
   storage/reserve.py), for disks on which creating a file costs more than filling one.
-  The floors and the node alternate in 8 slices each, so that the machine's noise hits
-  all three.
+  And against the topology floor: the same write through a minimal node written with
+  pyzmq in the benchmark (dstltree/bench/hotpath_latency.py), in its own process, with
+  the threads a node and a client have: the caller sends under a lock, the client's I/O
+  thread waits on the DEALER's descriptor and resolves a future, the node's loop waits
+  on the ROUTER's descriptor and hands the body to a write thread, which writes,
+  fsyncs and sends the ack. Beyond the reserved floor it costs the thread topology's
+  hand-offs; the node beyond it, its code. The floors and the node alternate in 8
+  slices each, so that the machine's noise hits all four.
 """
 
 

@@ -1,7 +1,7 @@
-"""Hot-path figures through real aggregator nodes (forwarding: each node in its own
-process; persist latency: in-process) against floors written here with pyzmq: a raw
-DEALER->ROUTER hop (bytes/s) and one round trip plus one local file write with fsync
-(persist latency)."""
+"""Forwarding figures through real aggregator nodes, each in its own process, against a
+raw DEALER->ROUTER hop written here with pyzmq (bytes/s); the pieces the persist
+latency figures share (hotpath_latency.py): the raw hop, the floors' files made ahead,
+child processes and the node processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import multiprocessing as mp
 import os
 import resource
 import shutil
-import statistics
 import threading
 import time
 from collections import deque
@@ -33,8 +32,6 @@ from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore, fsync_dir
 _WINDOW_BYTES = 64 * 1024 * 1024  # bytes in flight of a throughput sender
 _CHECKPOINT_BYTES = 32 * 1024 * 1024  # bytes a forwarding writer appends between persists
 _PENDING_PERSISTS = 2  # persists a forwarding writer lets wait, as a task's acks
-_LATENCY_SLICES = 8  # alternating slices of floor and node samples in latency_figures
-_FASTEST_WRITE_S = 100e-6  # below any round trip with an fsynced write (files made ahead)
 _MAX_DEFERRED_BYTES = 8 << 30  # dropped objects a forwarding stream leaves until it ends
 
 
@@ -458,96 +455,3 @@ def store_throughput(
         return _rate(written, time.perf_counter() - t0, cpu_seconds() - cpu0)
     finally:
         store.close()
-
-
-def _percentiles(samples: list[float]) -> dict[str, float]:
-    """``p50`` and ``p99`` of ``samples`` (seconds), and ``n``."""
-    q = statistics.quantiles(samples, n=100, method="inclusive")
-    return {"p50": q[49], "p99": q[98], "n": len(samples)}
-
-
-def _timed(call: Callable[[], None], seconds: float, minimum: int) -> list[float]:
-    """Seconds each of repeated ``call()``s took, for about ``seconds`` s (at least
-    ``minimum`` calls)."""
-    samples: list[float] = []
-    t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end or len(samples) < minimum:
-        t0 = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - t0)
-    return samples
-
-
-def latency_figures(
-    base_path: str, write_dir: str, payload: int, change: int, seconds: float, minimum: int = 20
-) -> dict[str, Any]:
-    """Persist latency through one node against two floors, sampled in alternating
-    slices (8 of each, about ``seconds`` s for the node's and the first floor's, at least
-    ``minimum`` samples each) so that the machine's noise hits all alike; slices, not
-    single samples, so that one's disk work (the node's reserved object files) is not
-    flushed by the other's fsync:
-
-    - the checkpoint: stage ``payload`` bytes as changes of ``change`` bytes (on the
-      writer's staging lists, as the state backend logs them), then
-      ``persist_durably(..., checkpoint_id=k)`` until its handle is durable (staging
-      included), through one node in its own process (:func:`node_processes`: how
-      nodes run) writing under ``base_path``;
-    - the floor: one raw round trip carrying ``payload`` bytes whose receiver writes
-      and fsyncs them to a new file under ``write_dir`` before answering;
-    - the reserved floor: the same into an empty file created ahead (before the
-      slice, outside the timing), as the node writes its objects: where creating a
-      file costs the disk more than filling one, the stricter floor.
-
-    Keys ``node``, ``floor`` and ``floor_reserved`` (p50 / p99 in s, n), ``ratio_p50``
-    and ``ratio_p99`` (node / floor: times the floor), ``ratio_reserved_p50`` and
-    ``reserved_fallbacks`` (reserved-floor writes that found no file ready)."""
-    raw_body, body = os.urandom(payload), os.urandom(change)
-    per = max(1, payload // change)
-    series: dict[str, list[float]] = {"floor": [], "floor_reserved": [], "node": []}
-    with (
-        raw_hop(write_dir) as dealer,
-        node_processes(base_path, 1, 1 << 40) as nodes,
-        ChangelogClient.open(base_path, node=nodes[0].address) as client,
-    ):
-        w = client.create_writer("bench-latency", range(128))
-        state = {"after": 0, "k": 0}
-
-        def floor_once(flag: bytes) -> Callable[[], None]:
-            def once() -> None:
-                dealer.send_multipart([flag, raw_body], copy=False)
-                dealer.recv()
-
-            return once
-
-        staging = [w.staging(kg) for kg in range(128)]  # the state backend's way in
-
-        def node_once() -> None:
-            for i in range(per):
-                staging[i % 128].append(body)
-            k = state["k"]
-            w.persist_durably(state["after"], checkpoint_id=k).result()
-            state["after"], state["k"] = w.next_sqn(), k + 1
-            w.truncate(state["after"])
-
-        slice_s, least = seconds / _LATENCY_SLICES / 2, minimum // _LATENCY_SLICES + 1
-        for _ in range(_LATENCY_SLICES):
-            new = _timed(floor_once(b"a"), slice_s, least)
-            # files for writes of _FASTEST_WRITE_S each: no fsynced write is quicker
-            dealer.send_multipart([b"p", str(int(slice_s / _FASTEST_WRITE_S) + least).encode()])
-            dealer.recv()
-            series["floor"] += new
-            series["floor_reserved"] += _timed(floor_once(b"r"), slice_s, least)
-            series["node"] += _timed(node_once, slice_s, least)
-        dealer.send_multipart([b"p", b"0"])  # the files left unused are unlinked
-        fallbacks = int(dealer.recv())
-    p = {k: _percentiles(v) for k, v in series.items()}
-    n, f, r = p["node"], p["floor"], p["floor_reserved"]
-    return {
-        "payload_bytes": payload,
-        "change_bytes": change,
-        **p,
-        "ratio_p50": n["p50"] / f["p50"],
-        "ratio_p99": n["p99"] / f["p99"],
-        "ratio_reserved_p50": n["p50"] / r["p50"],
-        "reserved_fallbacks": fallbacks,
-    }

@@ -4,6 +4,7 @@ the JSON and the "Hot path" section of a markdown file written (no timed asserti
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from dstltree.bench import hotpath_net
 from dstltree.bench.hotpath import write_markdown
+from dstltree.bench.hotpath_latency import topology_floor
 from dstltree.bench.hotpath_net import _Stream, deferrable_bytes
 from dstltree.cli.app import app
 from dstltree.client.api import ChangelogClient
@@ -49,6 +51,7 @@ def test_hotpath_suite_tiny(tmp_path: Path) -> None:
         assert f["value"] > 0 and f["floor"] > 0 and f["ratio"] > 0, f
         deletions = {k: f["detail"].pop(k, 0) for k in ("deferred_bytes", "dropped_bytes")}
         assert f["detail"].pop("reserved_fallbacks", 0) >= 0, f
+        assert f["detail"].pop("topology_fallbacks", 0) >= 0, f
         assert all(v > 0 for v in f["detail"].values()), f
         assert min(deletions.values()) >= 0, f
         if f["name"].startswith("forwarding"):  # every run drops objects, now or later
@@ -59,6 +62,7 @@ def test_hotpath_suite_tiny(tmp_path: Path) -> None:
     assert figures["forwarding, node 1 MiB"]["detail"]["store_bytes_per_s"] > 0
     latency = figures["persist latency p50, one checkpoint of 64 KiB"]["detail"]
     assert latency["floor_reserved_p50"] > 0 and latency["ratio_reserved_p50"] > 0
+    assert latency["floor_topology_p50"] > 0 and latency["ratio_topology_p50"] > 0
     text = md.read_text()
     assert "## 1. Other\n\nkept" in text and text.count("## Hot path") == 1
     assert doc["meta"]["commit"] in text and "task loop with the changelog" in text
@@ -122,3 +126,18 @@ def test_the_reserved_floor_writes_into_files_made_ahead(tmp_path: Path) -> None
         assert sizes == [0, 3, 4, 4, 4]
     sizes = sorted(p.stat().st_size for p in tmp_path.iterdir())
     assert sizes == [3, 4, 4, 4], "the receiver unlinks the files it made and never wrote"
+
+
+def test_the_topology_floor_writes_each_body_into_a_file_made_ahead(tmp_path: Path) -> None:
+    """The minimal node of the topology floor answers after writing the body into one
+    of the files it made ahead (none written into a new file), unlinks the files left
+    unused when asked, and its process ends with the context."""
+    bodies = [os.urandom(1000 + k) for k in range(3)]
+    with topology_floor(str(tmp_path)) as (client, node):
+        assert client.round_trip(b"p", b"5") == b"0"
+        assert len(list(tmp_path.iterdir())) == 5
+        assert [client.round_trip(b"r", body) for body in bodies] == [b"ok"] * 3
+        assert client.round_trip(b"p", b"0") == b"0"  # no write found no file ready
+        written = sorted(p.read_bytes() for p in tmp_path.iterdir())
+        assert written == sorted(bodies)
+    assert not node.process.is_alive()
