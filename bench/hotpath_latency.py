@@ -248,8 +248,7 @@ def latency_figures(
     s, n), ``ratio_p50`` and ``ratio_p99`` (node / floor: times the floor),
     ``ratio_reserved_p50``, ``ratio_topology_p50``, ``reserved_fallbacks`` and
     ``topology_fallbacks`` (writes of those floors that found no file ready)."""
-    raw_body, body = os.urandom(payload), os.urandom(change)
-    per = max(1, payload // change)
+    raw_body = os.urandom(payload)
     series: dict[str, list[float]] = {
         "floor": [],
         "floor_reserved": [],
@@ -262,8 +261,7 @@ def latency_figures(
         node_processes(base_path, 1, 1 << 40) as nodes,
         ChangelogClient.open(base_path, node=nodes[0].address) as client,
     ):
-        w = client.create_writer("bench-latency", range(128))
-        state = {"after": 0, "k": 0}
+        node_once = _checkpoint_step(client, payload, change)
 
         def floor_once(flag: bytes) -> Callable[[], None]:
             def once() -> None:
@@ -271,16 +269,6 @@ def latency_figures(
                 dealer.recv()
 
             return once
-
-        staging = [w.staging(kg) for kg in range(128)]  # the state backend's way in
-
-        def node_once() -> None:
-            for i in range(per):
-                staging[i % 128].append(body)
-            k = state["k"]
-            w.persist_durably(state["after"], checkpoint_id=k).result()
-            state["after"], state["k"] = w.next_sqn(), k + 1
-            w.truncate(state["after"])
 
         slice_s, least = seconds / _LATENCY_SLICES / 2, minimum // _LATENCY_SLICES + 1
         # files for writes of _FASTEST_WRITE_S each: no fsynced write is quicker
@@ -312,3 +300,24 @@ def latency_figures(
         "reserved_fallbacks": fallbacks,
         "topology_fallbacks": topology_fallbacks,
     }
+
+
+def _checkpoint_step(client: ChangelogClient, payload: int, change: int) -> Callable[[], None]:
+    """One checkpoint of :func:`latency_figures` through ``client``: stage ``payload``
+    bytes as changes of ``change`` bytes on a writer's staging lists (the state
+    backend's way in), persist them with a checkpoint id until the handle is durable,
+    truncate."""
+    w = client.create_writer("bench-latency", range(128))
+    staging = [w.staging(kg) for kg in range(128)]
+    body, per = os.urandom(change), max(1, payload // change)
+    state = {"after": 0, "k": 0}
+
+    def step() -> None:
+        for i in range(per):
+            staging[i % 128].append(body)
+        k = state["k"]
+        w.persist_durably(state["after"], checkpoint_id=k).result()
+        state["after"], state["k"] = w.next_sqn(), k + 1
+        w.truncate(state["after"])
+
+    return step
