@@ -59,7 +59,7 @@ from dstltree.aggregator.events import (
 from dstltree.aggregator.object_writer import ObjectWriter
 from dstltree.client.direct import Written
 from dstltree.client.errors import WireError
-from dstltree.client.links import MonitoredDealer
+from dstltree.client.links import MonitoredDealer, readable
 from dstltree.client.wire import dump, load
 from dstltree.security.curve import Curve, configure_client, configure_server
 from dstltree.storage.hedging import ReusableThreads, UploadPolicy
@@ -94,12 +94,6 @@ def _configure_dealer(sock: zmq.Socket, max_message_bytes: int, hwm: int) -> Non
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + _HEADER_SLACK)
     sock.setsockopt(zmq.RCVHWM, hwm)
     sock.setsockopt(zmq.SNDHWM, hwm)
-
-
-def _readable(sock: zmq.Socket) -> bool:
-    """A message can be received now (``EVENTS``: cheaper than a NOBLOCK receive that
-    raises zmq.Again)."""
-    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
 class Node:
@@ -235,7 +229,7 @@ class Node:
         if self._failure is not None:
             raise self._failure
         handled = False  # the core's time-driven rules ran after an event of this turn
-        if self._front_polled and _readable(self._front):  # edge-triggered: always look
+        if self._front_polled and readable(self._front):  # edge-triggered: always look
             handled = self._drain_front(now)
         for address, link in list(self._upstream.items()):
             if link.sock in ready:
@@ -318,7 +312,7 @@ class Node:
         has a message (its descriptor only signals new ones), else until the core's
         next deadline, at most ``_MAX_POLL_MS``; recorded in :attr:`_sleep_until`."""
         now = time.monotonic()
-        if self._front_polled and _readable(self._front):
+        if self._front_polled and readable(self._front):
             self._sleep_until = now
             return 0
         deadline = self.core.next_deadline()
@@ -337,7 +331,7 @@ class Node:
             if not self.core.accepting():
                 return handled
             events: list[Event] = []
-            while len(events) < _BURST and _readable(front):
+            while len(events) < _BURST and readable(front):
                 events.append(self._event_below(now, front.recv_multipart(copy=False)))
             if events:
                 self._run(self.core.handle_many(events))
@@ -358,7 +352,7 @@ class Node:
         """Handle up to 1000 messages from ``address``; True if any reached the core."""
         handled = False
         for _ in range(1000):
-            if not _readable(sock):
+            if not readable(sock):
                 return handled
             frames = sock.recv_multipart(copy=False)
             try:
@@ -499,7 +493,7 @@ class Node:
         if self._deferred or self._stop.is_set():
             return True
         if self._front_polled:
-            if _readable(self._front):
+            if readable(self._front):
                 return True
         elif self.core.accepting():
             return True

@@ -45,6 +45,7 @@ from dstltree.bench.hotpath_net import (
     raw_hop,
 )
 from dstltree.client.api import ChangelogClient
+from dstltree.client.links import readable
 
 __all__ = ["TopologyClient", "latency_figures", "topology_floor"]
 
@@ -52,10 +53,6 @@ _LATENCY_SLICES = 8  # alternating slices of floor and node samples in latency_f
 _FASTEST_WRITE_S = 100e-6  # below any round trip with an fsynced write (files made ahead)
 _IDLE_MS = 100  # ms a thread waits on a descriptor before it looks again (stop flags)
 _REPLY_TIMEOUT_S = 10.0  # seconds a round trip may take before it counts as lost
-
-
-def _readable(sock: zmq.Socket) -> bool:
-    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
 class _TopologyNode:
@@ -81,7 +78,7 @@ class _TopologyNode:
         may have taken the descriptor's edge)."""
         with self.lock:
             self.router.send_multipart([ident, answer])
-            waiting = _readable(self.router)
+            waiting = readable(self.router)
         if waiting:
             os.write(self.wake_w, b"x")
 
@@ -91,7 +88,7 @@ class _TopologyNode:
         poller.register(self.wake_r, select.POLLIN)
         while True:
             with self.lock:
-                frames = self.router.recv_multipart(copy=False) if _readable(self.router) else None
+                frames = self.router.recv_multipart(copy=False) if readable(self.router) else None
             if frames is None:
                 for fd, _ in poller.poll(_IDLE_MS):
                     if fd == self.wake_r:
@@ -162,7 +159,7 @@ class TopologyClient:
     def _take_replies(self) -> None:
         with self._lock:
             replies = []
-            while _readable(self.dealer):
+            while readable(self.dealer):
                 replies.append(self.dealer.recv())
             waiting = self._waiting if replies else None
             if waiting is not None:

@@ -14,6 +14,13 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 
+def readable(sock: zmq.Socket) -> bool:
+    """A message can be received from ``sock`` now (``EVENTS``: cheaper than a NOBLOCK
+    receive that raises zmq.Again). Reading it also re-arms the socket's descriptor
+    (``zmq.FD``, edge-triggered) for threads that wait on it."""
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
 def configure_heartbeat(sock: zmq.Socket, interval: float) -> None:
     """ZeroMQ's own heartbeats (ZMTP PING/PONG) every ``interval`` s; the connection is
     dropped (a disconnect event) after three intervals without traffic from the peer
@@ -75,7 +82,7 @@ class MonitoredDealer:
         completed handshake (up), False for a disconnect or a failed connection
         attempt (down)."""
         out = []
-        while int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while readable(self.monitor):
             event = recv_monitor_message(self.monitor, zmq.NOBLOCK)["event"]
             out.append(event == zmq.EVENT_HANDSHAKE_SUCCEEDED)
         return out

@@ -41,7 +41,7 @@ from dstltree.client.errors import DstlError
 from dstltree.client.failover import NodePreference
 from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
-from dstltree.client.links import MonitoredDealer
+from dstltree.client.links import MonitoredDealer, readable
 from dstltree.client.wire import (
     Error,
     Message,
@@ -319,7 +319,7 @@ class NodeUploader:
         if not now:
             return True
         self._flush(sock)
-        return bool(self._outbox) or bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        return bool(self._outbox) or readable(sock)
 
     def _flush(self, sock: zmq.Socket) -> None:
         """Send the queued entries in order, consecutive requests together in Persist
@@ -438,7 +438,7 @@ class NodeUploader:
         replies = []
         with self._io:
             sock = self._link.sock if self._link is not None else None
-            while sock is not None and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            while sock is not None and readable(sock):
                 try:
                     replies.append(sock.recv_multipart(zmq.NOBLOCK, copy=False))
                 except zmq.Again:
