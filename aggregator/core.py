@@ -192,6 +192,8 @@ class NodeStatistics:
     backpressure_pauses: int = 0
     backpressure_seconds: float = 0.0
     upstream_losses: int = 0
+    loop_writes: int = 0
+    loop_takeovers: int = 0
 
 
 @dataclass(slots=True)

@@ -33,7 +33,10 @@ below, malformed ones included); drops and refusals of hostile or excess input:
 ``dstl_undeliverable_upstream_total`` (sends upstream refused by a full queue),
 ``dstl_malformed_upstream_total`` (undecodable messages from upstream, dropped),
 ``dstl_backpressure_pauses_total`` and ``dstl_backpressure_seconds_total`` (times and
-seconds the node stopped reading from below because its backlog was full). Gauges:
+seconds the node stopped reading from below because its backlog was full),
+``dstl_loop_writes_total`` (objects the loop wrote itself) and
+``dstl_loop_takeovers_total`` (such writes that hung long enough for a deputy thread
+to serve the loop meanwhile). Gauges:
 ``dstl_backlog_bytes`` (batched or being written), ``dstl_queued_bytes`` (in the batch, not yet
 flushed), ``dstl_in_flight_items`` (sent upstream, not yet acked),
 ``dstl_writers_below`` (residual writers of the subtree), ``dstl_writes_for_window``
@@ -92,6 +95,8 @@ _COUNTERS = {
     "malformed_upstream": "dstl_malformed_upstream",
     "backpressure_pauses": "dstl_backpressure_pauses",
     "backpressure_seconds": "dstl_backpressure_seconds",
+    "loop_writes": "dstl_loop_writes",
+    "loop_takeovers": "dstl_loop_takeovers",
 }
 _COUNTER_HELP = {
     "objects_written": "Objects this node wrote to DFS.",
@@ -113,6 +118,8 @@ _COUNTER_HELP = {
     "malformed_upstream": "Undecodable messages from upstream nodes, dropped.",
     "backpressure_pauses": "Times the node stopped reading from below (backlog full).",
     "backpressure_seconds": "Seconds the node did not read from below (backlog full).",
+    "loop_writes": "Objects the node's loop wrote itself (no other write was running).",
+    "loop_takeovers": "Writes on the loop that lasted so long that a deputy served the loop.",
 }
 # HedgingStats field -> counter name.
 _UPLOAD_COUNTERS = {

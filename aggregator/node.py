@@ -13,11 +13,17 @@ ZeroMQ's high-water marks push back on the senders.
 
 Threads: the loop owns the core, under a lock; a write thread that finishes an object
 takes the lock, feeds the outcome to the core and sends the acks below itself, so an
-ack costs no hand-off back to the loop. The ROUTER is therefore shared under the lock,
-and the loop waits on its descriptor (``zmq.FD``, edge-triggered) instead of inside
-ZeroMQ: whoever used the socket checks ``EVENTS`` and wakes the loop when a message
-waits. Sends upstream decided on a write thread wait for the loop (it polls those
-DEALERs as sockets).
+ack costs no hand-off back to the loop. On a local store the loop writes a small
+object (``_LOOP_WRITE_MAX_BYTES``) itself when no other write runs (after its turn,
+outside the lock: no hand-off to a write thread either); should that write take over
+``_TAKEOVER_S`` seconds, a :class:`~dstltree.aggregator.deputy.LoopDeputy` thread
+serves the loop's turns until it returns, so a hanging store never stops the node
+(and the loop writes nothing itself for ``_LOOP_WRITE_PAUSE_S`` seconds afterwards).
+The ROUTER is shared under the lock (write threads send acks on it), and the loop
+waits on its descriptor (``zmq.FD``, edge-triggered) instead of inside ZeroMQ:
+whoever used the socket checks ``EVENTS`` and wakes the loop when a message waits.
+Sends upstream decided on a write thread wait for the loop (it polls those DEALERs as
+sockets).
 
 At stop the batch is written here, running writes get ``shutdown_timeout`` seconds to
 finish and their acks go out before the ROUTER closes with a bounded linger.
@@ -39,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from dstltree.aggregator.core import NodeConfig, NodeCore, NodeStatistics
+from dstltree.aggregator.deputy import LoopDeputy
 from dstltree.aggregator.events import (
     Event,
     Instruction,
@@ -75,6 +82,11 @@ _CLOSE_LINGER_MS = 1000  # the ROUTER's linger at close: final acks get this lon
 _BURST = 100  # messages from below handled at once (NodeCore.handle_many)
 _HEADER_SLACK = 1 << 20  # bytes a header frame may take beyond max_message_bytes
 _WRITE_OUTCOMES = (ObjectWritten, ObjectFailed)  # built once, not a union per result
+_TAKEOVER_S = 0.01  # seconds a write on the loop may last before the deputy serves turns
+_LOOP_WRITE_PAUSE_S = 1.0  # seconds without writes on the loop after a takeover
+# the largest object (segment bytes) the loop writes itself: a larger one takes long
+# enough that a hand-off costs little, and the loop reads the front meanwhile
+_LOOP_WRITE_MAX_BYTES = 256 * 1024
 
 
 def _configure_router(sock: zmq.Socket, max_message_bytes: int, hwm: int) -> None:
@@ -114,7 +126,10 @@ class Node:
     (:meth:`Curve.for_node`); None = plaintext (tests; the launchers default to CURVE).
     ``heartbeat``: seconds between ZeroMQ heartbeats on the DEALERs to other nodes; a
     connection silent for three of them, or closed, is reported to the core at once
-    (``UpstreamLost``: its unacknowledged items go on along their new route)."""
+    (``UpstreamLost``: its unacknowledged items go on along their new route).
+    ``loop_writes``: on a store on this host (``ObjectStore.local``), the loop writes
+    an object itself when no other write runs (the module docstring: a deputy thread
+    serves the loop if that write hangs); False: every object on a write thread."""
 
     def __init__(
         self,
@@ -130,6 +145,7 @@ class Node:
         shutdown_timeout: float = 5.0,
         security: Curve | None = None,
         heartbeat: float = 0.1,
+        loop_writes: bool = True,
     ) -> None:
         self.store = store
         self.heartbeat = heartbeat
@@ -185,10 +201,26 @@ class Node:
             "undeliverable_upstream": 0,
             "malformed_upstream": 0,
             "backpressure_pauses": 0,
+            "loop_writes": 0,
         }
         self._paused_since: float | None = None
         self._paused_s = 0.0
         self._front_polled = True
+        self._init_loop_writes(loop_writes and store.local)
+
+    def _init_loop_writes(self, on: bool) -> None:
+        """The state of writes on the loop (the module docstring), on if ``on``."""
+        self._loop_writes_on = on
+        self._loop_writes: list[tuple[int, tuple]] = []  # kept for after the turn
+        self._loop_writes_from = 0.0  # monotonic time from which they may start again
+        self._loop_thread = 0  # the thread id of serve()'s loop
+        self._collecting = False  # the loop is in its turn: a write may wait for its end
+        self._deputy = LoopDeputy(
+            f"node-{self.core.config.node_id}-deputy",
+            lambda: self._step(front=not self._stop.is_set()),
+            self._wake_loop,
+            _TAKEOVER_S,
+        )
 
     # -- public --------------------------------------------------------------------------
     def serve(self) -> None:
@@ -199,12 +231,34 @@ class Node:
             self._socket_to(self.core.parent)
         with self._lock:
             self._inline = True
+        self._loop_thread = threading.get_ident()
         try:
             while not self._stop.is_set():
-                self._step(front=True)
+                self._turn(front=True)
             self._finish()
         finally:
+            self._deputy.close()
             self._close()
+
+    def _turn(self, front: bool) -> None:
+        """The loop's turn (:meth:`_step`, under the deputy's turn lock), then the
+        writes it kept for itself, each one busy for the deputy."""
+        with self._deputy.turn:
+            if self._deputy.failure is not None:
+                raise self._deputy.failure
+            self._collecting = True
+            try:
+                self._step(front)
+            finally:
+                self._collecting = False
+            with self._lock:
+                todo, self._loop_writes = self._loop_writes, []
+        for oid, items in todo:
+            takeovers = self._deputy.takeovers
+            with self._deputy.busy():
+                self._write(oid, items)
+            if self._deputy.takeovers != takeovers:
+                self._loop_writes_from = time.monotonic() + _LOOP_WRITE_PAUSE_S
 
     def _step(self, front: bool) -> None:
         """One loop turn: poll, read (the front only if ``front`` and the core accepts
@@ -268,7 +322,12 @@ class Node:
         paused = self._paused_s
         if self._paused_since is not None:
             paused += now - self._paused_since
-        return self.core.statistics(now, backpressure_seconds=paused, **self._shell_counts)
+        return self.core.statistics(
+            now,
+            backpressure_seconds=paused,
+            loop_takeovers=self._deputy.takeovers,
+            **self._shell_counts,
+        )
 
     def _finish(self) -> None:
         """At stop: the batch is written here; writes and upstream acks get
@@ -276,7 +335,7 @@ class Node:
         self._run(self.core.handle(ShuttingDown(time.monotonic())))
         deadline = time.monotonic() + self.shutdown_timeout
         while not self.core.idle() and time.monotonic() < deadline:
-            self._step(front=False)
+            self._turn(front=False)
         if not self.core.idle():
             log.warning("node stopping with writes or upstream acks still pending")
 
@@ -293,8 +352,13 @@ class Node:
         if self._stop.is_set():
             return
         self._stop.set()
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        """End the loop's current poll (a byte on the wake pipe), unless closed."""
+        if not self._closed:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
 
     def statistics(self) -> NodeStatistics:
         """The node's counters now (computed on the caller's thread, between two turns
@@ -312,7 +376,7 @@ class Node:
         has a message (its descriptor only signals new ones), else until the core's
         next deadline, at most ``_MAX_POLL_MS``; recorded in :attr:`_sleep_until`."""
         now = time.monotonic()
-        if self._front_polled and readable(self._front):
+        if self._deferred or (self._front_polled and readable(self._front)):
             self._sleep_until = now
             return 0
         deadline = self.core.next_deadline()
@@ -421,7 +485,24 @@ class Node:
         while self._writes_waiting and self._writes_running < self._upload_threads:
             oid, items = self._writes_waiting.popleft()
             self._writes_running += 1
-            self._write_threads.submit(functools.partial(self._write, oid, items))
+            if self._writes_running == 1 and self._on_loop_turn(items):
+                self._loop_writes.append((oid, items))
+                self._shell_counts["loop_writes"] += 1
+            else:
+                self._write_threads.submit(functools.partial(self._write, oid, items))
+
+    def _on_loop_turn(self, items: tuple) -> bool:
+        """Whether the caller is the loop in its turn and may keep the write of
+        ``items`` for after it: writes on the loop are on, the store did not hang one
+        lately, the object is small (``_LOOP_WRITE_MAX_BYTES``), not closing."""
+        return (
+            self._collecting
+            and self._loop_writes_on
+            and threading.get_ident() == self._loop_thread
+            and not self._closing
+            and time.monotonic() >= self._loop_writes_from
+            and sum(i.size for i in items) <= _LOOP_WRITE_MAX_BYTES
+        )
 
     def _send(self, sock: zmq.Socket, frames: list[Any], copy: bool = False) -> bool:
         """Send without blocking; False (logged at debug) if ZeroMQ refused: a full
@@ -468,12 +549,15 @@ class Node:
                 event = ObjectWritten(now, oid, outcome[0], tuple(outcome[1]))
             if self._inline:
                 wake = self._handle_written(event)
+                # the loop's own write: its next turn looks at everything the wake-up
+                # is for (front, deferred sends, deadlines), unless the deputy serves
+                if threading.get_ident() == self._loop_thread and not self._deputy.serving:
+                    wake = False
             else:  # not serving (yet, or any more): the loop takes it, if it runs
                 self._results.put(event)
                 wake = True
-            if wake and not self._closed:
-                with contextlib.suppress(OSError):
-                    os.write(self._wake_w, b"x")
+            if wake:
+                self._wake_loop()
 
     def _handle_written(self, event: Event) -> bool:
         """On a write thread, under the lock: feed the outcome to the core and send its

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import zmq
+from fsspec.implementations.local import LocalFileSystem
 
 from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.events import Instruction, ObjectWritten, ReplyBelow, SendUpstream
@@ -23,6 +24,7 @@ from dstltree.client.handle import ChangelogHandle
 from dstltree.client.node_uploader import NodeUploader
 from dstltree.client.reader import read_changes
 from dstltree.client.wire import Register, load
+from dstltree.storage.faults import FaultyFileSystem
 from dstltree.storage.store import ObjectStore
 from tests.support.waiting import wait_until
 
@@ -119,13 +121,16 @@ class _RecordingNode(Node):
         super()._run(instructions, on_loop)
 
 
-def test_a_write_thread_sends_the_acks_of_its_object(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop_writes", [False, True])
+def test_the_thread_that_wrote_an_object_sends_its_acks(tmp_path: Path, loop_writes: bool) -> None:
     """The thread that wrote an object hands the outcome to the core and sends its acks
     itself (no hand-off back to the loop); a persist sent meanwhile is still read (the
-    loop waits on the front's edge-triggered descriptor, which those sends may take)."""
+    loop waits on the front's edge-triggered descriptor, which those sends may take).
+    With ``loop_writes`` the loop writes an object itself while no other write runs,
+    else write threads write them all."""
     base = str(tmp_path / "dfs")
     cfg = NodeConfig("w", None, 1 << 20, plans=False, persist_delay=0.001)
-    node = _RecordingNode(cfg, ObjectStore(base), security=None)
+    node = _RecordingNode(cfg, ObjectStore(base), security=None, loop_writes=loop_writes)
     node.start()
     try:
         with ChangelogClient.open(base, node=node.address) as client:
@@ -146,7 +151,43 @@ def test_a_write_thread_sends_the_acks_of_its_object(tmp_path: Path) -> None:
     finally:
         node.stop()
     acks = [thread for thread, kind in node.replies if kind == "PersistAck"]
-    assert len(acks) >= 40 and all(t.startswith("node-w-write-") for t in acks), acks[:5]
+    by_loop = [t for t in acks if t == "node-w"]
+    assert len(acks) >= 40, acks[:5]
+    assert all(t == "node-w" or t.startswith("node-w-write-") for t in acks), acks[:5]
+    stats = node.statistics()
+    assert len(by_loop) == stats.loop_writes  # a write that took 10 ms may pause them
+    assert (stats.loop_writes > 0) == loop_writes
+
+
+def test_a_write_hanging_on_the_loop_does_not_stop_the_node(tmp_path: Path) -> None:
+    """The loop writes an object itself and the store stalls that write: a deputy
+    thread serves the loop meanwhile, so another writer's persist is read, written by
+    a write thread and acked while the stalled one waits; the stalled one is acked
+    once the store lets it through."""
+    fs = FaultyFileSystem(LocalFileSystem(), "none,stall_s=60")
+    fs.inject("put", "stall")  # the first object's write hangs
+    base = str(tmp_path / "dfs")
+    cfg = NodeConfig("w", None, 1, plans=False)  # every persist is an object at once
+    node = Node(cfg, ObjectStore(base, fs=fs), security=None)
+    node.start()
+    try:
+        with ChangelogClient.open(base, node=node.address, ack_timeout=60.0) as client:
+            stalled, other = (client.create_writer(f"t{k}", range(4)) for k in range(2))
+            stalled.append(0, b"first")
+            first = stalled.persist_durably(0)
+            wait_until(lambda: node.statistics().loop_takeovers == 1, timeout=10)
+            other.append(1, b"second")
+            assert other.persist_durably(0).result(timeout=20).segments
+            assert not first.done()
+            stats = node.statistics()
+            assert stats.loop_writes == 1 and stats.loop_takeovers == 1
+            fs.release()  # the stalled write goes on
+            assert first.result(timeout=20).segments
+            assert isinstance(client.uploader, NodeUploader)
+            assert client.uploader.statistics().fallbacks == 0
+    finally:
+        fs.release()
+        node.stop()
 
 
 def test_upstream_sends_decided_off_the_loop_are_sent_by_the_loop(tmp_path: Path) -> None:
