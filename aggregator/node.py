@@ -13,9 +13,10 @@ ZeroMQ's high-water marks push back on the senders.
 
 Threads: the loop owns the core, under a lock; a write thread that finishes an object
 takes the lock, feeds the outcome to the core and sends the acks below itself, so an
-ack costs no hand-off back to the loop. On a local store the loop writes a small
-object (``_LOOP_WRITE_MAX_BYTES``) itself when no other write runs (after its turn,
-outside the lock: no hand-off to a write thread either); should that write take over
+ack costs no hand-off back to the loop. On a fast store (the node's writes took
+``_LOOP_WRITE_FAST_S`` lately) the loop writes a small object
+(``_LOOP_WRITE_MAX_BYTES``) itself when no other write runs (after its turn, outside
+the lock: no hand-off to a write thread either); should that write take over
 ``_TAKEOVER_S`` seconds, a :class:`~dstltree.aggregator.deputy.LoopDeputy` thread
 serves the loop's turns until it returns, so a hanging store never stops the node
 (and the loop writes nothing itself for ``_LOOP_WRITE_PAUSE_S`` seconds afterwards).
@@ -87,6 +88,9 @@ _LOOP_WRITE_PAUSE_S = 1.0  # seconds without writes on the loop after a takeover
 # the largest object (segment bytes) the loop writes itself: a larger one takes long
 # enough that a hand-off costs little, and the loop reads the front meanwhile
 _LOOP_WRITE_MAX_BYTES = 256 * 1024
+# seconds the node's writes took lately (a moving average) at most for the loop to write
+# itself: a local disk's fsync, not an object store's request
+_LOOP_WRITE_FAST_S = 0.002
 
 
 def _configure_router(sock: zmq.Socket, max_message_bytes: int, hwm: int) -> None:
@@ -127,9 +131,9 @@ class Node:
     ``heartbeat``: seconds between ZeroMQ heartbeats on the DEALERs to other nodes; a
     connection silent for three of them, or closed, is reported to the core at once
     (``UpstreamLost``: its unacknowledged items go on along their new route).
-    ``loop_writes``: on a store on this host (``ObjectStore.local``), the loop writes
-    an object itself when no other write runs (the module docstring: a deputy thread
-    serves the loop if that write hangs); False: every object on a write thread."""
+    ``loop_writes``: on a fast store, the loop writes a small object itself when no
+    other write runs (the module docstring: a deputy thread serves the loop if that
+    write hangs); False: every object on a write thread."""
 
     def __init__(
         self,
@@ -206,13 +210,14 @@ class Node:
         self._paused_since: float | None = None
         self._paused_s = 0.0
         self._front_polled = True
-        self._init_loop_writes(loop_writes and store.local)
+        self._init_loop_writes(loop_writes)
 
     def _init_loop_writes(self, on: bool) -> None:
         """The state of writes on the loop (the module docstring), on if ``on``."""
         self._loop_writes_on = on
         self._loop_writes: list[tuple[int, tuple]] = []  # kept for after the turn
         self._loop_writes_from = 0.0  # monotonic time from which they may start again
+        self._write_s = 0.0  # moving average of the seconds a write took (any thread)
         self._loop_thread = 0  # the thread id of serve()'s loop
         self._collecting = False  # the loop is in its turn: a write may wait for its end
         self._deputy = LoopDeputy(
@@ -493,13 +498,15 @@ class Node:
 
     def _on_loop_turn(self, items: tuple) -> bool:
         """Whether the caller is the loop in its turn and may keep the write of
-        ``items`` for after it: writes on the loop are on, the store did not hang one
-        lately, the object is small (``_LOOP_WRITE_MAX_BYTES``), not closing."""
+        ``items`` for after it: writes on the loop are on, writes were fast lately and
+        none hung on the loop, the object is small (``_LOOP_WRITE_MAX_BYTES``), not
+        closing."""
         return (
             self._collecting
             and self._loop_writes_on
             and threading.get_ident() == self._loop_thread
             and not self._closing
+            and self._write_s <= _LOOP_WRITE_FAST_S
             and time.monotonic() >= self._loop_writes_from
             and sum(i.size for i in items) <= _LOOP_WRITE_MAX_BYTES
         )
@@ -543,6 +550,7 @@ class Node:
             self.metrics.observe_upload(size, len(items), time.monotonic() - t0, not failed)
         with self._lock:
             now = time.monotonic()  # under the lock: the core sees time in order
+            self._write_s += 0.2 * (now - t0 - self._write_s)
             if isinstance(outcome, BaseException):
                 event: Event = ObjectFailed(now, oid, str(outcome))
             else:

@@ -625,12 +625,6 @@ class ObjectStore:
         return self.join(CHANGELOG_DIR)
 
     # -- writes ------------------------------------------------------------------------
-    @property
-    def local(self) -> bool:
-        """Whether objects live on a filesystem of this host, wrapped or not (a write
-        takes about a disk's fsync, not a network round trip)."""
-        return self._local
-
     def writes_parts(self, exclusive: bool = False) -> bool:
         """Whether :meth:`put` writes the parts one after the other as given (a local
         filesystem, through a temporary file); otherwise it joins them into one bytes

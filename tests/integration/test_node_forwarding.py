@@ -159,6 +159,31 @@ def test_the_thread_that_wrote_an_object_sends_its_acks(tmp_path: Path, loop_wri
     assert (stats.loop_writes > 0) == loop_writes
 
 
+def test_the_loop_writes_nothing_itself_on_a_slow_store(tmp_path: Path) -> None:
+    """Every put takes 5 ms: the loop writes the first objects itself (nothing was
+    slow yet) until the node's moving average of its writes passes 2 ms (after three
+    writes); every later object goes to a write thread."""
+    fs = FaultyFileSystem(LocalFileSystem(), "none,stall=1.0,stall_s=0.005")
+    base = str(tmp_path / "dfs")
+    cfg = NodeConfig("w", None, 1, plans=False)  # every persist is an object at once
+    node = Node(cfg, ObjectStore(base, fs=fs), security=None)
+    node.start()
+    try:
+        with ChangelogClient.open(base, node=node.address) as client:
+            w = client.create_writer("t", range(4))
+            after = 0
+            for i in range(10):
+                w.append(i % 4, os.urandom(100))
+                assert w.persist_durably(after).result(timeout=20).segments
+                after = w.next_sqn()
+        stats = node.statistics()
+        assert stats.objects_written == 10
+        assert 1 <= stats.loop_writes <= 3, stats
+    finally:
+        fs.release()
+        node.stop()
+
+
 def test_a_write_hanging_on_the_loop_does_not_stop_the_node(tmp_path: Path) -> None:
     """The loop writes an object itself and the store stalls that write: a deputy
     thread serves the loop meanwhile, so another writer's persist is read, written by
