@@ -14,12 +14,13 @@ ZeroMQ's high-water marks push back on the senders.
 Threads: the loop owns the core, under a lock; a write thread that finishes an object
 takes the lock, feeds the outcome to the core and sends the acks below itself, so an
 ack costs no hand-off back to the loop. On a fast store (the node's writes took
-``_LOOP_WRITE_FAST_S`` lately) the loop writes a small object
-(``_LOOP_WRITE_MAX_BYTES``) itself when no other write runs (after its turn, outside
-the lock: no hand-off to a write thread either); should that write take over
-``_TAKEOVER_S`` seconds, a :class:`~dstltree.aggregator.deputy.LoopDeputy` thread
-serves the loop's turns until it returns, so a hanging store never stops the node
-(and the loop writes nothing itself for ``_LOOP_WRITE_PAUSE_S`` seconds afterwards).
+``_LOOP_WRITE_FAST_S`` or less lately; a write thread writes the first) the loop
+writes a small object (``_LOOP_WRITE_MAX_BYTES``) itself when no other write runs
+(after its turn, outside the lock: no hand-off to a write thread either); should that
+write take over ``_TAKEOVER_S`` seconds, a
+:class:`~dstltree.aggregator.deputy.LoopDeputy` thread serves the loop's turns until it
+returns, so a hanging store never stops the node (and the loop writes nothing itself
+for ``_LOOP_WRITE_PAUSE_S`` seconds afterwards).
 The ROUTER is shared under the lock (write threads send acks on it), and the loop
 waits on its descriptor (``zmq.FD``, edge-triggered) instead of inside ZeroMQ:
 whoever used the socket checks ``EVENTS`` and wakes the loop when a message waits.
@@ -131,8 +132,9 @@ class Node:
     ``heartbeat``: seconds between ZeroMQ heartbeats on the DEALERs to other nodes; a
     connection silent for three of them, or closed, is reported to the core at once
     (``UpstreamLost``: its unacknowledged items go on along their new route).
-    ``loop_writes``: on a fast store, the loop writes a small object itself when no
-    other write runs (the module docstring: a deputy thread serves the loop if that
+    ``loop_writes``: on a fast store (the node's writes took ``loop_write_fast_s``
+    seconds or less on a moving average), the loop writes a small object itself when
+    no other write runs (the module docstring: a deputy thread serves the loop if that
     write hangs); False: every object on a write thread."""
 
     def __init__(
@@ -150,6 +152,7 @@ class Node:
         security: Curve | None = None,
         heartbeat: float = 0.1,
         loop_writes: bool = True,
+        loop_write_fast_s: float = _LOOP_WRITE_FAST_S,
     ) -> None:
         self.store = store
         self.heartbeat = heartbeat
@@ -210,14 +213,17 @@ class Node:
         self._paused_since: float | None = None
         self._paused_s = 0.0
         self._front_polled = True
-        self._init_loop_writes(loop_writes)
+        self._init_loop_writes(loop_writes, loop_write_fast_s)
 
-    def _init_loop_writes(self, on: bool) -> None:
+    def _init_loop_writes(self, on: bool, fast_s: float) -> None:
         """The state of writes on the loop (the module docstring), on if ``on``."""
         self._loop_writes_on = on
+        self._loop_write_fast_s = fast_s
         self._loop_writes: list[tuple[int, tuple]] = []  # kept for after the turn
         self._loop_writes_from = 0.0  # monotonic time from which they may start again
-        self._write_s = 0.0  # moving average of the seconds a write took (any thread)
+        # moving average of the seconds a write took (any thread); None before the
+        # first: the loop writes nothing itself until writes have proved fast
+        self._write_s: float | None = None
         self._loop_thread = 0  # the thread id of serve()'s loop
         self._collecting = False  # the loop is in its turn: a write may wait for its end
         self._deputy = LoopDeputy(
@@ -506,7 +512,8 @@ class Node:
             and self._loop_writes_on
             and threading.get_ident() == self._loop_thread
             and not self._closing
-            and self._write_s <= _LOOP_WRITE_FAST_S
+            and self._write_s is not None
+            and self._write_s <= self._loop_write_fast_s
             and time.monotonic() >= self._loop_writes_from
             and sum(i.size for i in items) <= _LOOP_WRITE_MAX_BYTES
         )
@@ -550,7 +557,8 @@ class Node:
             self.metrics.observe_upload(size, len(items), time.monotonic() - t0, not failed)
         with self._lock:
             now = time.monotonic()  # under the lock: the core sees time in order
-            self._write_s += 0.2 * (now - t0 - self._write_s)
+            took, avg = now - t0, self._write_s
+            self._write_s = took if avg is None else avg + 0.2 * (took - avg)
             if isinstance(outcome, BaseException):
                 event: Event = ObjectFailed(now, oid, str(outcome))
             else:

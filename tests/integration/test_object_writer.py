@@ -94,7 +94,9 @@ def test_object_writer_latency_history_is_its_own(tmp_path: object) -> None:
 def test_a_hung_first_attempt_holds_a_thread_not_a_write_slot(faulty: FaultyFileSystem) -> None:
     store = ObjectStore(f"memory://ow-{uuid.uuid4().hex[:8]}", fs=faulty, retry=NO_RETRY)
     cfg = NodeConfig(node_id="one-slot", parent_address=None, target_bytes=1 << 20)
-    node = Node(cfg, store, upload_threads=1, upload_policy=HEDGING)
+    # every write on a write thread (the loop's own writes have their deputy instead:
+    # test_node_forwarding.py)
+    node = Node(cfg, store, upload_threads=1, upload_policy=HEDGING, loop_writes=False)
     thread = node.start()
     try:
         faulty.inject("put", "stall")  # the first write's own attempt hangs
