@@ -186,6 +186,27 @@ def test_the_loop_writes_nothing_itself_on_a_slow_store(tmp_path: Path) -> None:
         node.stop()
 
 
+def test_the_loop_leaves_large_objects_to_write_threads(tmp_path: Path) -> None:
+    """Writes count as fast here, yet an object above 256 KiB goes to a write thread
+    (the loop reads the front meanwhile); small ones after the first are the loop's."""
+    base = str(tmp_path / "dfs")
+    cfg = NodeConfig("w", None, 1, plans=False)  # every persist is an object at once
+    node = Node(cfg, ObjectStore(base), security=None, loop_write_fast_s=60.0)
+    node.start()
+    try:
+        with ChangelogClient.open(base, node=node.address) as client:
+            w = client.create_writer("t", range(4))
+            after = 0
+            for size in (100, 300 * 1024, 100, 300 * 1024, 100):
+                w.append(0, os.urandom(size))
+                assert w.persist_durably(after).result(timeout=20).segments
+                after = w.next_sqn()
+        stats = node.statistics()
+        assert stats.objects_written == 5 and stats.loop_writes == 2, stats
+    finally:
+        node.stop()
+
+
 def test_a_write_hanging_on_the_loop_does_not_stop_the_node(tmp_path: Path) -> None:
     """The loop writes an object itself and the store stalls that write: a deputy
     thread serves the loop meanwhile, so another writer's persist is read, written by

@@ -33,23 +33,33 @@ class _Loop:
         self.woken.set()
 
 
+class _Owner:
+    """The owner's thread, busy for the deputy until :meth:`release` (at most 20 s)."""
+
+    def __init__(self, deputy: LoopDeputy) -> None:
+        self._released = threading.Event()
+
+        def busy() -> None:
+            with deputy.busy():
+                self._released.wait(20)
+
+        self.thread = threading.Thread(target=busy)
+        self.thread.start()
+
+    def release(self) -> None:
+        self._released.set()
+        self.thread.join(10)
+
+
 def test_a_long_busy_call_is_served_and_the_loop_handed_back() -> None:
     loop = _Loop()
     deputy = LoopDeputy("deputy", loop.turn, loop.wake, after_s=0.01)
-    release = threading.Event()
     try:
-
-        def owner() -> None:
-            with deputy.busy():
-                release.wait(20)
-
-        t = threading.Thread(target=owner)
-        t.start()
+        owner = _Owner(deputy)
         wait_until(lambda: len(loop.turns_by) >= 2, timeout=10)
         assert deputy.serving and deputy.takeovers == 1
         assert set(loop.turns_by) == {"deputy"}
-        release.set()
-        t.join(10)
+        owner.release()
         # the owner's return woke the waiting turn: the deputy lets go of the loop
         assert deputy.turn.acquire(timeout=10)
         deputy.turn.release()
@@ -75,20 +85,12 @@ def test_a_failing_turn_is_kept_for_the_owner() -> None:
     loop = _Loop()
     loop.fail = True
     deputy = LoopDeputy("deputy", loop.turn, loop.wake, after_s=0.01)
-    release = threading.Event()
     try:
-
-        def owner() -> None:
-            with deputy.busy():
-                release.wait(20)
-
-        t = threading.Thread(target=owner)
-        t.start()
+        owner = _Owner(deputy)
         wait_until(lambda: deputy.failure is not None, timeout=10)
         assert str(deputy.failure) == "turn failed" and loop.turns_by == ["deputy"]
         assert not deputy.serving
-        release.set()
-        t.join(10)
+        owner.release()
     finally:
         deputy.close()
 
@@ -102,17 +104,9 @@ def test_an_idle_deputy_sleeps_until_the_next_busy_call() -> None:
         with deputy.busy():
             pass
         wait_until(lambda: deputy._asleep, timeout=10)
-        release = threading.Event()
-
-        def owner() -> None:
-            with deputy.busy():
-                release.wait(20)
-
-        t = threading.Thread(target=owner)
-        t.start()
+        owner = _Owner(deputy)
         wait_until(lambda: deputy.takeovers == 1, timeout=10)
-        release.set()
-        t.join(10)
+        owner.release()
     finally:
         deputy.close()
 
