@@ -11,10 +11,11 @@ an object; the node's writer (aggregator/object_writer.py) calls them too.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from dstltree.client.batching import Batch, LocalOrigin, PersistItem
 from dstltree.client.errors import DstlError
@@ -22,7 +23,7 @@ from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
 from dstltree.client.objectformat import build_object
 from dstltree.storage.errors import StorageError
-from dstltree.storage.hedging import HedgedUploader, Outcome, UploadPolicy
+from dstltree.storage.hedging import HedgedUploader, Outcome, ReusableThreads, UploadPolicy
 from dstltree.storage.store import ObjectStore
 
 #: a written object: its URL and one ref per data item (:func:`write_items`)
@@ -74,7 +75,15 @@ class DirectUploader:
     Uploads go through :attr:`hedged`, a HedgedUploader with ``upload_policy`` (default
     UploadPolicy()) created here, so its statistics are this uploader's alone. An owner
     of several uploaders may pass its own ``hedged`` instead, to share one (then
-    ``upload_policy`` is not used)."""
+    ``upload_policy`` is not used).
+
+    A batch due at once (``persist_delay`` 0, or the batch full) is handed by the
+    submitting thread itself to a write thread; a batch due later, by the batching
+    thread at its deadline. Write threads are reused (a new one only when none is idle,
+    so an attempt that hangs never holds up another object) and run each object's first
+    attempt themselves (:func:`start_items`, as a node's do); at most ``upload_threads``
+    objects are undecided at once, the others wait in order. The futures resolve as
+    soon as an attempt wins or the upload fails."""
 
     def __init__(
         self,
@@ -90,7 +99,10 @@ class DirectUploader:
         self._batch = Batch(target_bytes=target_bytes, persist_delay=persist_delay)
         self._writers: set[str] = set()
         self._cond = threading.Condition()
-        self._pool = ThreadPoolExecutor(upload_threads, thread_name_prefix="dstl-upload")
+        self._threads = ReusableThreads("dstl-upload")
+        self._upload_threads = max(1, upload_threads)
+        self._running = 0  # objects started and not yet decided
+        self._waiting: deque[list[PersistItem]] = deque()  # batches waiting for a slot
         self._closed = False
         self.objects_written = 0
         self.requests = 0
@@ -114,8 +126,13 @@ class DirectUploader:
         with self._cond:
             if self._closed:
                 raise DstlError("uploader is closed")
-            self._batch.add(item, time.monotonic())
-            self._cond.notify()
+            now = time.monotonic()
+            self._batch.add(item, now)
+            reason = self._batch.due(now, len(self._writers))
+            if reason:  # due at once: no hand-off to the batching thread
+                self._start(self._batch.take(reason, len(self._writers)))
+            if self._batch.items:
+                self._cond.notify()  # the batching thread watches the deadline
         return fut
 
     def _run(self) -> None:
@@ -124,28 +141,44 @@ class DirectUploader:
                 now = time.monotonic()
                 reason = self._batch.due(now, len(self._writers))
                 if self._closed or reason:
-                    items = self._batch.take(reason, len(self._writers))
-                    self._pool.submit(self._flush, items)
+                    self._start(self._batch.take(reason, len(self._writers)))
                     continue
                 deadline = self._batch.deadline()
                 self._cond.wait(None if deadline is None else max(deadline - now, 0.0))
 
-    def _flush(self, items: list[PersistItem]) -> None:
+    def _start(self, items: list[PersistItem]) -> None:
+        """Queue the batch ``items`` (its items with data) and start the waiting
+        batches while slots are free. Caller holds ``_cond``."""
         data_items = [i for i in items if i.data is not None]
-        if not data_items:
-            return
+        if data_items:
+            self._waiting.append(data_items)
+        while self._waiting and self._running < self._upload_threads:
+            self._running += 1
+            self._threads.submit(functools.partial(self._flush, self._waiting.popleft()))
+
+    def _flush(self, data_items: list[PersistItem]) -> None:
+        """Write one object (its first attempt on this thread); the futures resolve
+        from whichever thread decides the upload, which then frees the slot."""
+        self.requests += 1
+
+        def done(outcome: Written | BaseException) -> None:
+            if isinstance(outcome, BaseException):
+                for i in data_items:
+                    i.future().set_exception(outcome)
+            else:
+                self.objects_written += 1
+                for i, ref in zip(data_items, outcome[1], strict=True):
+                    i.future().set_result(ref)
+            with self._cond:
+                self._running -= 1
+                self._start([])
+                if self._closed:
+                    self._cond.notify_all()  # close() waits for the last one
+
         try:
-            self.requests += 1
-            # blocking upload (attempts on attempt threads): this pool thread is free
-            # again once the upload is decided, even while an attempt hangs
-            _, refs = write_items(self.hedged, data_items)
-            self.objects_written += 1
-        except BaseException as e:  # noqa: BLE001 - every failure goes to the futures
-            for i in data_items:
-                i.future().set_exception(e)
-            return
-        for i, ref in zip(data_items, refs, strict=True):
-            i.future().set_result(ref)
+            start_items(self.hedged, data_items, done)
+        except BaseException as e:  # noqa: BLE001 - building failed: nothing started
+            done(e)
 
     def close(self) -> None:
         """Flush what is pending, wait for uploads, stop the thread. Blocking."""
@@ -153,4 +186,6 @@ class DirectUploader:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=30)
-        self._pool.shutdown(wait=True)
+        with self._cond:
+            while self._running or self._waiting:
+                self._cond.wait()
