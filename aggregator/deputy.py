@@ -31,9 +31,9 @@ log = logging.getLogger("dstltree.node")
 class LoopDeputy:
     """Runs ``turn()`` (one loop turn, which may block in a poll) on its own thread
     while the owner is in :meth:`busy` for more than ``after_s`` seconds; ``wake()``
-    ends a turn that waits (called from the owner's thread when it returns). Counts:
-    :attr:`takeovers` (busy calls it served for), :attr:`turns` (turns it ran).
-    Raises ValueError for ``after_s <= 0``."""
+    ends a turn that waits (called from the owner's thread when it returns).
+    :attr:`takeovers` counts the busy calls it served for. Raises ValueError for
+    ``after_s <= 0``."""
 
     def __init__(
         self,
@@ -49,7 +49,6 @@ class LoopDeputy:
         self.after_s = after_s
         self.idle_s = idle_s
         self.takeovers = 0
-        self.turns = 0
         self.failure: BaseException | None = None  # what a turn of the deputy raised
         self._name = name
         self._turn = turn
@@ -143,7 +142,6 @@ class LoopDeputy:
                     self.after_s,
                 )
                 while self._busy is busy and not self._closed:
-                    self.turns += 1
                     self._turn()
             except BaseException as e:  # noqa: BLE001 - the owner raises it on its next turn
                 log.error("%s: a loop turn failed: %s", self._name, e)
