@@ -20,6 +20,7 @@ from pathlib import Path
 from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.metrics import NodeMetrics, metrics_port_for
 from dstltree.aggregator.node import Node
+from dstltree.client.collector import serving_collector
 from dstltree.security.curve import Curve, auth_refusals, register_refusal_metrics
 from dstltree.security.settings import SecuritySettings, cluster_keys_for_nodes
 from dstltree.storage.hedging import UploadPolicy
@@ -188,7 +189,8 @@ def run_node(
         )
     if exit_with_pid is not None:
         threading.Thread(target=_watch_pid, args=(exit_with_pid, node), daemon=True).start()
-    node.serve()
+    with serving_collector():
+        node.serve()
     if stats_file is not None:
         write_stats(node, stats_file)
 

@@ -45,6 +45,7 @@ from dstltree.bench.hotpath_net import (
     raw_hop,
 )
 from dstltree.client.api import ChangelogClient
+from dstltree.client.collector import serving_collector
 from dstltree.client.links import readable
 
 __all__ = ["TopologyClient", "latency_figures", "topology_floor"]
@@ -124,12 +125,13 @@ def _serve_topology(conn: Connection, write_dir: str) -> None:
     """The child process of :func:`topology_floor`: serve a :class:`_TopologyNode`;
     send its endpoint, then answer ``"cpu"`` until anything else arrives (stop)."""
     node = _TopologyNode(write_dir)
-    for t in node.threads:
-        t.start()
-    conn.send(f"tcp://127.0.0.1:{node.port}")
-    while conn.recv() == "cpu":
-        conn.send(cpu_seconds())
-    node.close()  # the client's empty message ended its threads
+    with serving_collector():  # as a node's process serves (run_node)
+        for t in node.threads:
+            t.start()
+        conn.send(f"tcp://127.0.0.1:{node.port}")
+        while conn.recv() == "cpu":
+            conn.send(cpu_seconds())
+        node.close()  # the client's empty message ended its threads
     conn.send("stopped")
 
 
@@ -270,17 +272,18 @@ def latency_figures(
         slice_s, least = seconds / _LATENCY_SLICES / 2, minimum // _LATENCY_SLICES + 1
         # files for writes of _FASTEST_WRITE_S each: no fsynced write is quicker
         ahead = str(int(slice_s / _FASTEST_WRITE_S) + least).encode()
-        for _ in range(_LATENCY_SLICES):
-            new = _timed(floor_once(b"a"), slice_s, least)
-            dealer.send_multipart([b"p", ahead])
-            dealer.recv()
-            topology.round_trip(b"p", ahead)
-            series["floor"] += new
-            series["floor_reserved"] += _timed(floor_once(b"r"), slice_s, least)
-            series["floor_topology"] += _timed(
-                lambda: topology.round_trip(b"r", raw_body), slice_s, least
-            )
-            series["node"] += _timed(node_once, slice_s, least)
+        with serving_collector():  # as a task's loop runs (sparkplug/task_loop.py)
+            for _ in range(_LATENCY_SLICES):
+                new = _timed(floor_once(b"a"), slice_s, least)
+                dealer.send_multipart([b"p", ahead])
+                dealer.recv()
+                topology.round_trip(b"p", ahead)
+                series["floor"] += new
+                series["floor_reserved"] += _timed(floor_once(b"r"), slice_s, least)
+                series["floor_topology"] += _timed(
+                    lambda: topology.round_trip(b"r", raw_body), slice_s, least
+                )
+                series["node"] += _timed(node_once, slice_s, least)
         dealer.send_multipart([b"p", b"0"])  # the files left unused are unlinked
         fallbacks = int(dealer.recv())
         topology_fallbacks = int(topology.round_trip(b"p", b"0"))

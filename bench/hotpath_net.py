@@ -25,6 +25,7 @@ import zmq
 from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.node import Node
 from dstltree.client.api import ChangelogClient
+from dstltree.client.collector import serving_collector
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.writer import ChangelogWriter
 from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore, fsync_dir
@@ -340,12 +341,13 @@ def _serve_node(
     seconds until anything else arrives (stop)."""
     store = ObjectStore(base_path, reserve_objects=RESERVED_OBJECTS)  # as build_node's
     node = Node(NodeConfig(node_id, parent, target, plans=False), store, security=None)
-    serving = node.start()
-    conn.send(node.address)
-    while conn.recv() == "cpu":
-        conn.send(cpu_seconds())
-    node.stop()
-    serving.join(30)  # the node closes its sockets and its store (reserved files) first
+    with serving_collector():  # as run_node serves
+        serving = node.start()
+        conn.send(node.address)
+        while conn.recv() == "cpu":
+            conn.send(cpu_seconds())
+        node.stop()
+        serving.join(30)  # the node closes its sockets and its store (reserved files) first
     conn.send("stopped")
 
 
@@ -414,7 +416,8 @@ def forwarding_throughput(
         apart_before = _raw_send_apart(far, receiver, body, seconds / 8)
         node_cpu0 = sum(n.cpu_seconds() for n in nodes)
         cpu0, t0 = cpu_seconds(), time.perf_counter()
-        sent = stream.run(seconds / 2)
+        with serving_collector():  # as a task's loop runs (sparkplug/task_loop.py)
+            sent = stream.run(seconds / 2)
         elapsed = time.perf_counter() - t0
         stream.drain()  # the CPU of deletions during the run counts too
         cpu = cpu_seconds() - cpu0 + sum(n.cpu_seconds() for n in nodes) - node_cpu0

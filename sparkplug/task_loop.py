@@ -20,12 +20,12 @@ thread, driven by coordinator commands and exchange deliveries.
 
 from __future__ import annotations
 
-import gc
 import logging
 import socket
 import time
 from typing import Any
 
+from dstltree.client.collector import serving_collector
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.task_link import TaskLink
@@ -143,20 +143,24 @@ class TaskLoop:
         self._fn.open(_Context(self.backend, self.task, self.cfg.parallelism, self.cfg.attempt))
         # what exists now (the restored state's containers, Spark's worker, the
         # libraries) lives as long as the task: the collector's full collections leave
-        # it unscanned, so one does not stall the loop for tens of milliseconds
-        gc.freeze()
+        # it unscanned, so one does not stall the loop for tens of milliseconds, and
+        # young collections come 20,000 allocations apart (client/collector.py)
+        with serving_collector():
+            self._loop(link)
+        return self.records
+
+    def _loop(self, link: TaskLink) -> None:
+        assert self._fn is not None
         try:
             while not self._step(link):
                 pass
             self._fn.close()
         finally:
-            gc.unfreeze()
             if self.materializer is not None:
                 self.materializer.close()
             self.exchange.close()
             if self.sink is not None:
                 self.sink.close()
-        return self.records
 
     def _step(self, link: TaskLink) -> bool:
         """One round: commands, a batch of reading, deliveries. True when finished."""
