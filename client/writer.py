@@ -320,7 +320,10 @@ class ChangelogWriter:
         meanwhile stays staged (only the first ``n`` are taken, atomically)."""
         added = 0 if squash else self._fold_last_wins()
         active = self._active
-        for kg, staged in self._staged.items():
+        # a C-level look first: most folds find every staging list empty (value state
+        # stages in last-wins dicts; a persist folds twice)
+        staging = self._staged.items() if any(self._staged.values()) else ()
+        for kg, staged in staging:
             n = len(staged)
             if n:
                 chunk = staged[:n]
