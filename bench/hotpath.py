@@ -408,6 +408,12 @@ def run_meta(command: str, cwd: str | None = None) -> dict[str, str]:
 
 _HOW = """How each figure is measured (real components, security off; nodes in their own processes):
 
+The garbage collector is set as where these parts run: node processes serve inside
+`serving_collector` (dstltree/client/collector.py), as `dstl node` does, and the timed
+loops of the task and the clients run inside it, as a task's loop does (everything
+that exists when serving starts frozen out of collections, a young collection every
+20,000 allocations).
+
 - task loop: per record `set_current_key` over 5,000 string keys in turn, then a count
   and a sum in value state read and written back (two changes per record, each key
   updated 4 times per checkpoint); with the changelog, the backend's writer is on a

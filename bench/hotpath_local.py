@@ -12,6 +12,7 @@ from typing import Any
 
 from dstltree.bench.replay_baseline import as_written_by_9a5af1e, baseline_replay
 from dstltree.client.api import ChangelogClient
+from dstltree.client.collector import serving_collector
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.reader import read_segment
 from dstltree.client.segment import decode_segment, encode_segment
@@ -81,7 +82,7 @@ def task_loop_figures(
     ``with_changelog``, ``without`` (records/s) and ``ratio`` (with / without)."""
     rkg = range(DEFAULT_MAX_PARALLELISM)
     with_cl, without = LoopRate(0, 0.0), LoopRate(0, 0.0)
-    with ChangelogClient.open(base_path) as client:
+    with ChangelogClient.open(base_path) as client, serving_collector():  # as TaskLoop.run
         for i in range(slices):
             writer = client.create_writer(f"bench-loop-{keys}-{i}", rkg)
             a = state_loop(KeyedStateBackend(rkg, writer), seconds / slices, keys)
