@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dstltree.client.collector import bulk_load_collector
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.reader import read_segment
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
@@ -79,13 +80,14 @@ def restore_key_groups(
     wanted = into.key_groups
     _check_coverage(checkpoint, wanted)
     stats = RestoreStats()
-    for t in sorted(checkpoint.tasks):
-        tc = checkpoint.tasks[t]
-        held = tc.key_group_range
-        if len(held) and max(held.start, wanted.start) >= min(held.stop, wanted.stop):
-            continue  # no overlap (an empty range is unknown: consult the task)
-        stats.tasks += 1
-        _restore_task(store, tc, into, stats, squash)
+    with bulk_load_collector():  # what a restore builds survives it: nothing to scan for
+        for t in sorted(checkpoint.tasks):
+            tc = checkpoint.tasks[t]
+            held = tc.key_group_range
+            if len(held) and max(held.start, wanted.start) >= min(held.stop, wanted.stop):
+                continue  # no overlap (an empty range is unknown: consult the task)
+            stats.tasks += 1
+            _restore_task(store, tc, into, stats, squash)
     return stats
 
 

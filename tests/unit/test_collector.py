@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from dstltree.client.collector import YOUNG_THRESHOLD, serving_collector
+from dstltree.client.collector import YOUNG_THRESHOLD, bulk_load_collector, serving_collector
 
 
 def test_serving_freezes_what_exists_and_spaces_young_collections() -> None:
@@ -55,3 +55,31 @@ def test_a_threshold_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="young_threshold"), serving_collector(0):
         pass
     assert gc.get_freeze_count() == 0
+
+
+def test_a_bulk_load_runs_no_collection_and_enables_the_collector_again() -> None:
+    collections: list[str] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        collections.append(phase)
+
+    gc.callbacks.append(seen)
+    try:
+        with bulk_load_collector():
+            assert not gc.isenabled()
+            kept = [[] for _ in range(5_000)]  # well past the young threshold
+            during = list(collections)
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(seen)
+    assert during == [] and len(kept) == 5_000
+
+
+def test_a_bulk_load_leaves_a_disabled_collector_disabled() -> None:
+    gc.disable()
+    try:
+        with pytest.raises(RuntimeError), bulk_load_collector():
+            raise RuntimeError("the restore failed")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
