@@ -68,6 +68,7 @@ from dstltree.aggregator.events import (
 from dstltree.aggregator.object_writer import ObjectWriter
 from dstltree.client.direct import Written
 from dstltree.client.errors import WireError
+from dstltree.client.frames import NOBLOCK, recv_frames, send_frames
 from dstltree.client.links import MonitoredDealer, readable
 from dstltree.client.wire import dump, load
 from dstltree.security.curve import Curve, configure_client, configure_server
@@ -400,14 +401,16 @@ class Node:
     def _drain_front(self, now: float) -> bool:
         """Read up to 1000 messages in bursts of ``_BURST``, each burst handled at once
         (:meth:`NodeCore.handle_many`); stop early while the core accepts no more.
-        True if a burst was handled (the core's time-driven rules ran)."""
-        front, handled = self._front, False
+        The caller saw a message waiting (:func:`readable`). True if a burst was
+        handled (the core's time-driven rules ran)."""
+        front, handled, waiting = self._front, False, True
         for _ in range(1000 // _BURST):
             if not self.core.accepting():
                 return handled
             events: list[Event] = []
-            while len(events) < _BURST and readable(front):
-                events.append(self._event_below(now, front.recv_multipart(copy=False)))
+            while len(events) < _BURST and (waiting or readable(front)):
+                waiting = False
+                events.append(self._event_below(now, recv_frames(front)))
             if events:
                 self._run(self.core.handle_many(events))
                 handled = True
@@ -429,7 +432,7 @@ class Node:
         for _ in range(1000):
             if not readable(sock):
                 return handled
-            frames = sock.recv_multipart(copy=False)
+            frames = recv_frames(sock)
             try:
                 msg = load(frames)
             except WireError as e:
@@ -523,7 +526,7 @@ class Node:
         queue or, on the ROUTER, a peer that is gone. Upstream, the items time out
         and are written here; below, the core counts it and resends plans."""
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+            send_frames(sock, frames, NOBLOCK, copy)
         except zmq.ZMQError as e:
             log.debug("send failed: %s", e)
             return False
@@ -564,24 +567,24 @@ class Node:
             else:
                 event = ObjectWritten(now, oid, outcome[0], tuple(outcome[1]))
             if self._inline:
-                wake = self._handle_written(event)
-                # the loop's own write: its next turn looks at everything the wake-up
-                # is for (front, deferred sends, deadlines), unless the deputy serves
-                if threading.get_ident() == self._loop_thread and not self._deputy.serving:
-                    wake = False
+                # the loop's own write: its next turn looks at everything a wake-up
+                # would be for (front, deferred sends, deadlines), unless the deputy serves
+                on_loop = threading.get_ident() == self._loop_thread and not self._deputy.serving
+                wake = self._handle_written(event, look=not on_loop)
             else:  # not serving (yet, or any more): the loop takes it, if it runs
                 self._results.put(event)
                 wake = True
             if wake:
                 self._wake_loop()
 
-    def _handle_written(self, event: Event) -> bool:
+    def _handle_written(self, event: Event, look: bool = True) -> bool:
         """On a write thread, under the lock: feed the outcome to the core and send its
         acks below at once (no hand-off to the loop on the way to the ack). True if the
         loop must look now: sends upstream deferred to it, a message waiting on the
         front (this thread's sends may have taken the descriptor's signal), the front to
         read again, an earlier deadline than its poll's, a stop under way, or a failure
-        of the core, which the loop raises (:meth:`serve` then raises it)."""
+        of the core, which the loop raises (:meth:`serve` then raises it). ``look``
+        False (the loop's own write, its next turn looks at all of these): False."""
         self._writes_running -= 1
         try:
             self._run(self.core.handle(event), on_loop=False)
@@ -590,6 +593,8 @@ class Node:
             self._failure, self._inline = e, False
             return True
         self._start_writes()
+        if not look:
+            return False
         if self._deferred or self._stop.is_set():
             return True
         if self._front_polled:

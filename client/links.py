@@ -13,12 +13,15 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # ints: no enum.Flag operation per call
+
 
 def readable(sock: zmq.Socket) -> bool:
     """A message can be received from ``sock`` now (``EVENTS``: cheaper than a NOBLOCK
     receive that raises zmq.Again). Reading it also re-arms the socket's descriptor
     (``zmq.FD``, edge-triggered) for threads that wait on it."""
-    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+    events: int = sock.getsockopt(_EVENTS)  # type: ignore[assignment]  # EVENTS is an int
+    return bool(events & _POLLIN)
 
 
 def configure_heartbeat(sock: zmq.Socket, interval: float) -> None:

@@ -39,6 +39,7 @@ from dstltree.client.batching import PersistItem
 from dstltree.client.direct import DirectUploader
 from dstltree.client.errors import DstlError
 from dstltree.client.failover import NodePreference
+from dstltree.client.frames import NOBLOCK, recv_frames, send_frames
 from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
 from dstltree.client.links import MonitoredDealer, readable
@@ -348,7 +349,7 @@ class NodeUploader:
     def _send_message(self, sock: zmq.Socket, msg: Message) -> bool:
         """Send one message; False if ZeroMQ's queue is full (nothing sent)."""
         try:
-            sock.send_multipart(dump(msg), zmq.NOBLOCK, copy=False)
+            send_frames(sock, dump(msg), NOBLOCK, copy=False)
         except zmq.Again:
             return False
         except zmq.ZMQError as e:
@@ -440,7 +441,7 @@ class NodeUploader:
             sock = self._link.sock if self._link is not None else None
             while sock is not None and readable(sock):
                 try:
-                    replies.append(sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                    replies.append(recv_frames(sock, NOBLOCK))
                 except zmq.Again:
                     break
         for frames in replies:
