@@ -25,29 +25,47 @@ process's large heap) more than half.
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 YOUNG_THRESHOLD = 20_000  # allocations of container objects between young collections
 
 
+class _Serving:
+    """How many blocks of :func:`serving_collector` are open in this process, and the
+    thresholds to restore when the last one closes."""
+
+    lock = threading.Lock()
+    open = 0
+    before: tuple[int, int, int] = (700, 10, 10)
+
+
 @contextmanager
 def serving_collector(young_threshold: int = YOUNG_THRESHOLD) -> Iterator[None]:
     """Within the block, the objects that exist on entry are frozen out of collections
-    and a young collection starts every ``young_threshold`` (>= 1) allocations; on exit
-    both are undone (the thresholds restored, the frozen objects collectable again).
-    Process-wide: for a process's serving loop (``dstl node``, a task's loop), not
-    for a library call. Raises ValueError for a ``young_threshold`` below 1."""
+    and a young collection starts every ``young_threshold`` (>= 1) allocations; when
+    the last open block of the process exits, both are undone (the thresholds
+    restored, the frozen objects collectable again), so blocks may overlap (tasks on
+    threads of one process). Process-wide: for a process's serving loop (``dstl node``,
+    a task's loop), not for a library call. Raises ValueError for a
+    ``young_threshold`` below 1."""
     if young_threshold < 1:
         raise ValueError(f"young_threshold must be >= 1, got {young_threshold}")
-    before = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(young_threshold, *before[1:])
+    with _Serving.lock:
+        if _Serving.open == 0:
+            _Serving.before = gc.get_threshold()
+        _Serving.open += 1
+        gc.freeze()
+        gc.set_threshold(young_threshold, *_Serving.before[1:])
     try:
         yield
     finally:
-        gc.set_threshold(*before)
-        gc.unfreeze()
+        with _Serving.lock:
+            _Serving.open -= 1
+            if _Serving.open == 0:
+                gc.set_threshold(*_Serving.before)
+                gc.unfreeze()
 
 
 @contextmanager

@@ -83,3 +83,15 @@ def test_a_bulk_load_leaves_a_disabled_collector_disabled() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_overlapping_blocks_undo_the_settings_only_when_the_last_one_exits() -> None:
+    before = gc.get_threshold()
+    first, second = serving_collector(), serving_collector(young_threshold=30_000)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the task that started first ends first
+    assert gc.get_threshold()[0] == 30_000 and gc.get_freeze_count() > 0
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
