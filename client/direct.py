@@ -154,19 +154,20 @@ class DirectUploader:
             self._waiting.append(data_items)
         while self._waiting and self._running < self._upload_threads:
             self._running += 1
+            self.requests += 1
             self._threads.submit(functools.partial(self._flush, self._waiting.popleft()))
 
     def _flush(self, data_items: list[PersistItem]) -> None:
         """Write one object (its first attempt on this thread); the futures resolve
         from whichever thread decides the upload, which then frees the slot."""
-        self.requests += 1
 
         def done(outcome: Written | BaseException) -> None:
             if isinstance(outcome, BaseException):
                 for i in data_items:
                     i.future().set_exception(outcome)
             else:
-                self.objects_written += 1
+                with self._cond:  # counted before the futures resolve, by one thread at a time
+                    self.objects_written += 1
                 for i, ref in zip(data_items, outcome[1], strict=True):
                     i.future().set_result(ref)
             with self._cond:
