@@ -68,16 +68,32 @@ def serving_collector(young_threshold: int = YOUNG_THRESHOLD) -> Iterator[None]:
                 gc.unfreeze()
 
 
+class _Bulk:
+    """How many blocks of :func:`bulk_load_collector` are open in this process, and
+    whether the collector was enabled when the first one opened."""
+
+    lock = threading.Lock()
+    open = 0
+    was_enabled = True
+
+
 @contextmanager
 def bulk_load_collector() -> Iterator[None]:
-    """Within the block no cyclic collection runs (``gc.disable``); on exit the
-    collector is enabled again if it was enabled on entry. For a bulk load whose
-    objects all survive it (restoring state); reference counting frees as usual, and
-    cycles made meanwhile wait for the first collection after the block."""
-    enabled = gc.isenabled()
-    gc.disable()
+    """Within the block no cyclic collection runs (``gc.disable``); when the last open
+    block of the process exits, the collector is enabled again if it was enabled when
+    the first one opened, so blocks may overlap (tasks restoring on threads of one
+    process): an early exit does not turn it back on under another's load. For a bulk
+    load whose objects all survive it (restoring state); reference counting frees as
+    usual, and cycles made meanwhile wait for the first collection after the block."""
+    with _Bulk.lock:
+        if _Bulk.open == 0:
+            _Bulk.was_enabled = gc.isenabled()
+        _Bulk.open += 1
+        gc.disable()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        with _Bulk.lock:
+            _Bulk.open -= 1
+            if _Bulk.open == 0 and _Bulk.was_enabled:
+                gc.enable()

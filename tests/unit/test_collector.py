@@ -95,3 +95,14 @@ def test_overlapping_blocks_undo_the_settings_only_when_the_last_one_exits() -> 
     second.__exit__(None, None, None)
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_overlapping_bulk_loads_enable_the_collector_when_the_last_one_exits() -> None:
+    assert gc.isenabled()
+    first, second = bulk_load_collector(), bulk_load_collector()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # one task's restore ends while another's runs
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
