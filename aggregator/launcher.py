@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dstltree.aggregator.supervisor import NodeSupervisor
+from dstltree.aggregator.workdirs import WorkdirOwner, own_workdir, sweep_stale_workdirs
 from dstltree.security.curve import Curve
 from dstltree.security.keys import ClusterKeys, generate_key_dir, load_key_dir
 from dstltree.security.settings import KEYS_ENV, SecuritySettings, cluster_keys_for_nodes
@@ -59,6 +60,7 @@ class LocalTree:
     plans: bool = True
     supervisor: NodeSupervisor | None = None  # restarts dead nodes (supervise())
     remove_workdir: bool = False  # stop() deletes workdir (its key files included)
+    owner: WorkdirOwner | None = None  # held while workdir is to be deleted (workdirs.py)
 
     @property
     def client_security(self) -> Curve | None:
@@ -122,6 +124,8 @@ class LocalTree:
         stop_nodes(self.tree, self.nodes, timeout)
         if self.remove_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.owner is not None:
+            self.owner.release()
 
     def __enter__(self) -> LocalTree:
         return self
@@ -241,8 +245,10 @@ def start_tree(
     (None: when it was made here, ``workdir`` not given)."""
     tree = topology.tree(executors)
     check_local_hosts(topology, topology_file)
+    sweep_stale_workdirs()  # what SIGKILLed launchers left here, key files included
     wd = workdir or Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
     wd.mkdir(parents=True, exist_ok=True)
+    remove = workdir is None if remove_workdir is None else remove_workdir
     specs = {n.id: n for n in topology.nodes or []}
     running = LocalTree(
         topology,
@@ -252,7 +258,8 @@ def start_tree(
         topology_file=topology_file,
         base_path=base_path,
         plans=plans,
-        remove_workdir=workdir is None if remove_workdir is None else remove_workdir,
+        remove_workdir=remove,
+        owner=own_workdir(wd) if remove else None,
     )
     try:
         for node_id in tree.topological():  # every parent before its children

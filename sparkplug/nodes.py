@@ -187,6 +187,7 @@ def _start_on_executor(
     from pyspark import BarrierTaskContext
 
     from dstltree.aggregator.launcher import start_node_process
+    from dstltree.aggregator.workdirs import sweep_stale_workdirs
     from dstltree.topology.tree import second_parent_indices
 
     ctx = BarrierTaskContext.get()
@@ -209,6 +210,7 @@ def _start_on_executor(
     depth, i = 0, index
     while i > 0:
         i, depth = (i - 1) // branching, depth + 1
+    sweep_stale_workdirs()  # what SIGKILLed nodes left on this host, key files included
     workdir = Path(tempfile.mkdtemp(prefix="dstl-node-"))
     topo_file = workdir / "topology.yaml"
     topo_file.write_text(yaml.safe_dump(doc))

@@ -128,12 +128,19 @@ def _run(
 
 @contextlib.contextmanager
 def _removed_at_exit(directory: Path | None) -> Iterator[None]:
-    """Delete ``directory`` (and what is in it) when the block ends, however it ends."""
+    """Delete ``directory`` (and what is in it) when the block ends, however it ends;
+    meanwhile this process owns it (``dstltree.aggregator.workdirs``), so that after a
+    SIGKILL whoever starts nodes on the host next deletes it."""
+    from dstltree.aggregator.workdirs import own_workdir
+
+    owner = None if directory is None else own_workdir(directory)
     try:
         yield
     finally:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
+        if owner is not None:
+            owner.release()
 
 
 def _respawn(pid_file: Path, exit_with_pid: int | None) -> None:

@@ -3,6 +3,7 @@ id, endpoint and parents; its writers' changes go on through it."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from dstltree.client import ChangelogClient
@@ -103,3 +104,67 @@ def test_a_tree_deletes_the_work_directory_it_made_with_its_keys(tmp_path: Path)
     given.stop()
     assert not made.workdir.exists(), "a secret key outlived the tree"
     assert (given.workdir / "root.stats.json").exists(), "a directory given is the caller's"
+
+
+def test_the_work_directory_of_a_sigkilled_respawner_is_deleted_by_the_next_launcher(
+    tmp_path: Path,
+) -> None:
+    import os
+    import signal
+    import time
+
+    from dstltree.aggregator.launcher import start_node_process
+    from dstltree.aggregator.workdirs import OWNER_LOCK, sweep_stale_workdirs
+    from tests.support.tree_fixtures import write_topology
+
+    topo = write_topology(
+        tmp_path / "t.yaml", str(tmp_path / "dfs"), [{"id": "root"}], security={"curve": False}
+    )
+    pid_file = tmp_path / "root.pid"
+    workdir = tmp_path / "dstl-node-e0"  # as an executor's launcher names it
+    workdir.mkdir()
+    h = start_node_process(
+        topo,
+        "root",
+        0,
+        None,
+        workdir,
+        exit_with_pid=os.getpid(),
+        respawn_pid_file=pid_file,
+        remove_workdir=True,
+    )
+    later = time.time() + 120  # past the margin a fresh lock file gets
+    node_pid = int(pid_file.read_text())
+    try:
+        assert (workdir / OWNER_LOCK).exists()
+        assert sweep_stale_workdirs(tmp_path, now=later) == [], "its respawner owns it"
+        os.kill(h.pid, signal.SIGKILL)  # the respawner: no cleanup runs
+        h.process.wait(timeout=30)
+        os.kill(node_pid, signal.SIGKILL)
+        assert workdir.exists(), "a SIGKILL leaves the directory"
+        assert sweep_stale_workdirs(tmp_path, now=later) == [workdir]
+        assert not workdir.exists()
+    finally:
+        h.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node_pid, signal.SIGKILL)
+
+
+def test_a_running_tree_owns_the_directory_it_made(tmp_path: Path) -> None:
+    import time
+
+    from dstltree.aggregator.launcher import start_tree
+    from dstltree.aggregator.workdirs import sweep_stale_workdirs
+    from dstltree.topology.config import load_topology
+    from tests.support.tree_fixtures import write_topology
+
+    topo_file = write_topology(tmp_path / "t.yaml", str(tmp_path / "dfs"), [{"id": "root"}])
+    wd = tmp_path / "dstl-nodes-t"
+    tree = start_tree(load_topology(topo_file), topo_file, workdir=wd, remove_workdir=True)
+    try:
+        assert tree.workdir == wd and tree.owner is not None
+        assert sweep_stale_workdirs(tmp_path, now=time.time() + 120) == []
+        assert wd.exists()
+    finally:
+        tree.stop()
+    assert not tree.workdir.exists()
