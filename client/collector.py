@@ -26,23 +26,59 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Generic, TypeVar
 
 YOUNG_THRESHOLD = 20_000  # allocations of container objects between young collections
 
-
-class _Serving:
-    """How many blocks of :func:`serving_collector` are open in this process, and the
-    thresholds to restore when the last one closes."""
-
-    lock = threading.Lock()
-    open = 0
-    before: tuple[int, int, int] = (700, 10, 10)
+_T = TypeVar("_T")
 
 
-@contextmanager
-def serving_collector(young_threshold: int = YOUNG_THRESHOLD) -> Iterator[None]:
+class _Overlapping(Generic[_T]):
+    """A process-wide collector setting whose blocks may overlap (tasks on threads of
+    one process): the first block in saves what the setting replaces (``save()``),
+    every block applies it, the last one out restores what was saved
+    (``restore(saved)``), so an early exit never undoes another block's setting."""
+
+    def __init__(self, save: Callable[[], _T], restore: Callable[[_T], None]) -> None:
+        self._lock = threading.Lock()
+        self._open = 0
+        self._save, self._restore = save, restore
+        self._saved = save()  # replaced by what the first block finds
+
+    @contextmanager
+    def block(self, apply: Callable[[_T], None]) -> Iterator[None]:
+        """Apply the setting (``apply(saved)``) for the block."""
+        with self._lock:
+            if self._open == 0:
+                self._saved = self._save()
+            self._open += 1
+            apply(self._saved)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open -= 1
+                if self._open == 0:
+                    self._restore(self._saved)
+
+
+def _unserve(before: tuple[int, int, int]) -> None:
+    gc.set_threshold(*before)
+    gc.unfreeze()
+
+
+def _enable_if(was_enabled: bool) -> None:
+    if was_enabled:
+        gc.enable()
+
+
+_SERVING = _Overlapping(gc.get_threshold, _unserve)
+_BULK = _Overlapping(gc.isenabled, _enable_if)
+
+
+def serving_collector(young_threshold: int = YOUNG_THRESHOLD) -> AbstractContextManager[None]:
     """Within the block, the objects that exist on entry are frozen out of collections
     and a young collection starts every ``young_threshold`` (>= 1) allocations; when
     the last open block of the process exits, both are undone (the thresholds
@@ -52,48 +88,19 @@ def serving_collector(young_threshold: int = YOUNG_THRESHOLD) -> Iterator[None]:
     ``young_threshold`` below 1."""
     if young_threshold < 1:
         raise ValueError(f"young_threshold must be >= 1, got {young_threshold}")
-    with _Serving.lock:
-        if _Serving.open == 0:
-            _Serving.before = gc.get_threshold()
-        _Serving.open += 1
+
+    def serve(before: tuple[int, int, int]) -> None:
         gc.freeze()
-        gc.set_threshold(young_threshold, *_Serving.before[1:])
-    try:
-        yield
-    finally:
-        with _Serving.lock:
-            _Serving.open -= 1
-            if _Serving.open == 0:
-                gc.set_threshold(*_Serving.before)
-                gc.unfreeze()
+        gc.set_threshold(young_threshold, *before[1:])
+
+    return _SERVING.block(serve)
 
 
-class _Bulk:
-    """How many blocks of :func:`bulk_load_collector` are open in this process, and
-    whether the collector was enabled when the first one opened."""
-
-    lock = threading.Lock()
-    open = 0
-    was_enabled = True
-
-
-@contextmanager
-def bulk_load_collector() -> Iterator[None]:
+def bulk_load_collector() -> AbstractContextManager[None]:
     """Within the block no cyclic collection runs (``gc.disable``); when the last open
     block of the process exits, the collector is enabled again if it was enabled when
     the first one opened, so blocks may overlap (tasks restoring on threads of one
     process): an early exit does not turn it back on under another's load. For a bulk
     load whose objects all survive it (restoring state); reference counting frees as
     usual, and cycles made meanwhile wait for the first collection after the block."""
-    with _Bulk.lock:
-        if _Bulk.open == 0:
-            _Bulk.was_enabled = gc.isenabled()
-        _Bulk.open += 1
-        gc.disable()
-    try:
-        yield
-    finally:
-        with _Bulk.lock:
-            _Bulk.open -= 1
-            if _Bulk.open == 0 and _Bulk.was_enabled:
-                gc.enable()
+    return _BULK.block(lambda _: gc.disable())
