@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dstltree.aggregator.supervisor import NodeSupervisor
-from dstltree.aggregator.workdirs import WorkdirOwner, own_workdir, sweep_stale_workdirs
+from dstltree.aggregator.workdirs import (
+    TREE_WORKDIR_PREFIX,
+    WorkdirOwner,
+    own_workdir,
+    sweep_stale_workdirs,
+)
 from dstltree.security.curve import Curve
 from dstltree.security.keys import ClusterKeys, generate_key_dir, load_key_dir
 from dstltree.security.settings import KEYS_ENV, SecuritySettings, cluster_keys_for_nodes
@@ -246,7 +251,7 @@ def start_tree(
     tree = topology.tree(executors)
     check_local_hosts(topology, topology_file)
     sweep_stale_workdirs()  # what SIGKILLed launchers left here, key files included
-    wd = workdir or Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
+    wd = workdir or Path(tempfile.mkdtemp(prefix=TREE_WORKDIR_PREFIX))
     wd.mkdir(parents=True, exist_ok=True)
     remove = workdir is None if remove_workdir is None else remove_workdir
     specs = {n.id: n for n in topology.nodes or []}

@@ -26,8 +26,10 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 OWNER_LOCK = "owner.lock"
-#: name prefixes of the work directories launchers make (tempfile.mkdtemp)
-WORKDIR_PREFIXES = ("dstl-node-", "dstl-nodes-")
+#: name prefixes of the work directories launchers make (tempfile.mkdtemp): an
+#: executor's node, a local tree
+NODE_WORKDIR_PREFIX, TREE_WORKDIR_PREFIX = "dstl-node-", "dstl-nodes-"
+WORKDIR_PREFIXES = (NODE_WORKDIR_PREFIX, TREE_WORKDIR_PREFIX)
 #: seconds an unlocked ``owner.lock`` is spared after its creation (its owner locks it
 #: right after creating it)
 _OWNER_START_S = 60.0

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from dstltree.aggregator.launcher import LocalTree, start_tree
+from dstltree.aggregator.workdirs import TREE_WORKDIR_PREFIX
 from dstltree.security.keys import ClusterKeys, key_files, write_key_files
 from dstltree.security.settings import SecuritySettings, cluster_keys_for_nodes
 from dstltree.sparkplug.spark_session import executor_host, executor_jvm
@@ -88,7 +89,7 @@ def local_nodes(
         metrics_port=metrics_port,
         security=None if curve else {"curve": False},
     )
-    workdir = Path(tempfile.mkdtemp(prefix="dstl-nodes-"))
+    workdir = Path(tempfile.mkdtemp(prefix=TREE_WORKDIR_PREFIX))
     effective = workdir / "topology.yaml"
     effective.write_text(yaml.safe_dump(topo.model_dump(mode="json", exclude_none=True)))
     tree = start_tree(topo, effective, workdir=workdir, remove_workdir=True)
@@ -187,7 +188,7 @@ def _start_on_executor(
     from pyspark import BarrierTaskContext
 
     from dstltree.aggregator.launcher import start_node_process
-    from dstltree.aggregator.workdirs import sweep_stale_workdirs
+    from dstltree.aggregator.workdirs import NODE_WORKDIR_PREFIX, sweep_stale_workdirs
     from dstltree.topology.tree import second_parent_indices
 
     ctx = BarrierTaskContext.get()
@@ -211,7 +212,7 @@ def _start_on_executor(
     while i > 0:
         i, depth = (i - 1) // branching, depth + 1
     sweep_stale_workdirs()  # what SIGKILLed nodes left on this host, key files included
-    workdir = Path(tempfile.mkdtemp(prefix="dstl-node-"))
+    workdir = Path(tempfile.mkdtemp(prefix=NODE_WORKDIR_PREFIX))
     topo_file = workdir / "topology.yaml"
     topo_file.write_text(yaml.safe_dump(doc))
     keys_dir = None if key_texts is None else write_key_files(key_texts, workdir / "keys")
