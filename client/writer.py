@@ -19,27 +19,30 @@ SQN rules (the off-by-one contract):
   to, no lock, no call per change) follow the same rules: ``next_sqn`` and
   ``persist_durably`` fold every staged change into the active changeset first, so a
   change staged before ``next_sqn()`` returns ``s`` has an SQN below ``s``.
-- Last-wins staging (``last_wins(key_group, set_prefix, clear_prefix)``: a dict from key
-  bytes to value bytes, or None for a clear) is for state whose change of a key replaces
-  every earlier change of that key (value state): of the changes a producer stages for a
-  key between two folds of the dict, only the last one is logged, as
-  ``set_prefix + key + value`` or ``clear_prefix + key``. The dicts fold at ``next_sqn``,
-  ``persist_durably`` and ``statistics`` (so the SQN rule above holds for them too) and,
-  at ``flush_staged``, once they hold ``squash_entries`` keys; not at every
-  ``flush_staged``, which is what lets repeated updates of a key within one checkpoint
-  interval cost one change. Replay gives the same state as logging every change (the
-  restore squash of FLIP-151 applied before the upload). ``squash_entries=0`` asks
-  state backends not to use last-wins staging (every change logged, as Flink does).
+- Last-wins staging (``last_wins(key_group, prefix)``: a dict from key bytes to value
+  bytes, or None) is for state whose change of a key replaces every earlier change of
+  that key (value state): of the entries a producer stages for a key between two folds
+  of the dict, only the last one is logged. A fold logs the dict's entries as ONE
+  change, ``prefix`` followed by the dict in msgpack's map encoding (keys and values as
+  bin, None as nil): one C-level pack per dict, not a render and a length per entry.
+  The dicts fold at ``next_sqn``, ``persist_durably`` and ``statistics`` (so the SQN
+  rule above holds for them too) and, at ``flush_staged``, once they hold
+  ``squash_entries`` keys; not at every ``flush_staged``, which is what lets repeated
+  updates of a key within one checkpoint interval cost one entry. Replay gives the
+  same state as logging every change (the restore squash of FLIP-151 applied before
+  the upload). ``squash_entries=0`` asks state backends not to use last-wins staging
+  (every change logged, as Flink does).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from itertools import repeat, takewhile
-from typing import cast
+from itertools import takewhile
+
+import msgpack
 
 from dstltree.client.batching import PersistItem
 from dstltree.client.errors import DstlError, PersistError
@@ -139,8 +142,8 @@ class ChangelogWriter:
         self._changesets: dict[int, dict[int, list[bytes]]] = {}  # closed, SQN < _sqn
         self._sizes: dict[int, int] = {}  # bytes per closed changeset
         self._staged: dict[int, list[bytes]] = {}  # key group -> staging list
-        # (key group, set prefix, clear prefix) -> last-wins dict
-        self._last_wins: dict[tuple[int, bytes, bytes], LastWins] = {}
+        # (key group, change prefix) -> last-wins dict
+        self._last_wins: dict[tuple[int, bytes], LastWins] = {}
         if squash_entries < 0:
             raise ValueError(f"squash_entries must be >= 0, got {squash_entries}")
         self.squash_entries = squash_entries  # 0: state backends log every change
@@ -193,14 +196,15 @@ class ChangelogWriter:
                 changes = self._staged.setdefault(key_group, [])
         return changes
 
-    def last_wins(self, key_group: int, set_prefix: bytes, clear_prefix: bytes) -> LastWins:
-        """The last-wins staging dict of ``key_group`` and these prefixes (the same dict
-        on every call; module docstring): one producer thread may set ``d[key] = value``
-        (the change ``set_prefix + key + value``) or ``d[key] = None`` (``clear_prefix +
-        key``), bytes only, without a lock. Only for state in which a key's change
-        replaces all its earlier ones and commutes with the changes of other keys and
-        other states. Raises ValueError for a key group outside this writer's range."""
-        slot = (key_group, set_prefix, clear_prefix)
+    def last_wins(self, key_group: int, prefix: bytes) -> LastWins:
+        """The last-wins staging dict of ``key_group`` and ``prefix`` (the same dict on
+        every call; module docstring): one producer thread may set ``d[key] = value``
+        or ``d[key] = None``, bytes only, without a lock. A fold logs the entries as
+        the one change ``prefix + msgpack.packb(d)``. Only for state in which a key's
+        entry replaces all its earlier ones and commutes with the changes of other keys
+        and other states. Raises ValueError for a key group outside this writer's
+        range."""
+        slot = (key_group, prefix)
         d = self._last_wins.get(slot)
         if d is None:
             if key_group not in self.key_groups:
@@ -338,26 +342,27 @@ class ChangelogWriter:
         self._not_uploaded += added
 
     def _fold_last_wins(self) -> int:
-        """Move the last-wins dicts' entries into the active changeset: on the producer's
-        thread all at once, on any other ``len(d)`` pops each (keys the producer sets
-        meanwhile stay for the next fold). Returns the bytes added."""
+        """Log each non-empty last-wins dict as one change of the active changeset and
+        empty it: on the producer's thread all at once, on any other ``len(d)`` pops
+        (keys the producer sets meanwhile stay for the next fold). Returns the bytes
+        added."""
         added = 0
-        for (kg, set_prefix, clear_prefix), d in self._last_wins.items():
+        for (kg, prefix), d in self._last_wins.items():
             n = len(d)
             if not n:
                 continue
             if threading.get_ident() == self._producer:  # nobody sets keys meanwhile
-                chunk = _render_sets(d, set_prefix, clear_prefix)
+                change = prefix + msgpack.packb(d)
                 d.clear()
             else:
                 pop = d.popitem
-                chunk = _render([pop() for _ in range(n)], set_prefix, clear_prefix)
+                change = prefix + msgpack.packb(dict([pop() for _ in range(n)]))
             changes = self._active.get(kg)
             if changes is None:
-                self._active[kg] = chunk
+                self._active[kg] = [change]
             else:
-                changes += chunk
-            added += sum(map(len, chunk))
+                changes.append(change)
+            added += len(change)
         return added
 
     def _next_sqn(self) -> int:
@@ -441,24 +446,6 @@ class ChangelogWriter:
         if limit is not None:
             fut.add_done_callback(_Release(limit, size))
         return _SegmentUpload(lo, hi, fut)
-
-
-def _render_sets(d: LastWins, set_prefix: bytes, clear_prefix: bytes) -> list[bytes]:
-    """:func:`_render` of all of ``d``'s entries: when none is a clear (None), each
-    change is one C-level join of prefix, key and value (no intermediate bytes)."""
-    try:
-        values = cast("Iterable[bytes]", d.values())  # a None raises TypeError in join
-        return list(map(b"".join, zip(repeat(set_prefix), d.keys(), values)))
-    except TypeError:  # a None value (a clear) among them
-        return _render(list(d.items()), set_prefix, clear_prefix)
-
-
-def _render(
-    items: Iterable[tuple[bytes, bytes | None]], set_prefix: bytes, clear_prefix: bytes
-) -> list[bytes]:
-    """The changes of last-wins entries: ``set_prefix + key + value``, or
-    ``clear_prefix + key`` for a None value."""
-    return [clear_prefix + k if v is None else set_prefix + k + v for k, v in items]
 
 
 def _combine(

@@ -6,7 +6,8 @@ read-only memoryviews), reads of each change only its operation, state name, key
 (map state) user key, and keeps in dictionaries only the changes that still matter
 (the squash of :mod:`dstltree.sparkplug.squash`, FLIP-151):
 
-- value state: the last set or clear per state and key;
+- value state: the last set or clear per state and key (a value sets change counts as
+  the sets and clears of its entries, in the map's order);
 - map state: the last clear per state and key; after it, per user key, the last
   remove, and the last put since that remove (or clear) placed where the first of those
   puts came, so the map's insertion order is that of a full replay;
@@ -53,6 +54,7 @@ from dstltree.sparkplug.state_backend import (
     OP_MAP_REMOVE,
     OP_VALUE_CLEAR,
     OP_VALUE_SET,
+    OP_VALUE_SETS,
     VALUE,
     KeyedStateBackend,
 )
@@ -69,6 +71,7 @@ _HEAD = {
     OP_LIST_SET: 0x94,
 }
 _HEAD_OF = [_HEAD.get(op, 0) for op in range(256)]
+_SET_HEAD, _CLEAR_HEAD = bytes([0x94, OP_VALUE_SET]), bytes([0x93, OP_VALUE_CLEAR])
 # per first byte of a state name: the offset in a change just past a fixstr name, else 0
 # (lists, not bytes: indexing a list by an int is the specialized fast path)
 _NAME_END = [3 + (b & 0x1F) if 0xA0 <= b <= 0xBF else 0 for b in range(256)]
@@ -121,6 +124,8 @@ class BulkReplay:
         self._kinds: dict[str, str] = {}  # while planning: state name -> kind
         self._names: dict[Any, str] = {}  # while planning: name bytes -> name
         self._user_keys: dict[Any, bytes] = {}  # user key bytes checked canonical
+        # the value changes value sets changes stand for, and the origin of each batch
+        self._expanded: list[tuple[list[bytes], int]] = []
 
     def feed(self, key_group: int, changes: Sequence[Any], origin: int = 0) -> None:
         """Take the changes (bytes-like, each a whole change) of ``key_group`` that come
@@ -132,15 +137,16 @@ class BulkReplay:
         if self._irregular or key_group not in self._b.key_groups:
             return
         try:
-            self._squash(key_group, changes)
+            self._squash(key_group, changes, origin)
         except (_Irregular, *_PARSE_ERRORS):
             self._irregular = True
 
-    def _squash(self, key_group: int, changes: Sequence[Any]) -> None:
+    def _squash(self, key_group: int, changes: Sequence[Any], origin: int) -> None:
         """Record ``changes`` in the squash dictionaries; raises _Irregular (or a parse
         error) for a change that needs a change-by-change replay. Only the state name
         and key (and a map change's user key) are parsed here; the array header of a
-        kept change is checked by :meth:`_plan`."""
+        kept change is checked by :meth:`_plan`. A value sets change is recorded as
+        the value sets and clears of its entries (:meth:`_expand_sets`)."""
         values = self._values.setdefault(key_group, {})
         puts = self._mputs.setdefault(key_group, {})
         lists = self._lists.setdefault(key_group, {})
@@ -149,6 +155,9 @@ class BulkReplay:
             p = name_end[c[2]]
             end = p + size[c[p]]  # p 0 (no fixstr name): c[0], an array header, sizes 0
             if end <= p:
+                if c[1] == OP_VALUE_SETS:  # its third item, a map, has no fixed size
+                    self._expand_sets(c, values, origin)
+                    continue
                 end = _key_end(c)
             op = c[1]
             if op < OP_MAP_PUT:  # a value set or clear
@@ -173,6 +182,34 @@ class BulkReplay:
                 lists[c[2:end]] = [c]
             else:
                 raise _Irregular
+
+    def _expand_sets(self, change: Any, values: dict[Any, Any], origin: int) -> None:
+        """Record the entries of ``[OP_VALUE_SETS, name, {key: value | nil}]`` in
+        ``values`` as the value set (or clear) each stands for, built as the backend
+        writes one (so :meth:`_plan` and :meth:`_write` treat them as any other);
+        raises _Irregular, or a parse error, for a change the backend does not write."""
+        first = change[2]
+        if change[0] != 0x93 or not (0xA0 <= first <= 0xBF or 0xD9 <= first <= 0xDB):
+            raise _Irregular
+        p = _NAME_END[first] or _item_end(change, 2)
+        name = bytes(change[2:p])
+        entries = unpackb(change[p:])
+        if type(entries) is not dict:
+            raise _Irregular
+        set_head, clear_head = _SET_HEAD + name, _CLEAR_HEAD + name
+        made = []
+        for kb, vb in entries.items():
+            if type(kb) is not bytes:
+                raise _Irregular
+            if vb is None:
+                c = clear_head + kb
+            elif type(vb) is bytes:
+                c = set_head + kb + vb
+            else:
+                raise _Irregular
+            values[name + kb] = c
+            made.append(c)
+        self._expanded.append((made, origin))
 
     def _map_clear(self, key_group: int, sk: Any, change: Any) -> None:
         """Record a clear of the map of state+key bytes ``sk``: drop its user keys'
@@ -353,6 +390,9 @@ class BulkReplay:
         """The origin of the batch holding ``change`` (the object fed)."""
         for _, changes, origin in self._batches:
             if any(c is change for c in changes):
+                return origin
+        for made, origin in self._expanded:
+            if any(c is change for c in made):
                 return origin
         return 0  # pragma: no cover
 

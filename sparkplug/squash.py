@@ -14,7 +14,10 @@ original order, so that applying them leaves the same state as applying all of t
 What is kept, per key group, state and key (the change's key bytes; the state
 backend's change encoding, :mod:`dstltree.sparkplug.state_backend`):
 
-- value state: only the last set or clear.
+- value state: only the last set or clear. A value sets change (``OP_VALUE_SETS``,
+  many keys' last sets and clears in one) is always kept, in order: a set or clear of
+  one of its keys that it supersedes is applied before it, one that supersedes it
+  after it.
 - map state: the last clear of the key's map; after it, per user key, the last remove
   and, if the last change of that user key is a put, one put carrying the last value
   at the position of the first put after that remove (or clear), so that a later
@@ -53,6 +56,7 @@ from dstltree.sparkplug.state_backend import (
     OP_MAP_REMOVE,
     OP_VALUE_CLEAR,
     OP_VALUE_SET,
+    OP_VALUE_SETS,
 )
 
 
@@ -138,8 +142,8 @@ class ChangeSquasher:
                 op = change[1]
             except (ValueError, IndexError, msgpack.UnpackException):
                 end = len(change) + 1
-            if end > len(change):
-                pass  # kept as it is
+            if end > len(change) or op == OP_VALUE_SETS:
+                pass  # kept as it is (value sets: in order, their entries not looked into)
             elif op in value_ops:
                 old = values.get(change[2:end])
                 if old is not None:

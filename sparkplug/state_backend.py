@@ -17,7 +17,10 @@ Changes: every mutation appends one change to the writer, in the current key's g
 msgpack ``[op, state, key, ...]`` with ``op`` one of ``OP_*``: ``[OP_VALUE_SET, s, k,
 v]``, ``[OP_VALUE_CLEAR, s, k]``, ``[OP_MAP_PUT, s, k, uk, v]``, ``[OP_MAP_REMOVE, s, k,
 uk]``, ``[OP_MAP_CLEAR, s, k]``, ``[OP_LIST_ADD, s, k, v]``, ``[OP_LIST_CLEAR, s, k]``,
-``[OP_LIST_SET, s, k, [v, ...]]``.
+``[OP_LIST_SET, s, k, [v, ...]]``. Value state staged in a writer's last-wins dicts
+logs ``[OP_VALUE_SETS, s, {k: v | nil, ...}]`` instead, one change per state, key group
+and fold, whose map holds each key's encoding as bin and its value's encoding as bin,
+or nil for a clear: the same state on replay as those keys' last sets and clears.
 
 Snapshot (materialization, version ``SNAPSHOT_VERSION``): msgpack ``{"v", "max_parallelism",
 "kinds": {state: "value"|"map"|"list"}, "groups": [[key_group, blob], ...]}``, one blob
@@ -54,7 +57,8 @@ from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM, canonical_key,
     OP_LIST_ADD,
     OP_LIST_CLEAR,
     OP_LIST_SET,
-) = range(8)
+    OP_VALUE_SETS,
+) = range(9)
 VALUE, MAP, LIST = "value", "map", "list"
 _OP_KIND = {
     OP_VALUE_SET: VALUE,
@@ -65,6 +69,7 @@ _OP_KIND = {
     OP_LIST_ADD: LIST,
     OP_LIST_CLEAR: LIST,
     OP_LIST_SET: LIST,
+    OP_VALUE_SETS: VALUE,
 }
 SNAPSHOT_VERSION = 2
 PART_VERSION = 3  # a file of an incremental materialization (:meth:`capture_group`)
@@ -366,6 +371,9 @@ class KeyedStateBackend:
             return
         try:
             op, name, key, *rest = msgpack.unpackb(change, strict_map_key=False)
+            if op == OP_VALUE_SETS:
+                self._apply_sets(key_group, name, key, rest)
+                return
             groups = self._declare(name, _OP_KIND[op])
             kb = self._pack(key)
             self._check_group(kb, key_group)
@@ -375,6 +383,29 @@ class KeyedStateBackend:
             self._replay(op, bucket, kb, rest)
         except _DECODE_ERRORS as e:
             raise ValueError(f"bad state change in key group {key_group}: {e}") from e
+
+    def _apply_sets(self, kg: int, name: Any, entries: Any, rest: list[Any]) -> None:
+        """Replay ``[OP_VALUE_SETS, name, entries]``: every entry is decoded and checked
+        before any is stored. Raises TypeError / ValueError (msgpack's included) for a
+        malformed one, as :meth:`apply_change` does for one change."""
+        if rest or type(entries) is not dict:
+            raise TypeError("value sets must be [op, state, {key: value | nil}]")
+        pack, kept = self._pack, []
+        for kb, vb in entries.items():
+            if type(kb) is not bytes or not (vb is None or type(vb) is bytes):
+                raise TypeError("a value sets entry must map bin to bin or nil")
+            kb = pack(_unpack(kb))
+            self._check_group(kb, kg)
+            kept.append((kb, None if vb is None else pack(_unpack(vb))))
+        groups = self._declare(name, VALUE)
+        bucket = groups.get(kg)
+        if bucket is None:
+            bucket = groups[kg] = {}
+        for kb, vb in kept:
+            if vb is None:
+                bucket.pop(kb, None)
+            else:
+                bucket[kb] = vb
 
     def replay_bucket(self, name: str, kind: str, key_group: int) -> dict[bytes, Any]:
         """For bulk replay (:mod:`dstltree.sparkplug.replay`): the live bucket of state
@@ -565,14 +596,16 @@ class ValueState(_KeyedState):
     backend's current key. Each ``set``/``clear`` logs one change; with a
     :class:`~dstltree.client.writer.ChangelogWriter` they go to its last-wins staging
     (``ChangelogWriter.last_wins``), so of a key's changes between two folds only the
-    last one is logged (the same state on replay, fewer bytes)."""
+    last one is logged, and the fold logs them all as one ``OP_VALUE_SETS`` change (the
+    same state on replay, fewer bytes, no work per entry in Python)."""
 
-    __slots__ = ("_p_set", "_p_clear", "_lw")
+    __slots__ = ("_p_set", "_p_clear", "_p_sets", "_lw")
 
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
         super().__init__(backend, name)
         self._p_set = _prefix(backend._pack, OP_VALUE_SET, name, 4)
         self._p_clear = _prefix(backend._pack, OP_VALUE_CLEAR, name, 3)
+        self._p_sets = _prefix(backend._pack, OP_VALUE_SETS, name, 3)
         self.reset_staging()
 
     def reset_staging(self) -> None:
@@ -584,7 +617,7 @@ class ValueState(_KeyedState):
 
     def _last_wins(self, kg: int) -> LastWins:
         assert self._lw is not None and isinstance(self._b._writer, ChangelogWriter)
-        d = self._lw[kg] = self._b._writer.last_wins(kg, self._p_set, self._p_clear)
+        d = self._lw[kg] = self._b._writer.last_wins(kg, self._p_sets)
         return d
 
     def get(self) -> Any:

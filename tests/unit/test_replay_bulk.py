@@ -6,6 +6,7 @@ give the same state or the same error."""
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import msgpack
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dstltree.client.api import ChangelogClient
 from dstltree.sparkplug import replay as replay_module
 from dstltree.sparkplug.keygroups import encode_key, key_group_of
 from dstltree.sparkplug.replay import BulkReplay
@@ -75,6 +77,21 @@ def _log(ops: list[Op]) -> list[tuple[int, bytes]]:
     for op in ops:
         _do(b, op)
     return rec.changes
+
+
+def _log_staged(ops: list[Op], folds: list[int], base: str) -> list[tuple[int, bytes]]:
+    """The changes of ``ops`` as a task logs them, through a real writer with last-wins
+    staging (value state as value sets changes), folded before each op in ``folds``;
+    (key group, change) in replay order."""
+    with ChangelogClient.open(base) as client:
+        w = client.create_writer("w", range(M))
+        b = KeyedStateBackend(range(M), w, M)
+        for i, op in enumerate(ops):
+            if i in folds:
+                w.next_sqn()
+            _do(b, op)
+        h = w.persist_durably(0).result(timeout=10)
+        return [(kg, c) for _, kg, c in client.iter_changes(h)]
 
 
 def _contents(b: KeyedStateBackend) -> dict[str, dict[bytes, bytes]]:
@@ -153,6 +170,26 @@ def test_bulk_replay_equals_per_change_replay(
     assert 0 <= applied <= len(changes)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(OPS, max_size=10),
+    st.lists(OPS, max_size=60),
+    st.lists(st.integers(0, 60), max_size=4),
+    st.lists(st.integers(0, 60), max_size=6),
+)
+def test_value_sets_replay_as_the_changes_they_stand_for(
+    before: list[Op], ops: list[Op], folds: list[int], cuts: list[int]
+) -> None:
+    """A task's changelog with last-wins staging (value sets changes, folded anywhere)
+    restores, in bulk and change by change, to the state of every change logged."""
+    with tempfile.TemporaryDirectory() as base:
+        staged = _log_staged(ops, folds, base)
+    every, _, _, _ = _both(before, _batches(_log(ops), []))
+    expected, got, applied, _ = _both(before, _batches(staged, cuts))
+    assert got == expected == every
+    assert applied >= 0
+
+
 def test_regular_changes_never_take_the_change_by_change_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -164,6 +201,11 @@ def test_regular_changes_never_take_the_change_by_change_path(
     changes = _log(ops)
     expected, got, applied, _ = _both([], _batches(changes, []))
     assert got == expected and 0 < applied < len(changes)
+    with tempfile.TemporaryDirectory() as base:  # value state as value sets changes
+        staged = _log_staged(ops, [50, 120], base)
+    assert any(c[1] == 8 for _, c in staged)
+    _, got_staged, applied, _ = _both([], _batches(staged, []))
+    assert got_staged == expected and applied > 0
 
 
 def test_map_clears_past_the_scan_budget_replay_change_by_change(
@@ -179,6 +221,11 @@ def test_map_clears_past_the_scan_budget_replay_change_by_change(
 def _raw(op: int, name: bytes, key: bytes, *rest: bytes, head: int | None = None) -> bytes:
     """The change [op, name, key, *rest] from encoded items (array header ``head``)."""
     return bytes([0x93 + len(rest) if head is None else head, op]) + name + key + b"".join(rest)
+
+
+def _sets(name: bytes, entries: dict[Any, Any]) -> bytes:
+    """The value sets change [8, name, entries] (``name`` encoded, entries packed)."""
+    return bytes([0x93, 8]) + name + msgpack.packb(entries)
 
 
 KG_A = key_group_of("a", M)
@@ -203,6 +250,22 @@ ODD_CHANGES = {
     "an update of no list": [_raw(7, b"\xa1l", b"\xa1a", b"\x05")],
     "a malformed map value": [_raw(2, b"\xa1m", b"\xa1a", b"\xa1x", b"\xc1")],
     "trailing bytes": [SET_A + b"\x00"],
+    "value sets": [SET_A, _sets(b"\xa1v", {b"\xa1a": b"\x02", b"\xa1b": None})],
+    "value sets, another key encoding": [_sets(b"\xa1v", {b"\xd9\x01a": b"\x02"})],
+    "value sets, a key of another key group": [_sets(b"\xa1v", {b"\xa1b": b"\x02"})],
+    "value sets, a malformed value": [_sets(b"\xa1v", {b"\xa1a": b"\xc1"})],
+    "value sets, two items as a value": [_sets(b"\xa1v", {b"\xa1a": b"\x01\x02"})],
+    "value sets, two items as a key": [_sets(b"\xa1v", {b"\xa1a\x01": b"\x02"})],
+    "value sets, a str key": [_sets(b"\xa1v", {"a": b"\x02"})],
+    "value sets, an int value": [_sets(b"\xa1v", {b"\xa1a": 2})],
+    "value sets, no map": [_raw(8, b"\xa1v", b"\x01")],
+    "value sets, an extra item": [_raw(8, b"\xa1v", msgpack.packb({b"\xa1a": b"\x02"}), b"\x01")],
+    "value sets, trailing bytes": [_sets(b"\xa1v", {b"\xa1a": b"\x02"}) + b"\x00"],
+    "value sets, a kind clash": [
+        _raw(2, b"\xa1v", b"\xa1a", b"\xa1x", b"\x01"),
+        _sets(b"\xa1v", {}),
+    ],
+    "value sets, a name as str8": [SET_A, _sets(b"\xd9\x01v", {b"\xa1a": b"\x03"})],
 }
 
 
@@ -225,6 +288,23 @@ def test_a_key_of_another_key_group_raises_as_per_change() -> None:
     other = (KG_A + 1) % M
     expected, got, _, _ = _both([], [(KG_A, [SET_A]), (other, [SET_A])])
     assert expected == got == ("error", "segment at s1")
+
+
+def test_value_sets_store_nothing_unless_every_entry_is_good() -> None:
+    """A value sets change with one bad entry raises, per change and in bulk, and
+    leaves the state as it was: its entries are checked before any is stored."""
+    bad = _sets(b"\xa1v", {b"\xa1a": b"\x05", b"\xa1b": b"\x06"})  # "b": another group
+    for replay in ("per change", "bulk"):
+        b = _base([("set", 6, 0, 0, 7)])
+        before = _contents(b)
+        with pytest.raises(ValueError, match="key group"):
+            if replay == "per change":
+                b.apply_change(KG_A, bad)
+            else:
+                r = BulkReplay(b)
+                r.feed(KG_A, [bad], 0)
+                r.apply(["s0"])
+        assert _contents(b) == before
 
 
 def test_changes_of_key_groups_not_owned_are_skipped() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +285,55 @@ def test_squasher_keeps_unparsable_changes_in_order() -> None:
         (2, 3, b"\x94" + set_a + b"\x02", 5),
         (3, 3, b"", 5),
     ]
+
+
+GROUP_5 = [k for k in KEYS if key_group_of(k, M) == 5]  # None, 0, "1", b"1", ""
+VALUE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), st.sampled_from(GROUP_5), st.integers(0, 9)),
+        st.tuples(st.just("clear"), st.sampled_from(GROUP_5), st.none()),
+        st.tuples(
+            st.just("sets"),
+            st.dictionaries(
+                st.sampled_from(GROUP_5), st.one_of(st.none(), st.integers(0, 9)), min_size=1
+            ),
+            st.none(),
+        ),
+    ),
+    max_size=30,
+)
+
+
+def _value_change(op: tuple[str, Any, Any]) -> bytes:
+    """The change of a value set, clear or value sets (``[8, name, {key: value}]``) of
+    state "v"."""
+    what, key, value = op
+    pack = msgpack.packb
+    if what == "sets":
+        entries = {encode_key(k): None if v is None else pack(v) for k, v in key.items()}
+        return b"\x93\x08" + pack("v") + pack(entries)
+    if what == "set":
+        return pack([0, "v", key, value])
+    return pack([1, "v", key])
+
+
+@settings(max_examples=100, deadline=None)
+@given(VALUE_OPS, st.lists(st.integers(1, 29), max_size=4))
+def test_squasher_keeps_value_sets_in_order(
+    ops: list[tuple[str, Any, Any]], cuts: list[int]
+) -> None:
+    """Value sets changes mixed with single value sets and clears of the same keys, fed
+    in any batches: the kept changes replay to the state of all of them (a value sets
+    change is kept as it is)."""
+    changes = [_value_change(op) for op in ops]
+    sq = ChangeSquasher()
+    for lo, hi in pairwise(sorted({0, len(changes), *[c for c in cuts if c < len(changes)]})):
+        sq.feed(5, changes[lo:hi])
+    full, squashed = KeyedStateBackend(range(M), None, M), KeyedStateBackend(range(M), None, M)
+    for c in changes:
+        full.apply_change(5, c)
+    kept = [c for _, _, c, _ in sq.kept()]
+    for c in kept:
+        squashed.apply_change(5, c)
+    assert _contents(squashed) == _contents(full)
+    assert [c for c in kept if c[1] == 8] == [c for c in changes if c[1] == 8]

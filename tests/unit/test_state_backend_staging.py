@@ -152,11 +152,24 @@ def _squashed(read: tuple[Any, ...]) -> tuple[Any, ...]:
     last: dict[tuple[int, int, bytes], bytes] = {}
     for sqn, kg, change in changes:
         op, name, key, *_ = msgpack.unpackb(change, strict_map_key=False)
-        if name == "v":
+        if op == state_backend.OP_VALUE_SETS:
+            last.update(((sqn, kg, kb), c) for kb, c in _value_changes(name, key))
+        elif name == "v":
             last[(sqn, kg, msgpack.packb(key))] = change
         else:
             other.setdefault((sqn, kg), []).append(change)
     return sqn_range, other, last
+
+
+def _value_changes(name: str, entries: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes]]:
+    """(key bytes, the value set or clear change the backend logs without last-wins
+    staging) per entry of a value sets change, in the map's order."""
+    pack = msgpack.packb
+    set_head = b"\x94" + pack(state_backend.OP_VALUE_SET) + pack(name)  # [op, name, k, v]
+    clear_head = b"\x93" + pack(state_backend.OP_VALUE_CLEAR) + pack(name)  # [op, name, k]
+    return [
+        (kb, clear_head + kb if vb is None else set_head + kb + vb) for kb, vb in entries.items()
+    ]
 
 
 def test_changes_are_handed_over_every_fold_records() -> None:
@@ -188,8 +201,9 @@ def test_value_changes_squash_until_the_writer_holds_squash_entries_keys() -> No
         v.set(i)
     assert up.submitted == 0, "five keys stay staged across hand-overs"
     sqn_range, changes = up.read(w, 0)
-    assert sorted(msgpack.unpackb(c)[2:] for _, _, c in changes) == [
-        [k, max(i for i in range(3 * FOLD_RECORDS) if i % 5 == k)] for k in range(5)
+    entries = [e for _, _, c in changes for e in msgpack.unpackb(c)[2].items()]
+    assert sorted((msgpack.unpackb(k), msgpack.unpackb(v)) for k, v in entries) == [
+        (k, max(i for i in range(3 * FOLD_RECORDS) if i % 5 == k)) for k in range(5)
     ]
     for i in range(FOLD_RECORDS):
         b.set_current_key(i % 10)

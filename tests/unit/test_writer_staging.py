@@ -9,6 +9,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -292,27 +293,31 @@ def test_a_producer_thread_stages_while_another_thread_folds() -> None:
 
 
 def test_last_wins_logs_the_last_change_per_key_between_folds() -> None:
-    """Of a key's sets and clears between two folds only the last one is logged, as
-    ``set_prefix + key + value`` or ``clear_prefix + key``; an SQN call folds them, so
-    they keep the SQN rules, and a later set of the key is a change of the next SQN."""
+    """Of a key's sets and clears between two folds only the last one is logged: each
+    fold logs a dict as the one change ``prefix + msgpack map`` (None as nil); an SQN
+    call folds them, so they keep the SQN rules, and a later set of the key is in a
+    change of the next SQN."""
     w, up = _writer()
-    d = w.last_wins(2, b"S", b"C")
-    assert w.last_wins(2, b"S", b"C") is d and w.last_wins(3, b"S", b"C") is not d
+    d = w.last_wins(2, b"S")
+    assert w.last_wins(2, b"S") is d and w.last_wins(3, b"S") is not d
+    assert w.last_wins(2, b"T") is not d
     d[b"a"], d[b"b"], d[b"a"] = b"1", b"2", b"3"
     d[b"b"] = None
-    assert w.statistics().bytes_in_memory == len(b"Sa3") + len(b"Cb")
+    first_change = b"S" + msgpack.packb({b"a": b"3", b"b": None})
+    assert w.statistics().bytes_in_memory == len(first_change)
+    assert not d, "statistics folds"
     first = w.next_sqn()
     d[b"a"] = b"4"
     h = w.persist_durably(0).result(timeout=10)
-    assert sorted(up.read(h)) == [(0, 2, b"Cb"), (0, 2, b"Sa3"), (first, 2, b"Sa4")]
+    assert up.read(h) == [(0, 2, first_change), (first, 2, b"S" + msgpack.packb({b"a": b"4"}))]
     with pytest.raises(ValueError, match="outside"):
-        w.last_wins(6, b"S", b"C")
+        w.last_wins(6, b"S")
 
 
 def test_last_wins_folds_before_append_and_at_squash_entries() -> None:
     up = MemoryUploader()
     w = ChangelogWriter("lw", KGS, up, preemptive_bytes=BIG, squash_entries=3)
-    d = w.last_wins(2, b"S", b"C")
+    d = w.last_wins(2, b"S")
     d[b"a"] = b"1"
     w.append(2, b"x")  # the staged change goes first
     d[b"a"], d[b"b"] = b"2", b"3"
@@ -322,15 +327,18 @@ def test_last_wins_folds_before_append_and_at_squash_entries() -> None:
     w.flush_staged()
     assert not d, "three keys reach squash_entries: folded"
     h = w.persist_durably(0).result(timeout=10)
-    changes = [c for _, _, c in up.read(h)]
-    assert changes[:2] == [b"Sa1", b"x"] and sorted(changes[2:]) == [b"Sa2", b"Sb3", b"Sc4"]
+    assert [c for _, _, c in up.read(h)] == [
+        b"S" + msgpack.packb({b"a": b"1"}),
+        b"x",
+        b"S" + msgpack.packb({b"a": b"2", b"b": b"3", b"c": b"4"}),
+    ]
 
 
 def test_last_wins_with_a_concurrent_producer_loses_no_key() -> None:
     """A producer thread sets keys while another thread folds (statistics, next_sqn):
     each key's logged values rise with the SQN, and its last value is logged."""
     w, up = _writer()
-    d = w.last_wins(2, b"S", b"C")
+    d = w.last_wins(2, b"S")
     done = threading.Event()
 
     def produce() -> None:
@@ -347,8 +355,9 @@ def test_last_wins_with_a_concurrent_producer_loses_no_key() -> None:
     h = w.persist_durably(0).result(timeout=10)
     seen: dict[bytes, list[int]] = {}
     for _, _, change in up.read(h):  # SQN order; within an SQN, fold order
-        assert change[:1] == b"S" and len(change) == 10
-        seen.setdefault(change[1:4], []).append(int(change[4:]))
+        assert change[:1] == b"S"
+        for key, value in msgpack.unpackb(change[1:]).items():
+            seen.setdefault(key, []).append(int(value))
     assert len(seen) == 97
     for key, values in seen.items():
         assert values == sorted(values)
