@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ def respawn(
     pid_file: Path,
     exit_with_pid: int | None = None,
     max_quick_deaths: int = MAX_QUICK_DEATHS,
+    pass_fds: Sequence[int] = (),
 ) -> int:
     """Run ``cmd`` (a node) until it stops on purpose; restart it after each death,
     waiting 0.5, 1, 2 ... at most MAX_BACKOFF_S seconds when it dies again within
@@ -39,8 +41,9 @@ def respawn(
     ``max_quick_deaths`` such deaths in a row: a node that cannot start (a port taken,
     a broken key file) is not retried for ever; its writers go on through their other
     parent or straight to DFS. SIGTERM/SIGINT to this process are passed on to the
-    node and end the loop. Returns the node's last exit code, after deleting
-    ``pid_file``. Blocking."""
+    node and end the loop. Each node inherits the descriptors ``pass_fds`` (the work
+    directory's owner lock, dstltree.aggregator.workdirs). Returns the node's last exit
+    code, after deleting ``pid_file``. Blocking."""
     stop = threading.Event()
     running: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -53,7 +56,9 @@ def respawn(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     try:
-        return _supervise(cmd, pid_file, exit_with_pid, stop, running, max_quick_deaths)
+        return _supervise(
+            cmd, pid_file, exit_with_pid, stop, running, max_quick_deaths, tuple(pass_fds)
+        )
     finally:
         pid_file.unlink(missing_ok=True)  # no node of this respawner runs any more
 
@@ -65,12 +70,13 @@ def _supervise(
     stop: threading.Event,
     running: dict[str, subprocess.Popen[bytes]],
     max_quick_deaths: int = MAX_QUICK_DEATHS,
+    pass_fds: tuple[int, ...] = (),
 ) -> int:
     """The loop of :func:`respawn` (``stop`` set by its signal handler)."""
     quick_deaths = 0
     while True:
         started = time.monotonic()
-        node = running["node"] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        node = running["node"] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=pass_fds)
         _write_pid(pid_file, node.pid)
         code = _wait(node, exit_with_pid, stop)
         if stop.is_set() or code in STOPPED or not _alive(exit_with_pid):

@@ -9,7 +9,10 @@ holds an exclusive ``flock`` on the directory's ``owner.lock`` for its lifetime.
 process killed with SIGKILL cannot delete the directory, but the kernel releases its
 lock; so whoever starts nodes on the host next (:func:`sweep_stale_workdirs`) can tell a
 left-over directory from a live one without trusting PIDs, which are reused and differ
-between PID namespaces sharing one temporary directory.
+between PID namespaces sharing one temporary directory. A respawner's node inherits the
+lock (``flock`` locks belong to the open file, shared by inherited descriptors): a node
+that outlives its SIGKILLed respawner keeps its directory, key files included, until
+it ends too.
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ class WorkdirOwner:
             os.close(fd)
             raise
         self._fd: int | None = fd
+
+    def fileno(self) -> int:
+        """The lock's descriptor (-1 once released). A child process that inherits it
+        (``subprocess.Popen(pass_fds=...)``) shares the lock: the directory stays owned
+        until this process and every such child have ended."""
+        return -1 if self._fd is None else self._fd
 
     def release(self) -> None:
         """Let the lock go (idempotent): call it after deleting the directory."""

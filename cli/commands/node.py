@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
+    from dstltree.aggregator.workdirs import WorkdirOwner
     from dstltree.topology.config import TopologyConfig
 
 
@@ -66,9 +67,9 @@ def node(
     CURVE is on unless the topology says ``security: {curve: false}``: the cluster key
     directory comes from ``$DSTL_KEYS`` or ``security.keys`` (exit 2 naming
     ``security.keys`` when neither names one)."""
-    with _removed_at_exit(remove_dir):
+    with _removed_at_exit(remove_dir) as owner:
         if respawn_pid_file is not None:
-            _respawn(respawn_pid_file, exit_with_pid)
+            _respawn(respawn_pid_file, exit_with_pid, () if owner is None else (owner.fileno(),))
         given = _Given(bind, advertise, tuple(parent), depth)
         files = _NodeFiles(address_file, stats_file, snapshot_file)
         _run(topology, node_id, given, base_path, no_plans, exit_with_pid, files)
@@ -127,15 +128,16 @@ def _run(
 
 
 @contextlib.contextmanager
-def _removed_at_exit(directory: Path | None) -> Iterator[None]:
+def _removed_at_exit(directory: Path | None) -> Iterator[WorkdirOwner | None]:
     """Delete ``directory`` (and what is in it) when the block ends, however it ends;
     meanwhile this process owns it (``dstltree.aggregator.workdirs``), so that after a
-    SIGKILL whoever starts nodes on the host next deletes it."""
+    SIGKILL whoever starts nodes on the host next deletes it. Yields the owner (None
+    without a directory, or when it cannot be owned)."""
     from dstltree.aggregator.workdirs import own_workdir
 
     owner = None if directory is None else own_workdir(directory)
     try:
-        yield
+        yield owner
     finally:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
@@ -143,9 +145,11 @@ def _removed_at_exit(directory: Path | None) -> Iterator[None]:
             owner.release()
 
 
-def _respawn(pid_file: Path, exit_with_pid: int | None) -> None:
+def _respawn(pid_file: Path, exit_with_pid: int | None, owner_fds: tuple[int, ...]) -> None:
     """Be the node's respawner (dstltree.aggregator.respawn): this command without
-    ``--respawn-pid-file`` runs as the node, started again after each death."""
+    ``--respawn-pid-file`` runs as the node, started again after each death. The node
+    inherits ``owner_fds`` (the work directory's owner lock: the directory stays owned
+    while the node runs, even if this respawner is SIGKILLed)."""
     import sys
 
     from dstltree.aggregator.respawn import STOPPED, respawn
@@ -159,7 +163,8 @@ def _respawn(pid_file: Path, exit_with_pid: int | None) -> None:
             skip = True
             continue
         args.append(a)
-    code = respawn([sys.executable, "-m", "dstltree.cli", *args], pid_file, exit_with_pid)
+    cmd = [sys.executable, "-m", "dstltree.cli", *args]
+    code = respawn(cmd, pid_file, exit_with_pid, pass_fds=owner_fds)
     raise typer.Exit(0 if code in STOPPED else 1)
 
 

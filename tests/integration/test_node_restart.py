@@ -140,9 +140,11 @@ def test_the_work_directory_of_a_sigkilled_respawner_is_deleted_by_the_next_laun
         assert sweep_stale_workdirs(tmp_path, now=later) == [], "its respawner owns it"
         os.kill(h.pid, signal.SIGKILL)  # the respawner: no cleanup runs
         h.process.wait(timeout=30)
-        os.kill(node_pid, signal.SIGKILL)
-        assert workdir.exists(), "a SIGKILL leaves the directory"
-        assert sweep_stale_workdirs(tmp_path, now=later) == [workdir]
+        os.kill(node_pid, 0)  # the node outlives its respawner (its executor lives)
+        assert sweep_stale_workdirs(tmp_path, now=later) == [], "the running node owns it"
+        assert (workdir / OWNER_LOCK).exists()
+        os.kill(node_pid, signal.SIGKILL)  # its lock goes with its descriptors at its end
+        wait_until(lambda: sweep_stale_workdirs(tmp_path, now=later) == [workdir], timeout=30)
         assert not workdir.exists()
     finally:
         h.kill()
