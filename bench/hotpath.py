@@ -420,8 +420,9 @@ that exists when serving starts frozen out of collections, a young collection ev
   direct client (local store), persisting every 20,000 records with at most one persist
   in flight; the floor is the same loop with no writer (`persist_changelog=False`).
   Both alternate in six slices. Value state is logged through the writer's last-wins
-  staging (one change per key and checkpoint), so the second row runs the same loop
-  over 20,000 keys, each updated once per checkpoint: nothing to squash.
+  staging (one entry per key and checkpoint, a key group's entries packed as one
+  value sets change), so the second row runs the same loop over 20,000 keys, each
+  updated once per checkpoint: nothing to squash.
 - restore: value-state sets over 5,000 keys, all logged, restored into an empty backend
   by `restore_key_groups` from the changelog handle alone (replay), against the same
   call from a snapshot of the same final state alone (snapshot-only; changes/s =
