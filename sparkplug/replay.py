@@ -102,7 +102,8 @@ def _key_end(change: Any) -> int:
 
 class BulkReplay:
     """Squash-then-apply replay of one old task's changes into ``backend`` (module
-    docstring). ``read`` counts the changes fed. Not thread-safe."""
+    docstring). ``read`` counts the changes fed, a value sets change as the changes
+    it stands for (final once :meth:`apply` returned). Not thread-safe."""
 
     def __init__(self, backend: KeyedStateBackend) -> None:
         self.read = 0
@@ -210,6 +211,7 @@ class BulkReplay:
             values[name + kb] = c
             made.append(c)
         self._expanded.append((made, origin))
+        self.read += len(made) - 1  # the change counted once by feed stands for these
 
     def _map_clear(self, key_group: int, sk: Any, change: Any) -> None:
         """Record a clear of the map of state+key bytes ``sk``: drop its user keys'
@@ -398,16 +400,17 @@ class BulkReplay:
 
     def _one_by_one(self, where: Sequence[str]) -> int:
         """Apply every change fed with ``apply_change`` (a full replay)."""
-        apply, applied = self._b.apply_change, 0
+        apply, applied, read = self._b.apply_change, 0, 0
         for kg, changes, origin in self._batches:
             if kg not in self._b.key_groups:
+                read += len(changes)
                 continue
             try:
                 for c in changes:
-                    apply(kg, c)
+                    applied += apply(kg, c)
             except ValueError as e:
                 raise ValueError(f"segment at {where[origin]}: {e}") from e
-            applied += len(changes)
+        self.read = read + applied  # value sets changes counted by their entries
         return applied
 
 

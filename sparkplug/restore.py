@@ -40,8 +40,9 @@ class RescaleError(ValueError):
 class RestoreStats:
     """What a restore read: ``tasks`` old tasks consulted, ``snapshots`` snapshots read,
     ``segments`` changelog segments read, ``changes`` changes read (of the wanted key
-    groups only), ``changes_applied`` of those applied to the state (all of them
-    without squashing), ``bytes_read`` bytes of snapshots and segments."""
+    groups only; a value sets change counts as the changes it stands for, one per
+    entry), ``changes_applied`` of those applied to the state (all of them without
+    squashing), ``bytes_read`` bytes of snapshots and segments."""
 
     tasks: int = 0
     snapshots: int = 0
@@ -148,6 +149,7 @@ def _restore_task(
         _replay_handle(store, handle, into, stats, squasher, where)
     if squasher is not None:
         stats.changes_applied += squasher.apply(where)
+        stats.changes += squasher.read
 
 
 def _snapshot_files(ref: MaterializedRef, wanted: range) -> list[str]:
@@ -188,13 +190,14 @@ def _replay_handle(
         for (sqn, kg), changes in sorted(seg.entries.items()):
             if not lo <= sqn < hi or kg not in wanted:
                 continue
-            stats.changes += len(changes)
-            if squasher is not None:
+            if squasher is not None:  # counted once applied (_restore_task)
                 squasher.feed(kg, changes, len(where) - 1)
                 continue
+            applied = 0
             try:
                 for change in changes:
-                    into.apply_change(kg, change)
+                    applied += into.apply_change(kg, change)
             except ValueError as e:
                 raise ValueError(f"segment at {location}: {e}") from e
-            stats.changes_applied += len(changes)
+            stats.changes += applied
+            stats.changes_applied += applied

@@ -362,18 +362,18 @@ class KeyedStateBackend:
         except _DECODE_ERRORS as e:
             raise ValueError(f"bad state snapshot: {e}") from e
 
-    def apply_change(self, key_group: int, change: bytes) -> None:
+    def apply_change(self, key_group: int, change: bytes) -> int:
         """Replay one changelog change of ``key_group`` (recovery); a change of a key
-        group not in ``key_groups`` is ignored. Raises ValueError ("bad state change
-        ...") for a malformed change, a kind clash, or a key that does not hash to
-        ``key_group`` (a changelog of another max_parallelism)."""
+        group not in ``key_groups`` is ignored. Returns the state changes applied: 1, or
+        a value sets change's entries, 0 when ignored. Raises ValueError ("bad state
+        change ...") for a malformed change, a kind clash, or a key that does not hash
+        to ``key_group`` (a changelog of another max_parallelism)."""
         if key_group not in self.key_groups:
-            return
+            return 0
         try:
             op, name, key, *rest = msgpack.unpackb(change, strict_map_key=False)
             if op == OP_VALUE_SETS:
-                self._apply_sets(key_group, name, key, rest)
-                return
+                return self._apply_sets(key_group, name, key, rest)
             groups = self._declare(name, _OP_KIND[op])
             kb = self._pack(key)
             self._check_group(kb, key_group)
@@ -383,11 +383,13 @@ class KeyedStateBackend:
             self._replay(op, bucket, kb, rest)
         except _DECODE_ERRORS as e:
             raise ValueError(f"bad state change in key group {key_group}: {e}") from e
+        return 1
 
-    def _apply_sets(self, kg: int, name: Any, entries: Any, rest: list[Any]) -> None:
+    def _apply_sets(self, kg: int, name: Any, entries: Any, rest: list[Any]) -> int:
         """Replay ``[OP_VALUE_SETS, name, entries]``: every entry is decoded and checked
-        before any is stored. Raises TypeError / ValueError (msgpack's included) for a
-        malformed one, as :meth:`apply_change` does for one change."""
+        before any is stored. Returns the entries. Raises TypeError / ValueError
+        (msgpack's included) for a malformed one, as :meth:`apply_change` does for one
+        change."""
         if rest or type(entries) is not dict:
             raise TypeError("value sets must be [op, state, {key: value | nil}]")
         pack, kept = self._pack, []
@@ -406,6 +408,7 @@ class KeyedStateBackend:
                 bucket.pop(kb, None)
             else:
                 bucket[kb] = vb
+        return len(kept)
 
     def replay_bucket(self, name: str, kind: str, key_group: int) -> dict[bytes, Any]:
         """For bulk replay (:mod:`dstltree.sparkplug.replay`): the live bucket of state

@@ -290,6 +290,27 @@ def test_a_key_of_another_key_group_raises_as_per_change() -> None:
     assert expected == got == ("error", "segment at s1")
 
 
+@pytest.mark.parametrize("odd", [False, True])
+def test_value_sets_count_as_the_changes_they_stand_for(odd: bool) -> None:
+    """``read`` and the changes applied count a value sets change's entries, in bulk
+    as change by change (``apply_change`` returns them): applied <= read. ``odd``: a
+    change (another key encoding) sends the bulk replay change by change."""
+    ops: list[Op] = [("set", i % 12, i % 2, 0, i) for i in range(60)] + [("vclear", 3, 0, 0, None)]
+    with tempfile.TemporaryDirectory() as base:
+        staged = _log_staged(ops, [20, 40], base)
+    if odd:
+        staged.append((KG_A, _raw(0, b"\xa1v", b"\xd9\x01a", b"\x02")))
+    full = _base([])
+    each = sum(full.apply_change(kg, c) for kg, c in staged)
+    assert each == 3 * 12 + 1 + odd  # three folds of twelve keys' last sets, a clear
+    r = BulkReplay(bulk := _base([]))
+    for i, (kg, c) in enumerate(staged):
+        r.feed(kg, [c], i)
+    applied = r.apply([f"s{i}" for i in range(len(staged))])
+    assert r.read == each and applied <= r.read and _contents(bulk) == _contents(full)
+    assert applied == (each if odd else 13)  # twelve keys' last sets, a clear of another state
+
+
 def test_value_sets_store_nothing_unless_every_entry_is_good() -> None:
     """A value sets change with one bad entry raises, per change and in bulk, and
     leaves the state as it was: its entries are checked before any is stored."""
