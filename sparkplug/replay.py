@@ -31,7 +31,10 @@ superseded change goes unnoticed, and the order in which different keys are stor
 may differ from a full replay (contents, map and list orders do not).
 
 Memory: references to every change fed (one list per feed) plus one dictionary entry
-per state key, map user key and kept list change, until :meth:`BulkReplay.apply`.
+per state key, map user key and kept list change, until :meth:`BulkReplay.apply`; for a
+key last written by a value sets change, the value change it stands for (built once
+per entry, its state name copied: a change whose name would be copied more than four
+times its own size goes change by change instead).
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ _PARSE_ERRORS = (ValueError, IndexError, TypeError, msgpack.UnpackException)
 _DECODE_ERRORS = (*_PARSE_ERRORS, KeyError)
 unpackb = msgpack.unpackb
 _SCAN_BUDGET = 1 << 22  # dictionary entries map clears may scan in one replay
+_NAME_COPIES = 4  # a value sets change's name copies allowed, in times its bytes
 # the steps of a write plan, in order, and the kind of state each writes
 _VALUE, _MCLEAR, _MREMOVE, _MPUT, _LIST = range(5)
 _KINDS = (VALUE, MAP, MAP, MAP, LIST)
@@ -125,8 +129,6 @@ class BulkReplay:
         self._kinds: dict[str, str] = {}  # while planning: state name -> kind
         self._names: dict[Any, str] = {}  # while planning: name bytes -> name
         self._user_keys: dict[Any, bytes] = {}  # user key bytes checked canonical
-        # the value changes value sets changes stand for, and the origin of each batch
-        self._expanded: list[tuple[list[bytes], int]] = []
 
     def feed(self, key_group: int, changes: Sequence[Any], origin: int = 0) -> None:
         """Take the changes (bytes-like, each a whole change) of ``key_group`` that come
@@ -138,11 +140,11 @@ class BulkReplay:
         if self._irregular or key_group not in self._b.key_groups:
             return
         try:
-            self._squash(key_group, changes, origin)
+            self._squash(key_group, changes)
         except (_Irregular, *_PARSE_ERRORS):
             self._irregular = True
 
-    def _squash(self, key_group: int, changes: Sequence[Any], origin: int) -> None:
+    def _squash(self, key_group: int, changes: Sequence[Any]) -> None:
         """Record ``changes`` in the squash dictionaries; raises _Irregular (or a parse
         error) for a change that needs a change-by-change replay. Only the state name
         and key (and a map change's user key) are parsed here; the array header of a
@@ -157,7 +159,7 @@ class BulkReplay:
             end = p + size[c[p]]  # p 0 (no fixstr name): c[0], an array header, sizes 0
             if end <= p:
                 if c[1] == OP_VALUE_SETS:  # its third item, a map, has no fixed size
-                    self._expand_sets(c, values, origin)
+                    self._expand_sets(c, values)
                     continue
                 end = _key_end(c)
             op = c[1]
@@ -184,34 +186,36 @@ class BulkReplay:
             else:
                 raise _Irregular
 
-    def _expand_sets(self, change: Any, values: dict[Any, Any], origin: int) -> None:
+    def _expand_sets(self, change: Any, values: dict[Any, Any]) -> None:
         """Record the entries of ``[OP_VALUE_SETS, name, {key: value | nil}]`` in
         ``values`` as the value set (or clear) each stands for, built as the backend
         writes one (so :meth:`_plan` and :meth:`_write` treat them as any other);
-        raises _Irregular, or a parse error, for a change the backend does not write."""
+        raises _Irregular, or a parse error, for a change the backend does not write,
+        an empty one (its replay still declares the state), or one whose name, copied
+        into each entry's change, would take more than ``_NAME_COPIES`` times the
+        change's bytes (a long name before many tiny entries: the change-by-change
+        replay copies nothing per entry)."""
         first = change[2]
         if change[0] != 0x93 or not (0xA0 <= first <= 0xBF or 0xD9 <= first <= 0xDB):
             raise _Irregular
         p = _NAME_END[first] or _item_end(change, 2)
         name = bytes(change[2:p])
         entries = unpackb(change[p:])
-        if type(entries) is not dict:
+        if type(entries) is not dict or not entries:
+            raise _Irregular
+        if len(entries) * len(name) > _NAME_COPIES * len(change):
             raise _Irregular
         set_head, clear_head = _SET_HEAD + name, _CLEAR_HEAD + name
-        made = []
         for kb, vb in entries.items():
             if type(kb) is not bytes:
                 raise _Irregular
             if vb is None:
-                c = clear_head + kb
+                values[name + kb] = clear_head + kb
             elif type(vb) is bytes:
-                c = set_head + kb + vb
+                values[name + kb] = set_head + kb + vb
             else:
                 raise _Irregular
-            values[name + kb] = c
-            made.append(c)
-        self._expanded.append((made, origin))
-        self.read += len(made) - 1  # the change counted once by feed stands for these
+        self.read += len(entries) - 1  # the change counted once by feed stands for these
 
     def _map_clear(self, key_group: int, sk: Any, change: Any) -> None:
         """Record a clear of the map of state+key bytes ``sk``: drop its user keys'
@@ -393,8 +397,8 @@ class BulkReplay:
         for _, changes, origin in self._batches:
             if any(c is change for c in changes):
                 return origin
-        for made, origin in self._expanded:
-            if any(c is change for c in made):
+        for _, changes, origin in reversed(self._batches):  # made by _expand_sets
+            if any(_stands_for(c, change) for c in reversed(changes)):
                 return origin
         return 0  # pragma: no cover
 
@@ -412,6 +416,23 @@ class BulkReplay:
                 raise ValueError(f"segment at {where[origin]}: {e}") from e
         self.read = read + applied  # value sets changes counted by their entries
         return applied
+
+
+def _stands_for(sets: Any, change: Any) -> bool:
+    """Whether ``change`` is one the value sets change ``sets`` stands for (as
+    :meth:`BulkReplay._expand_sets` builds them); False for any other change."""
+    try:
+        if sets[1] != OP_VALUE_SETS:
+            return False
+        p = _item_end(sets, 2)
+        name = bytes(sets[2:p])
+        for kb, vb in unpackb(sets[p:]).items():
+            head = _CLEAR_HEAD + name + kb if vb is None else _SET_HEAD + name + kb + vb
+            if head == change:
+                return True
+    except (*_PARSE_ERRORS, AttributeError):
+        return False
+    return False
 
 
 def _user_key_at(skuk: Any) -> int:
