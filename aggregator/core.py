@@ -881,7 +881,7 @@ class NodeCore:
             fid = next(ids)
             if item.data is not None:
                 sent[fid] = _Sent(item, address, deadline)
-                size = len(item.data)
+                size = item.size
                 forwarded += size
                 origin = item.origin
                 if isinstance(origin, RemoteOrigin) and origin.relayed:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
 from dstltree.client.objectformat import Buffer
-from dstltree.client.segment import SegmentMeta
+from dstltree.client.segment import SegmentMeta, segment_size
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,17 @@ Origin = LocalOrigin | RemoteOrigin
 class PersistItem:
     """One writer's persist (or pre-emptive upload) request: the segment's ``meta``, the
     ``checkpoint_id`` it was persisted for (None: pre-emptive), its encoded bytes
-    ``data`` (None for a marker: "this writer persisted for ``checkpoint_id`` and had no
-    new changes") and its ``origin``, whom to ack (None until the receiver sets it).
+    ``data`` (one buffer, or a tuple of buffers back to back: a segment whose large
+    changes are not copied, :func:`~dstltree.client.segment.encode_segment_parts`; None
+    for a marker: "this writer persisted for ``checkpoint_id`` and had no new
+    changes") and its ``origin``, whom to ack (None until the receiver sets it).
     ``writers``: None for a writer's own item (counted once by its log id for the
     all-persisted rule); for a node's summary marker, the number of writers it stands
     for (:meth:`summary`)."""
 
     meta: SegmentMeta
     checkpoint_id: int | None
-    data: Buffer | None = field(default=None, repr=False)
+    data: Buffer | tuple[Buffer, ...] | None = field(default=None, repr=False)
     origin: Origin | None = None
     writers: int | None = None
 
@@ -69,7 +71,8 @@ class PersistItem:
 
     @property
     def size(self) -> int:
-        return 0 if self.data is None else len(self.data)
+        """Bytes of ``data`` (0 for a marker)."""
+        return 0 if self.data is None else segment_size(self.data)
 
     def from_origin(self, origin: Origin | None) -> PersistItem:
         """This item with ``origin`` (built directly: ``dataclasses.replace`` costs

@@ -31,7 +31,14 @@ import msgpack
 
 from dstltree.client.errors import CorruptObjectError
 from dstltree.client.handle import SegmentRef
-from dstltree.client.segment import SegmentMeta, check_segment, decode_segment, segment_crc
+from dstltree.client.segment import (
+    SegmentMeta,
+    check_segment,
+    decode_segment,
+    segment_crc,
+    segment_parts,
+    segment_size,
+)
 from dstltree.storage.store import Buffer
 
 MAGIC = b"DSTLTREE"
@@ -40,8 +47,12 @@ FOOTER = struct.Struct("!8sHHQII")
 FOOTER_SIZE = FOOTER.size
 
 
-def build_object(segments: Sequence[tuple[SegmentMeta, Buffer]]) -> tuple[list[Buffer], list[int]]:
+def build_object(
+    segments: Sequence[tuple[SegmentMeta, Buffer | tuple[Buffer, ...]]],
+) -> tuple[list[Buffer], list[int]]:
     """Lay out the (metadata, bytes) ``segments`` back to back, then the index and footer.
+    A segment's bytes are one buffer or a tuple of buffers back to back
+    (:func:`~dstltree.client.segment.segment_parts`).
 
     Returns the parts to write in order (segment buffers are not copied) and the offset
     where each segment lands in the object (its :class:`SegmentRef` once the object's
@@ -52,17 +63,16 @@ def build_object(segments: Sequence[tuple[SegmentMeta, Buffer]]) -> tuple[list[B
     offsets: list[int] = []
     pos = 0
     for meta, data in segments:
-        if len(data) != meta.length:
-            raise ValueError(
-                f"{meta.log_id}: segment of {len(data)} bytes, meta says {meta.length}"
-            )
+        size = segment_size(data)
+        if size != meta.length:
+            raise ValueError(f"{meta.log_id}: segment of {size} bytes, meta says {meta.length}")
         # a sender that gave no CRC (0): the index takes the segment's trailer (4 bytes read)
-        crc = meta.crc32 or (segment_crc(data) if len(data) >= 8 else 0)
+        crc = meta.crc32 or (segment_crc(data) if size >= 8 else 0)
         rows.append(
             [meta.log_id, meta.sqn_from, meta.sqn_to, list(meta.key_groups), pos, meta.length, crc]
         )
         offsets.append(pos)
-        parts.append(data)
+        parts.extend(segment_parts(data))
         pos += meta.length
     index = msgpack.packb({"v": FORMAT_VERSION, "segments": rows})
     parts.append(index)

@@ -51,6 +51,10 @@ _U32 = struct.Struct("!I")
 # mean bytes per body part below which encode_segment joins the body first (one more copy
 # in C) rather than computing the CRC32 part by part (one Python call per change)
 _JOIN_BELOW = 4096
+MAX_SEGMENT_PARTS = 64  # buffers (ZeroMQ frames) one segment is sent as, at most
+# body bytes from which encode_segment_parts leaves large changes unjoined: below, the
+# frames' fixed costs (a ZeroMQ frame each, sent and received) outweigh the copy saved
+_SPLIT_FROM = 256 * 1024
 _INT = {int}
 
 _CRC32C_EXTEND = google_crc32c.extend  # C: accepts bytes (not memoryview / bytearray)
@@ -150,7 +154,29 @@ def encode_segment(
     ``level`` when that saves bytes and the body is at most :data:`MAX_BODY_BYTES`
     (else it is stored as it is); None (default): no compression. Raises ValueError
     for a changeset SQN outside the range, an unknown codec or version, or
-    compression with version 1."""
+    compression with version 1. :func:`encode_segment_parts` gives the same bytes
+    without joining large changes."""
+    parts = encode_segment_parts(
+        log_id, sqn_from, sqn_to, changesets, compression=compression, level=level, version=version
+    )
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def encode_segment_parts(
+    log_id: str,
+    sqn_from: int,
+    sqn_to: int,
+    changesets: Changesets,
+    *,
+    compression: str | None = None,
+    level: int = 3,
+    version: int = SEGMENT_VERSION,
+) -> list[bytes]:
+    """:func:`encode_segment` as buffers to send or write back to back, never copying a
+    large change: when changes are large (4 KiB on average or more), the body is 256
+    KiB or more and the segment takes at most :data:`MAX_SEGMENT_PARTS` buffers, its
+    framing and length tables are buffers of their own between the changes themselves;
+    else one ``bytes``. Raises as :func:`encode_segment`."""
     if compression is not None and (compression not in CODECS or version != 2):
         raise ValueError(f"segment compression {compression!r}: known {CODECS}, version 2")
     if version not in SEGMENT_VERSIONS:
@@ -187,21 +213,58 @@ def encode_segment(
     if len(parts) > 2 + start // _JOIN_BELOW:  # small changes: one C join beats a CRC call each
         body = b"".join(parts)
         crc = checksum(body, checksum(prefix))
-        return b"".join((prefix, body, _U32.pack(crc)))
+        return [b"".join((prefix, body, _U32.pack(crc)))]
     crc = checksum(prefix)
     for p in parts:
         crc = checksum(p, crc)
     parts[:0] = (prefix,)
     parts.append(_U32.pack(crc))
-    return b"".join(parts)
+    return parts if start >= _SPLIT_FROM and len(parts) <= MAX_SEGMENT_PARTS else [b"".join(parts)]
 
 
-def segment_crc(data: bytes | bytearray | memoryview) -> int:
+def segment_crc(data: Any) -> int:
     """The checksum stored in a segment's trailer (no verification): CRC32C for version
-    2, CRC32 for version 1. Raises ValueError for fewer than 8 bytes."""
+    2, CRC32 for version 1. ``data``: a buffer, or the tuple of buffers a segment is
+    sent as (:func:`segment_parts`). Raises ValueError for fewer than 8 bytes."""
+    if type(data) is tuple:
+        if segment_size(data) < 8:
+            raise ValueError("segment shorter than its framing")
+        return int(_U32.unpack(_tail(data, 4))[0])
     if len(data) < 8:
         raise ValueError("segment shorter than its framing")
     return int(_U32.unpack_from(data, len(data) - 4)[0])
+
+
+def segment_parts(data: Any) -> tuple[Any, ...]:
+    """The buffers of a segment's ``data``: a tuple of buffers (bytes, memoryview,
+    zmq.Frame), as :func:`encode_segment_parts` makes and a node receives them, or one
+    buffer."""
+    return data if type(data) is tuple else (data,)
+
+
+def segment_size(data: Any) -> int:
+    """Bytes of a segment's ``data`` (one buffer or a tuple of them)."""
+    if type(data) is tuple:
+        return sum(map(_nbytes, data))
+    return _nbytes(data)
+
+
+def _nbytes(buf: Any) -> int:
+    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+
+
+def _tail(parts: tuple[Any, ...], n: int) -> bytes:
+    """The last ``n`` bytes of ``parts`` back to back (at least ``n`` bytes), copying
+    only those."""
+    chunks: list[bytes] = []
+    for p in reversed(parts):
+        view = memoryview(p).cast("B")
+        take = view[max(0, len(view) - n) :]
+        chunks.append(bytes(take))
+        n -= len(take)
+        if n == 0:
+            break
+    return b"".join(reversed(chunks))
 
 
 def segment_key_groups(changesets: Changesets) -> tuple[int, ...]:

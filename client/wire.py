@@ -1,15 +1,17 @@
 """Wire messages between writers, nodes and parents: pure ``dump``/``load``.
 
 A message is a multipart ZeroMQ message ``[header, payload_0, payload_1, ...]``: the
-header is msgpack, each segment travels as its own frame and is never re-encoded on the
-way up the tree (nodes pass the received frames on with ``copy=False``).
+header is msgpack, each segment travels as its own frame, or as ``n`` frames back to
+back (its large changes, never copied, between its framing), and is never re-encoded
+on the way up the tree (nodes pass the received frames on with ``copy=False``).
 
 Header shapes (``t`` is the type)::
 
     register    {t, log}                      a writer of this client exists
     unregister  {t, log}
-    persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc, w?}, ...], via}
-                + one payload frame per item with size > 0, in item order; ``via`` is
+    persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc, w?, n?}, ...], via}
+                + ``n`` (1..64, default 1) payload frames per item with size > 0, in
+                item order, their bytes summing to ``size``; ``via`` is
                 the sending node's id when a node passes items on (None from clients);
                 ``w`` only on a node's summary marker (size 0): the writers it stands for
     ack         {t, items: [{id, path, off} | {id, err}, ...]}
@@ -34,7 +36,7 @@ import msgpack
 
 from dstltree.client.batching import PersistItem
 from dstltree.client.errors import WireError
-from dstltree.client.segment import SegmentMeta
+from dstltree.client.segment import MAX_SEGMENT_PARTS, SegmentMeta, segment_parts, segment_size
 
 MAX_ITEMS = 4096
 MAX_LOG_ID = 256
@@ -65,6 +67,8 @@ class PersistRequest:
         }
         if self.item.writers is not None:
             d["w"] = self.item.writers
+        if type(self.item.data) is tuple:
+            d["n"] = len(self.item.data)
         return d
 
 
@@ -102,8 +106,11 @@ class Persist:
     via: str | None = None
 
     def payloads(self) -> list[Any]:
-        """The data frames, in request order (requests without data have none)."""
-        return [r.item.data for r in self.requests if r.item.data is not None]
+        """The data frames, in request order (requests without data have none; a
+        segment sent as several buffers has one frame each, ``n`` in its item)."""
+        return [
+            p for r in self.requests if r.item.data is not None for p in segment_parts(r.item.data)
+        ]
 
 
 def persist_messages(
@@ -268,13 +275,16 @@ def _decode_persist(h: dict[str, Any], payloads: Sequence[Any]) -> Persist:
     if not raw_items or len(raw_items) > MAX_ITEMS:
         raise WireError(f"persist needs 1..{MAX_ITEMS} items, got {len(raw_items)}")
     sizes = [_int(d["size"]) if isinstance(d, dict) else 0 for d in raw_items]
-    sized = sum(1 for n in sizes if n > 0)
-    if sized != len(payloads):
-        raise WireError(f"persist has {sized} sized items but {len(payloads)} payload frames")
-    frames = iter(payloads)
-    requests = tuple(
-        _request(d, next(frames) if n > 0 else None) for d, n in zip(raw_items, sizes, strict=True)
-    )
+    counts = [_frame_count(d) if n > 0 else 0 for d, n in zip(raw_items, sizes, strict=True)]
+    if sum(counts) != len(payloads):
+        raise WireError(
+            f"persist has items of {sum(counts)} payload frames but {len(payloads)} frames"
+        )
+    frames, k = [], 0
+    for n in counts:
+        frames.append(None if n == 0 else payloads[k] if n == 1 else tuple(payloads[k : k + n]))
+        k += n
+    requests = tuple(_request(d, f) for d, f in zip(raw_items, frames, strict=True))
     via = h.get("via")
     return Persist(requests, None if via is None else _str(via))
 
@@ -290,8 +300,8 @@ def _request(d: Any, frame: Any) -> PersistRequest:
     if hi < lo:
         raise WireError(f"SQN range [{lo}, {hi}) is reversed")
     size = _int(d["size"])
-    if frame is not None and _buf_len(frame) != size:
-        raise WireError(f"item {rid}: payload of {_buf_len(frame)} bytes, header says {size}")
+    if frame is not None and segment_size(frame) != size:
+        raise WireError(f"item {rid}: payload of {segment_size(frame)} bytes, header says {size}")
     cp = d.get("cp")
     kgs = tuple(_list(d.get("kgs", ())))
     for k in kgs:
@@ -300,6 +310,14 @@ def _request(d: Any, frame: Any) -> PersistRequest:
     cp = None if cp is None else _int(cp)
     writers = _summary_writers(rid, d, size, cp)
     return PersistRequest(rid, PersistItem(meta, cp, frame, writers=writers))
+
+
+def _frame_count(d: Any) -> int:
+    """The payload frames of a sized item: its ``n`` (1..MAX_SEGMENT_PARTS), 1 without."""
+    n = _int(d.get("n", 1))
+    if not 1 <= n <= MAX_SEGMENT_PARTS:
+        raise WireError(f"an item's segment takes 1..{MAX_SEGMENT_PARTS} frames, got {n}")
+    return n
 
 
 def _summary_writers(rid: int, d: dict[str, Any], size: int, cp: int | None) -> int | None:

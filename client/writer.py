@@ -51,9 +51,10 @@ from dstltree.client.handle import ChangelogHandle, SegmentRef
 from dstltree.client.inflight import InFlightLimit
 from dstltree.client.segment import (
     SegmentMeta,
-    encode_segment,
+    encode_segment_parts,
     segment_crc,
     segment_key_groups,
+    segment_size,
 )
 from dstltree.client.uploader import SegmentUploader
 
@@ -428,12 +429,15 @@ class ChangelogWriter:
 
     def _make_upload(self, lo: int, hi: int, checkpoint_id: int | None) -> _SegmentUpload:
         changes = self._changes_in(lo, hi)
-        data = encode_segment(self.log_id, lo, hi, changes, compression=self.compression)
-        kgs = segment_key_groups(changes)
-        meta = SegmentMeta(self.log_id, lo, hi, kgs, len(data), segment_crc(data))
+        parts = encode_segment_parts(self.log_id, lo, hi, changes, compression=self.compression)
+        data = parts[0] if len(parts) == 1 else tuple(parts)  # large changes: never copied
+        size = segment_size(data)
+        meta = SegmentMeta(
+            self.log_id, lo, hi, segment_key_groups(changes), size, segment_crc(data)
+        )
         item = PersistItem(meta, checkpoint_id, data)
         self._uploads_started += 1
-        limit, size = self._in_flight, len(data)
+        limit = self._in_flight
         if limit is not None:
             limit.acquire(size)  # back-pressure: blocks append/persist while too much is in flight
         fut: UploadFuture[SegmentRef | None]

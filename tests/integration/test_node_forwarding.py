@@ -308,3 +308,36 @@ def test_a_core_failure_on_a_write_thread_stops_the_node(tmp_path: Path) -> None
         node.stop()
         t.join(10)
     assert [str(e) for e in raised] == ["core failed"]
+
+
+def test_segments_of_large_changes_go_up_a_chain_as_several_frames(tmp_path: Path) -> None:
+    """A segment whose large changes are sent as frames of their own (never copied by
+    the client: ``encode_segment_parts``) passes a leaf and lands whole in the root's
+    object, next to segments sent as one frame; every change reads back."""
+    from dstltree.client.segment import encode_segment_parts
+
+    base = str(tmp_path / "dfs")
+    large = {kg: [os.urandom(9000 + kg), os.urandom(300_000)] for kg in range(3)}
+    small = [os.urandom(30) for _ in range(50)]
+    assert len(encode_segment_parts("x", 0, 1, {0: large})) > 1
+    with (
+        _chain(base, 2) as (root, leaf),
+        ChangelogClient.open(base, node=leaf.address) as client,
+    ):
+        w = client.create_writer("frames", range(4))
+        for kg, changes in large.items():
+            for c in changes:
+                w.append(kg, c)
+        first = w.persist_durably(0)
+        after = w.next_sqn()
+        for c in small:
+            w.append(3, c)
+        second = w.persist_durably(after)
+        handles = [first.result(timeout=30), second.result(timeout=30)]
+        assert isinstance(client.uploader, NodeUploader)
+        assert client.uploader.statistics().fallbacks == 0
+        assert leaf.statistics().objects_written == 0
+    store = ObjectStore(base)
+    for kg, changes in large.items():
+        assert list(read_changes(store, handles[0], kg)) == changes
+    assert list(read_changes(store, handles[1], 3)) == small

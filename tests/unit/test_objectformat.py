@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from dstltree.client import ChangelogClient, CorruptObjectError, ObjectStore
 from dstltree.client.objectformat import FOOTER_SIZE, build_object
 from dstltree.client.reader import read_index, read_segment
-from dstltree.client.segment import SegmentMeta, decode_segment, encode_segment, segment_crc
+from dstltree.client.segment import (
+    SegmentMeta,
+    decode_segment,
+    encode_segment,
+    encode_segment_parts,
+    segment_crc,
+)
 
 changesets_st = st.dictionaries(
     st.integers(0, 50),
@@ -131,3 +137,28 @@ def test_batch_counts_persisted_writers_across_a_size_cut() -> None:
     b.take("size", expected_writers=2)
     b.add(_item("w1", 3, 10, b"x"), now=61.1)
     assert b.due(61.1, expected_writers=2) is None, "checkpoint 9 was complete: forgotten"
+
+
+def test_a_segment_of_several_buffers_lands_as_its_bytes(tmp_path: Path) -> None:
+    """``build_object`` writes a segment given as a tuple of buffers (as sent, never
+    joined) back to back: the object is the one built from its joined bytes, and the
+    index takes its trailer checksum when the meta gives none."""
+    parts = encode_segment_parts("w", 0, 1, {0: {5: [b"a" * 5000, b"b" * 300_000]}})
+    data = b"".join(parts)
+    assert len(parts) > 1
+    for crc in (segment_crc(data), 0):
+        meta = SegmentMeta("w", 0, 1, (5,), len(data), crc)
+        split, offsets = build_object([(meta, tuple(parts))])
+        whole, _ = build_object(
+            [(SegmentMeta("w", 0, 1, (5,), len(data), segment_crc(data)), data)]
+        )
+        assert b"".join(split) == b"".join(whole) and offsets == [0]
+    with pytest.raises(ValueError, match="meta says"):
+        build_object([(SegmentMeta("w", 0, 1, (5,), len(data) + 1), tuple(parts))])
+    store = ObjectStore(str(tmp_path))
+    path = store.new_object_path()
+    store.put(path, split)
+    (ref,) = read_index(store, path)
+    assert decode_segment(store.read_range(path, ref.offset, ref.length)).entries == {
+        (0, 5): [b"a" * 5000, b"b" * 300_000]
+    }

@@ -19,10 +19,14 @@ from hypothesis import strategies as st
 from dstltree.client.errors import CorruptObjectError
 from dstltree.client.segment import (
     MAX_BODY_BYTES,
+    MAX_SEGMENT_PARTS,
     decode_segment,
     encode_segment,
+    encode_segment_parts,
     segment_checksum,
     segment_crc,
+    segment_parts,
+    segment_size,
 )
 
 CHANGE = st.binary(max_size=40) | st.sampled_from([b"ab" * 300, b""])
@@ -224,3 +228,50 @@ def test_a_client_with_compression_writes_zstd_segments_readers_read(tmp_path: P
     assert header["codec"] == "zstd" and ref.length < sum(map(len, changes)) // 4
     with pytest.raises(ValueError, match="lz9"):
         ChangelogClient.open(str(tmp_path), compression="lz9")
+
+
+LARGE = st.binary(min_size=4096, max_size=9000) | st.sampled_from([b"z" * 300_000])
+LARGE_SETS = st.dictionaries(
+    st.integers(0, 3),
+    st.dictionaries(st.integers(0, 127), st.lists(LARGE | CHANGE, max_size=3), max_size=3),
+    max_size=3,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(LARGE_SETS, st.sampled_from(range(len(MODES))))
+def test_segment_parts_join_to_the_segment(
+    changesets: dict[int, dict[int, list[bytes]]], mode: int
+) -> None:
+    """``encode_segment_parts``: the same bytes as ``encode_segment``; its large changes
+    are the appended objects themselves (not copied); at most MAX_SEGMENT_PARTS
+    buffers; size and trailer checksum read from the buffers as from the bytes."""
+    data = encode_segment("w", 0, 4, changesets, **MODES[mode])
+    parts = encode_segment_parts("w", 0, 4, changesets, **MODES[mode])
+    assert b"".join(parts) == data and 1 <= len(parts) <= MAX_SEGMENT_PARTS
+    split = tuple(parts)
+    assert segment_size(split) == len(data) and segment_crc(split) == segment_crc(data)
+    assert segment_parts(split) == split and segment_parts(data) == (data,)
+    if len(parts) > 1 and "compression" not in MODES[mode]:
+        changes = [c for per in changesets.values() for v in per.values() for c in v]
+        assert all(any(p is c for c in changes) for p in parts if len(p) >= 4096)
+
+
+def test_small_or_too_many_changes_come_as_one_buffer() -> None:
+    assert len(encode_segment_parts("w", 0, 1, {0: {0: [b"x" * 100] * 50}})) == 1
+    assert len(encode_segment_parts("w", 0, 1, {0: {0: [b"x" * 200_000]}})) == 1  # < 256 KiB
+    assert len(encode_segment_parts("w", 0, 1, {})) == 1
+    many = {0: {kg: [b"y" * 9000] for kg in range(MAX_SEGMENT_PARTS)}}
+    assert len(encode_segment_parts("w", 0, 1, many)) == 1  # two buffers per key group
+    change = b"z" * 300_000
+    big = encode_segment_parts("w", 0, 1, {0: {0: [change]}})
+    assert len(big) == 4 and big[2] is change  # framing, lengths, the change, trailer
+
+
+def test_the_trailer_is_read_across_tiny_buffers() -> None:
+    data = encode_segment("w", 0, 1, {0: {0: [b"q" * 5000]}})
+    pieces = tuple(data[i : i + 1] for i in range(len(data) - 6, len(data)))
+    split = (memoryview(data[: len(data) - 6]), *pieces)
+    assert segment_crc(split) == segment_crc(data) and segment_size(split) == len(data)
+    with pytest.raises(ValueError, match="shorter"):
+        segment_crc((b"abc", b"defg"))

@@ -1,14 +1,24 @@
 """``persist_messages``: requests split into Persist messages bounded in bytes and
-items, order kept (property tests)."""
+items, order kept (property tests); segments of several buffers as several frames."""
 
 from __future__ import annotations
 
+import msgpack
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dstltree.client.batching import PersistItem
-from dstltree.client.segment import SegmentMeta
-from dstltree.client.wire import MAX_ITEMS, PersistRequest, dump, load, persist_messages
+from dstltree.client.errors import WireError
+from dstltree.client.segment import MAX_SEGMENT_PARTS, SegmentMeta
+from dstltree.client.wire import (
+    MAX_ITEMS,
+    Persist,
+    PersistRequest,
+    dump,
+    load,
+    persist_messages,
+)
 
 
 def _request(rid: int, size: int) -> PersistRequest:
@@ -45,3 +55,42 @@ def test_messages_hold_at_most_max_items_and_each_loads_back() -> None:
 def test_no_requests_give_one_empty_message() -> None:
     assert persist_messages([], 10) == [persist_messages([], 10)[0]]
     assert persist_messages([], 10)[0].requests == ()
+
+
+def _split_request(rid: int, parts: tuple[bytes, ...]) -> PersistRequest:
+    meta = SegmentMeta("w", rid, rid + 1, (0,), sum(map(len, parts)))
+    return PersistRequest(rid, PersistItem(meta, 3, parts))
+
+
+def test_a_segment_of_several_buffers_travels_as_that_many_frames() -> None:
+    """An item whose data is a tuple of buffers goes as one frame each (``n`` in its
+    header) and loads back as the same buffers, between items of one frame."""
+    one = _request(1, 5)
+    split = _split_request(2, (b"head", b"x" * 9000, b"tail"))
+    marker = _request(3, 0)
+    frames = dump(Persist((one, split, marker)))
+    assert len(frames) == 1 + 1 + 3
+    got = load(frames)
+    assert isinstance(got, Persist)
+    a, b, c = (r.item for r in got.requests)
+    assert a.data == b"x" * 5 and c.data is None
+    assert b.data == (b"head", b"x" * 9000, b"tail") and b.size == 9008
+
+
+@pytest.mark.parametrize(
+    ("n", "frames", "error"),
+    [
+        (0, 1, "1..64 frames"),
+        (MAX_SEGMENT_PARTS + 1, 1, "1..64 frames"),
+        ("2", 2, "int"),
+        (3, 2, "items of 3 payload frames but 2 frames"),
+        (2, 3, "items of 2 payload frames but 3 frames"),
+        (2, 2, "payload of 8 bytes, header says 9"),
+    ],
+)
+def test_hostile_frame_counts_are_refused(n: object, frames: int, error: str) -> None:
+    """A header's ``n`` outside 1..MAX_SEGMENT_PARTS, not an int, or not matching the
+    frames (count or bytes) is a WireError; nothing is trusted."""
+    head = {"t": "persist", "items": [{"id": 1, "log": "w", "sqn": [0, 1], "size": 9, "n": n}]}
+    with pytest.raises(WireError, match=error):
+        load([msgpack.packb(head), *[b"abcd"] * frames])
