@@ -137,28 +137,20 @@ class DecodedSegment:
 
 
 def encode_segment(
-    log_id: str,
-    sqn_from: int,
-    sqn_to: int,
-    changesets: Changesets,
-    *,
-    compression: str | None = None,
-    level: int = 3,
-    version: int = SEGMENT_VERSION,
+    log_id: str, sqn_from: int, sqn_to: int, changesets: Changesets, **options: Any
 ) -> bytes:
     """Encode the changesets with SQN in [sqn_from, sqn_to) of one writer: bytes of the
-    layout above (``version`` 2, or 1). Each change is copied once, straight into the
-    result, when changes are large (4 KiB on average or more); smaller ones are joined
-    into the body first and the body copied once more (two copies in C are cheaper
-    than a CRC32 call per change). ``compression`` ``"zstd"`` compresses the body at
-    ``level`` when that saves bytes and the body is at most :data:`MAX_BODY_BYTES`
-    (else it is stored as it is); None (default): no compression. Raises ValueError
-    for a changeset SQN outside the range, an unknown codec or version, or
-    compression with version 1. :func:`encode_segment_parts` gives the same bytes
-    without joining large changes."""
-    parts = encode_segment_parts(
-        log_id, sqn_from, sqn_to, changesets, compression=compression, level=level, version=version
-    )
+    layout above. Options (keywords, those of :func:`encode_segment_parts`):
+    ``compression``, ``level`` (3), ``version`` (2, or 1). Each change is copied
+    once, straight into the result, when changes are large (4 KiB on average or
+    more); smaller ones are joined into the body first and the body copied once more
+    (two copies in C are cheaper than a CRC32 call per change). ``compression``
+    ``"zstd"`` compresses the body at ``level`` when that saves bytes and the body is
+    at most :data:`MAX_BODY_BYTES` (else it is stored as it is); None (default): no
+    compression. Raises ValueError for a changeset SQN outside the range, an unknown
+    codec or version, or compression with version 1. :func:`encode_segment_parts`
+    gives the same bytes without joining large changes."""
+    parts = encode_segment_parts(log_id, sqn_from, sqn_to, changesets, **options)
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
