@@ -52,9 +52,10 @@ _U32 = struct.Struct("!I")
 # in C) rather than computing the CRC32 part by part (one Python call per change)
 _JOIN_BELOW = 4096
 MAX_SEGMENT_PARTS = 64  # buffers (ZeroMQ frames) one segment is sent as, at most
-# body bytes from which encode_segment_parts leaves large changes unjoined: below, the
-# frames' fixed costs (a ZeroMQ frame each, sent and received) outweigh the copy saved
-_SPLIT_FROM = 256 * 1024
+# segment bytes from which encode_segment_parts leaves large changes unjoined (below,
+# the frames' fixed costs, a ZeroMQ frame each sent and received, outweigh the copy
+# saved); a node refuses a smaller segment sent as several frames
+SPLIT_FROM_BYTES = 256 * 1024
 _INT = {int}
 
 _CRC32C_EXTEND = google_crc32c.extend  # C: accepts bytes (not memoryview / bytearray)
@@ -165,8 +166,9 @@ def encode_segment_parts(
     version: int = SEGMENT_VERSION,
 ) -> list[bytes]:
     """:func:`encode_segment` as buffers to send or write back to back, never copying a
-    large change: when changes are large (4 KiB on average or more), the body is 256
-    KiB or more and the segment takes at most :data:`MAX_SEGMENT_PARTS` buffers, its
+    large change: when changes are large (4 KiB on average or more), the segment is
+    :data:`SPLIT_FROM_BYTES` (256 KiB) or more as stored (compressed, if it is) and
+    takes at most :data:`MAX_SEGMENT_PARTS` buffers, its
     framing and length tables are buffers of their own between the changes themselves;
     else one ``bytes``. Raises as :func:`encode_segment`."""
     if compression is not None and (compression not in CODECS or version != 2):
@@ -211,7 +213,8 @@ def encode_segment_parts(
         crc = checksum(p, crc)
     parts[:0] = (prefix,)
     parts.append(_U32.pack(crc))
-    return parts if start >= _SPLIT_FROM and len(parts) <= MAX_SEGMENT_PARTS else [b"".join(parts)]
+    split = len(parts) <= MAX_SEGMENT_PARTS and sum(map(len, parts)) >= SPLIT_FROM_BYTES
+    return parts if split else [b"".join(parts)]
 
 
 def segment_crc(data: Any) -> int:

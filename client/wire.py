@@ -10,8 +10,9 @@ Header shapes (``t`` is the type)::
     register    {t, log}                      a writer of this client exists
     unregister  {t, log}
     persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc, w?, n?}, ...], via}
-                + ``n`` (1..64, default 1) payload frames per item with size > 0, in
-                item order, their bytes summing to ``size``; ``via`` is
+                + ``n`` (1..64, default 1; above 1 only for 256 KiB or more) payload
+                frames per item with size > 0, in item order, their bytes summing
+                to ``size``; ``via`` is
                 the sending node's id when a node passes items on (None from clients);
                 ``w`` only on a node's summary marker (size 0): the writers it stands for
     ack         {t, items: [{id, path, off} | {id, err}, ...]}
@@ -36,7 +37,13 @@ import msgpack
 
 from dstltree.client.batching import PersistItem
 from dstltree.client.errors import WireError
-from dstltree.client.segment import MAX_SEGMENT_PARTS, SegmentMeta, segment_parts, segment_size
+from dstltree.client.segment import (
+    MAX_SEGMENT_PARTS,
+    SPLIT_FROM_BYTES,
+    SegmentMeta,
+    segment_parts,
+    segment_size,
+)
 
 MAX_ITEMS = 4096
 MAX_LOG_ID = 256
@@ -275,7 +282,7 @@ def _decode_persist(h: dict[str, Any], payloads: Sequence[Any]) -> Persist:
     if not raw_items or len(raw_items) > MAX_ITEMS:
         raise WireError(f"persist needs 1..{MAX_ITEMS} items, got {len(raw_items)}")
     sizes = [_int(d["size"]) if isinstance(d, dict) else 0 for d in raw_items]
-    counts = [_frame_count(d) if n > 0 else 0 for d, n in zip(raw_items, sizes, strict=True)]
+    counts = [_frame_count(d, n) if n > 0 else 0 for d, n in zip(raw_items, sizes, strict=True)]
     if sum(counts) != len(payloads):
         raise WireError(
             f"persist has items of {sum(counts)} payload frames but {len(payloads)} frames"
@@ -312,11 +319,15 @@ def _request(d: Any, frame: Any) -> PersistRequest:
     return PersistRequest(rid, PersistItem(meta, cp, frame, writers=writers))
 
 
-def _frame_count(d: Any) -> int:
-    """The payload frames of a sized item: its ``n`` (1..MAX_SEGMENT_PARTS), 1 without."""
+def _frame_count(d: Any, size: int) -> int:
+    """The payload frames of an item of ``size`` bytes: its ``n`` (1..MAX_SEGMENT_PARTS,
+    more than 1 only from SPLIT_FROM_BYTES on, as a writer splits segments: frames,
+    each a ZeroMQ message part the node keeps, stay bounded per byte), 1 without."""
     n = _int(d.get("n", 1))
     if not 1 <= n <= MAX_SEGMENT_PARTS:
         raise WireError(f"an item's segment takes 1..{MAX_SEGMENT_PARTS} frames, got {n}")
+    if n > 1 and size < SPLIT_FROM_BYTES:
+        raise WireError(f"a segment of {size} bytes comes as one frame, not {n}")
     return n
 
 

@@ -261,6 +261,8 @@ def test_small_or_too_many_changes_come_as_one_buffer() -> None:
     assert len(encode_segment_parts("w", 0, 1, {0: {0: [b"x" * 100] * 50}})) == 1
     assert len(encode_segment_parts("w", 0, 1, {0: {0: [b"x" * 200_000]}})) == 1  # < 256 KiB
     assert len(encode_segment_parts("w", 0, 1, {})) == 1
+    squeezed = encode_segment_parts("w", 0, 1, {0: {0: [b"s" * 1_000_000]}}, compression="zstd")
+    assert len(squeezed) == 1, "split by the bytes stored: 1 MB compressed to a few"
     many = {0: {kg: [b"y" * 9000] for kg in range(MAX_SEGMENT_PARTS)}}
     assert len(encode_segment_parts("w", 0, 1, many)) == 1  # two buffers per key group
     change = b"z" * 300_000

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dstltree.client.batching import PersistItem
 from dstltree.client.errors import WireError
-from dstltree.client.segment import MAX_SEGMENT_PARTS, SegmentMeta
+from dstltree.client.segment import MAX_SEGMENT_PARTS, SPLIT_FROM_BYTES, SegmentMeta
 from dstltree.client.wire import (
     MAX_ITEMS,
     Persist,
@@ -66,7 +66,7 @@ def test_a_segment_of_several_buffers_travels_as_that_many_frames() -> None:
     """An item whose data is a tuple of buffers goes as one frame each (``n`` in its
     header) and loads back as the same buffers, between items of one frame."""
     one = _request(1, 5)
-    split = _split_request(2, (b"head", b"x" * 9000, b"tail"))
+    split = _split_request(2, (b"head", b"x" * SPLIT_FROM_BYTES, b"tail"))
     marker = _request(3, 0)
     frames = dump(Persist((one, split, marker)))
     assert len(frames) == 1 + 1 + 3
@@ -74,23 +74,30 @@ def test_a_segment_of_several_buffers_travels_as_that_many_frames() -> None:
     assert isinstance(got, Persist)
     a, b, c = (r.item for r in got.requests)
     assert a.data == b"x" * 5 and c.data is None
-    assert b.data == (b"head", b"x" * 9000, b"tail") and b.size == 9008
+    assert b.data == (b"head", b"x" * SPLIT_FROM_BYTES, b"tail")
+    assert b.size == SPLIT_FROM_BYTES + 8
+
+
+BIG = SPLIT_FROM_BYTES + 8  # bytes of a segment that may come as several frames
 
 
 @pytest.mark.parametrize(
-    ("n", "frames", "error"),
+    ("n", "size", "frames", "error"),
     [
-        (0, 1, "1..64 frames"),
-        (MAX_SEGMENT_PARTS + 1, 1, "1..64 frames"),
-        ("2", 2, "int"),
-        (3, 2, "items of 3 payload frames but 2 frames"),
-        (2, 3, "items of 2 payload frames but 3 frames"),
-        (2, 2, "payload of 8 bytes, header says 9"),
+        (0, BIG, 1, "1..64 frames"),
+        (MAX_SEGMENT_PARTS + 1, BIG, 1, "1..64 frames"),
+        ("2", BIG, 2, "int"),
+        (3, BIG, 2, "items of 3 payload frames but 2 frames"),
+        (2, BIG, 3, "items of 2 payload frames but 3 frames"),
+        (2, BIG + 1, 2, f"payload of {BIG} bytes, header says {BIG + 1}"),
+        (64, 1, 64, "a segment of 1 bytes comes as one frame, not 64"),
     ],
 )
-def test_hostile_frame_counts_are_refused(n: object, frames: int, error: str) -> None:
-    """A header's ``n`` outside 1..MAX_SEGMENT_PARTS, not an int, or not matching the
-    frames (count or bytes) is a WireError; nothing is trusted."""
-    head = {"t": "persist", "items": [{"id": 1, "log": "w", "sqn": [0, 1], "size": 9, "n": n}]}
+def test_hostile_frame_counts_are_refused(n: object, size: int, frames: int, error: str) -> None:
+    """A header's ``n`` outside 1..MAX_SEGMENT_PARTS, not an int, above 1 for a
+    segment below SPLIT_FROM_BYTES (frames would cost the node more than their bytes),
+    or not matching the frames (count or bytes) is a WireError; nothing is trusted."""
+    head = {"t": "persist", "items": [{"id": 1, "log": "w", "sqn": [0, 1], "size": size, "n": n}]}
+    part = b"a" * (BIG // 2)
     with pytest.raises(WireError, match=error):
-        load([msgpack.packb(head), *[b"abcd"] * frames])
+        load([msgpack.packb(head), *[part] * frames])
