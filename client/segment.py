@@ -168,9 +168,9 @@ def encode_segment_parts(
     """:func:`encode_segment` as buffers to send or write back to back, never copying a
     large change: when changes are large (4 KiB on average or more), the segment is
     :data:`SPLIT_FROM_BYTES` (256 KiB) or more as stored (compressed, if it is) and
-    takes at most :data:`MAX_SEGMENT_PARTS` buffers, its
-    framing and length tables are buffers of their own between the changes themselves;
-    else one ``bytes``. Raises as :func:`encode_segment`."""
+    takes at most :data:`MAX_SEGMENT_PARTS` buffers, its framing and length tables
+    are buffers of their own between the changes themselves; else one ``bytes``.
+    Raises as :func:`encode_segment`."""
     if compression is not None and (compression not in CODECS or version != 2):
         raise ValueError(f"segment compression {compression!r}: known {CODECS}, version 2")
     if version not in SEGMENT_VERSIONS:
@@ -221,12 +221,10 @@ def segment_crc(data: Any) -> int:
     """The checksum stored in a segment's trailer (no verification): CRC32C for version
     2, CRC32 for version 1. ``data``: a buffer, or the tuple of buffers a segment is
     sent as (:func:`segment_parts`). Raises ValueError for fewer than 8 bytes."""
-    if type(data) is tuple:
-        if segment_size(data) < 8:
-            raise ValueError("segment shorter than its framing")
-        return int(_U32.unpack(_tail(data, 4))[0])
-    if len(data) < 8:
+    if segment_size(data) < 8:
         raise ValueError("segment shorter than its framing")
+    if type(data) is tuple:
+        return int(_U32.unpack(_tail(data, 4))[0])
     return int(_U32.unpack_from(data, len(data) - 4)[0])
 
 
@@ -245,6 +243,8 @@ def segment_size(data: Any) -> int:
 
 
 def _nbytes(buf: Any) -> int:
+    """Bytes of bytes, bytearray, memoryview or zmq.Frame (its ``len``: no buffer view
+    made)."""
     return buf.nbytes if isinstance(buf, memoryview) else len(buf)
 
 

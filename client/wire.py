@@ -12,8 +12,8 @@ Header shapes (``t`` is the type)::
     persist     {t, items: [{id, log, sqn: [from, to], cp, kgs, size, crc, w?, n?}, ...], via}
                 + ``n`` (1..64, default 1; above 1 only for 256 KiB or more) payload
                 frames per item with size > 0, in item order, their bytes summing
-                to ``size``; ``via`` is
-                the sending node's id when a node passes items on (None from clients);
+                to ``size``; ``via`` is the sending node's id when a node passes
+                items on (None from clients);
                 ``w`` only on a node's summary marker (size 0): the writers it stands for
     ack         {t, items: [{id, path, off} | {id, err}, ...]}
     stats       {t, node, writers, bytes, cp, pw}
@@ -208,19 +208,13 @@ def dump(msg: Message) -> list[Any]:
     return [msgpack.packb(h), *payloads]
 
 
-def _buf_len(frame: Any) -> int:
-    """Bytes of a frame: bytes, bytearray, memoryview or zmq.Frame (its ``len``, no
-    buffer view made)."""
-    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
-
-
 def load(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
     """Decode and validate ``frames`` (bytes or zmq.Frame). Raises WireError with the
     reason for anything malformed or larger than ``max_bytes`` in total."""
     if not frames:
         raise WireError("empty message")
     if max_bytes is not None:
-        total = sum(_buf_len(f) for f in frames)
+        total = sum(map(segment_size, frames))
         if total > max_bytes:
             raise WireError(f"message of {total} bytes exceeds the limit of {max_bytes} bytes")
     raw = frames[0]

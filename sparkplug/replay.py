@@ -195,14 +195,7 @@ class BulkReplay:
         into each entry's change, would take more than ``_NAME_COPIES`` times the
         change's bytes (a long name before many tiny entries: the change-by-change
         replay copies nothing per entry)."""
-        first = change[2]
-        if change[0] != 0x93 or not (0xA0 <= first <= 0xBF or 0xD9 <= first <= 0xDB):
-            raise _Irregular
-        p = _NAME_END[first] or _item_end(change, 2)
-        name = bytes(change[2:p])
-        entries = unpackb(change[p:])
-        if type(entries) is not dict or not entries:
-            raise _Irregular
+        name, entries = _sets_entries(change)
         if len(entries) * len(name) > _NAME_COPIES * len(change):
             raise _Irregular
         set_head, clear_head = _SET_HEAD + name, _CLEAR_HEAD + name
@@ -418,21 +411,34 @@ class BulkReplay:
         return applied
 
 
+def _sets_entries(change: Any) -> tuple[bytes, dict[Any, Any]]:
+    """(state name bytes, entries) of a value sets change as the backend writes it
+    (``[OP_VALUE_SETS, name, {key: value | nil}]``, a str name, a non-empty map);
+    raises _Irregular, or a parse error, for anything else."""
+    first = change[2]
+    if change[0] != 0x93 or not (0xA0 <= first <= 0xBF or 0xD9 <= first <= 0xDB):
+        raise _Irregular
+    p = _NAME_END[first] or _item_end(change, 2)
+    entries = unpackb(change[p:])
+    if type(entries) is not dict or not entries:
+        raise _Irregular
+    return bytes(change[2:p]), entries
+
+
 def _stands_for(sets: Any, change: Any) -> bool:
     """Whether ``change`` is one the value sets change ``sets`` stands for (as
     :meth:`BulkReplay._expand_sets` builds them); False for any other change."""
     try:
         if sets[1] != OP_VALUE_SETS:
             return False
-        p = _item_end(sets, 2)
-        name = bytes(sets[2:p])
-        for kb, vb in unpackb(sets[p:]).items():
-            head = _CLEAR_HEAD + name + kb if vb is None else _SET_HEAD + name + kb + vb
-            if head == change:
-                return True
-    except (*_PARSE_ERRORS, AttributeError):
+        name, entries = _sets_entries(sets)
+    except (_Irregular, *_PARSE_ERRORS):
         return False
-    return False
+    return any(
+        change == (_CLEAR_HEAD + name + kb if vb is None else _SET_HEAD + name + kb + vb)
+        for kb, vb in entries.items()
+        if type(kb) is bytes and (vb is None or type(vb) is bytes)
+    )
 
 
 def _user_key_at(skuk: Any) -> int:
