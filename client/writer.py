@@ -40,7 +40,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from itertools import takewhile
+from itertools import compress, takewhile
 
 import msgpack
 
@@ -325,20 +325,19 @@ class ChangelogWriter:
         meanwhile stays staged (only the first ``n`` are taken, atomically)."""
         added = 0 if squash else self._fold_last_wins()
         active = self._active
-        # a C-level look first: most folds find every staging list empty (value state
-        # stages in last-wins dicts; a persist folds twice)
-        staging = self._staged.items() if any(self._staged.values()) else ()
-        for kg, staged in staging:
+        # the non-empty staging lists only, picked in C (a writer of many key groups
+        # stages in few of them between folds; most folds find every list empty)
+        staged_lists = self._staged
+        for kg, staged in compress(staged_lists.items(), staged_lists.values()):
             n = len(staged)
-            if n:
-                chunk = staged[:n]
-                del staged[:n]
-                changes = active.get(kg)
-                if changes is None:
-                    active[kg] = chunk
-                else:
-                    changes += chunk
-                added += sum(map(len, chunk))  # no copy, whatever the changes' size
+            chunk = staged[:n]
+            del staged[:n]
+            changes = active.get(kg)
+            if changes is None:
+                active[kg] = chunk
+            else:
+                changes += chunk
+            added += sum(map(len, chunk))  # no copy, whatever the changes' size
         self._active_bytes += added
         self._not_uploaded += added
 
