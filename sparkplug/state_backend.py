@@ -399,10 +399,7 @@ class KeyedStateBackend:
             kb = pack(_unpack(kb))
             self._check_group(kb, kg)
             kept.append((kb, None if vb is None else pack(_unpack(vb))))
-        groups = self._declare(name, VALUE)
-        bucket = groups.get(kg)
-        if bucket is None:
-            bucket = groups[kg] = {}
+        bucket = self.replay_bucket(name, VALUE, kg)
         for kb, vb in kept:
             if vb is None:
                 bucket.pop(kb, None)
