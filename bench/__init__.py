@@ -8,7 +8,8 @@ Modules: :mod:`.workload` (bytes per writer per checkpoint), :mod:`.worker` (the
 per-executor process), :mod:`.nodes` (the node processes),
 :mod:`.storage` (base paths, fault injection, local S3), :mod:`.designs` (the driver),
 :mod:`.metrics` and :mod:`.report`. ``dstl bench hotpath``: :mod:`.hotpath` (with
-:mod:`.hotpath_local` and :mod:`.hotpath_net`), each hot-path figure next to its floor.
+:mod:`.hotpath_local`, :mod:`.hotpath_net` and :mod:`.hotpath_raw`), each hot-path
+figure next to its floor.
 """
 
 from dstltree.topology.designs import DESIGNS

@@ -3,8 +3,8 @@ is measured side by side with its floor in one run, and the ratio printed:
 
 - the state-update loop of a keyed operator with the changelog against the same loop
   without it (:mod:`.hotpath_local`);
-- forwarding through one in-process node (64 KiB and 1 MiB segments) and a two-node
-  chain (1 MiB) against a raw pyzmq DEALER->ROUTER hop (:mod:`.hotpath_net`);
+- forwarding through one node process (64 KiB and 1 MiB segments) and a two-node
+  chain (1 MiB) against a raw pyzmq DEALER->ROUTER hop (:mod:`.hotpath_raw`);
 - persist latency of one checkpoint through one node (64 KiB, and 1 MB of 100-byte
   changes) against one round trip plus one fsynced file write of the same bytes;
 - restore by changelog replay against snapshot-only restore of the same state;
@@ -102,7 +102,7 @@ def _forwarding_figures(base: str, s: HotpathSettings, cap: dict[str, float]) ->
     ):
         store_dir = os.path.join(base, f"fwd-{depth}-{size}")
         pair = forwarding_throughput(store_dir, size, s.seconds, depth)
-        node, raw, apart = pair["node"], pair["raw"], pair["raw_apart"]
+        node, raw, apart, least = pair["node"], pair["raw"], pair["raw_apart"], pair["least"]
         # removed at once: on a tmpfs the objects of one figure would hold gigabytes
         # of memory through the next ones (and slow their writes down)
         shutil.rmtree(store_dir, ignore_errors=True)
@@ -126,6 +126,10 @@ def _forwarding_figures(base: str, s: HotpathSettings, cap: dict[str, float]) ->
                     "apart_bytes_per_s": apart["bytes_per_s"],
                     "apart_cpu_s_per_gb": apart["cpu_s_per_gb"],
                     "apart_ratio": node["bytes_per_s"] / apart["bytes_per_s"],
+                    "least_bytes_per_s": least["bytes_per_s"],
+                    "least_cpu_s_per_gb": least["cpu_s_per_gb"],
+                    "least_ratio": least["bytes_per_s"] / raw["bytes_per_s"],
+                    "node_to_least": node["bytes_per_s"] / least["bytes_per_s"],
                     "deferred_bytes": node["deferred_bytes"],
                     "dropped_bytes": node["dropped_bytes"],
                 },
@@ -317,6 +321,9 @@ def _detail(f: Figure) -> str:
             f"{_short(d['bound_bytes_per_s'], 'bytes/s')} ({d['bound_ratio']:.2f}x floor); "
             f"the raw hop between two processes {_short(d['apart_bytes_per_s'], 'bytes/s')} "
             f"at {d['apart_cpu_s_per_gb']:.2f} CPU s/GB (node {d['apart_ratio']:.3f}x that); "
+            f"a minimal node of pyzmq alone storing the same bytes "
+            f"{_short(d['least_bytes_per_s'], 'bytes/s')} at {d['least_cpu_s_per_gb']:.2f} "
+            f"CPU s/GB ({d['least_ratio']:.3f}x floor; node {d['node_to_least']:.3f}x that); "
             f"objects of {_short(d['deferred_bytes'], 'bytes')} deleted after the "
             f"run, of {_short(d['dropped_bytes'], 'bytes')} during it"
         )
@@ -445,8 +452,9 @@ that exists when serving starts frozen out of collections, a young collection ev
   pre-emptively at that size, so each change goes out as one segment (at most 64 MiB
   in flight: the client's limit blocks the appends; a persist, no checkpoint id, every
   32 MiB, at most two waiting as a task's acknowledgements; each truncated once
-  durable; the objects only truncated changes are in are deleted after the timed run,
-  as the store figure's are (that is the shared state registry's work on the driver),
+  durable; the objects only truncated changes are in are deleted right after the
+  node's turn, untimed, as the store figure's are (that is the shared state
+  registry's work on the driver),
   while they take at most a quarter of the directory's free space (8 GiB at most),
   beyond that on a thread of their own during the run, its CPU counted), through
   `Node`s each in its own process (started with multiprocessing's spawn, as
@@ -456,8 +464,16 @@ that exists when serving starts frozen out of collections, a young collection ev
   the same sizes with `copy=False`, writing nothing, run for a quarter of the time
   just before and a quarter just after the node. The same hop with its receiver in a
   process of its own (as a node is), an eighth before and an eighth after, is in the
-  detail with its CPU (both processes) and the node's ratio to it. CPU = user +
-  system seconds of the client's and the nodes' processes per 10^9 bytes. "The store
+  detail with its CPU (both processes) and the node's ratio to it. So is "a minimal
+  node of pyzmq alone" (dstltree/bench/hotpath_raw.py), an eighth before and an
+  eighth after: the same hop into as many processes as the figure has nodes, the
+  lower ones relaying each message up unchanged, the top one gathering what arrives
+  into objects of 4 MiB that 4 threads write to new files in the same directory and
+  fsync (no protocol, no framing, no directory fsync; its files are deleted after
+  each turn, untimed, as the node's objects are after its turn): what a node process
+  that stores what it receives reaches here with no code of its own beyond that.
+  CPU = user + system seconds of the client's and the nodes' processes per 10^9
+  bytes. "The store
   takes": 4 MiB objects put durably by 4 threads into the same directory
   (`--forward-dir`, default the workdir), the most any node can write there, and the
   CPU seconds per 10^9 bytes those puts cost: the floor writes nothing, a node cannot

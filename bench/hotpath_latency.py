@@ -10,7 +10,7 @@ and its client have and nothing else:
   the future with the reply;
 - the node, in its own process: a loop thread waits on the ROUTER's descriptor and
   hands each body to a write thread (a queue), which writes it into a file created
-  ahead, fsyncs it (:class:`~dstltree.bench.hotpath_net._FloorFiles`) and sends the ack
+  ahead, fsyncs it (:class:`~dstltree.bench.hotpath_raw._FloorFiles`) and sends the ack
   on the ROUTER under the loop's lock.
 
 What that floor costs beyond the reserved floor (one round trip plus the same write)
@@ -35,13 +35,13 @@ from typing import Any
 
 import zmq
 
-from dstltree.bench.hotpath_net import (
+from dstltree.bench.hotpath_net import node_processes
+from dstltree.bench.hotpath_raw import (
     ChildProcess,
     _FloorFiles,
     _raw_socket,
     _spawn,
     cpu_seconds,
-    node_processes,
     raw_hop,
 )
 from dstltree.client.api import ChangelogClient

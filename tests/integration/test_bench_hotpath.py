@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dstltree.bench import hotpath_net
+from dstltree.bench import hotpath_net, hotpath_raw
 from dstltree.bench.hotpath import write_markdown
 from dstltree.bench.hotpath_latency import topology_floor
 from dstltree.bench.hotpath_net import _Stream, deferrable_bytes
@@ -109,7 +109,7 @@ def test_deferrable_bytes_is_a_quarter_of_the_free_space_at_most_8_gib(tmp_path:
 
 
 def test_the_reserved_floor_writes_into_files_made_ahead(tmp_path: Path) -> None:
-    with hotpath_net.raw_hop(str(tmp_path)) as dealer:
+    with hotpath_raw.raw_hop(str(tmp_path)) as dealer:
         dealer.send_multipart([b"p", b"2"])
         assert dealer.recv() == b"0"
         ahead = {p: p.stat().st_ino for p in tmp_path.iterdir()}
@@ -141,3 +141,25 @@ def test_the_topology_floor_writes_each_body_into_a_file_made_ahead(tmp_path: Pa
         written = sorted(p.read_bytes() for p in tmp_path.iterdir())
         assert written == sorted(bodies)
     assert not node.process.is_alive()
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_the_minimal_node_stores_what_it_receives_in_objects(tmp_path: Path, depth: int) -> None:
+    """The minimal node of the forwarding figures (through a relay process when
+    ``depth`` is 2) gathers the bodies it receives into objects of at least
+    ``object_bytes`` written to new files, makes the rest durable when a turn ends
+    (b"a", answered once written), and its processes end with the context."""
+    bodies = [os.urandom(1000) for _ in range(7)]
+    with hotpath_raw.raw_hop_process(str(tmp_path), depth, object_bytes=3000) as (dealer, procs):
+        assert len(procs) == depth
+        for body in bodies:
+            dealer.send_multipart([b"n", body])
+        dealer.send_multipart([b"a", b"x"])
+        assert dealer.poll(10_000) and dealer.recv() == b"ok"
+        files = sorted(tmp_path.iterdir(), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+        assert [p.read_bytes() for p in files] == [
+            b"".join(bodies[0:3]),
+            b"".join(bodies[3:6]),
+            bodies[6],
+        ]
+    assert not any(p.process.is_alive() for p in procs)
