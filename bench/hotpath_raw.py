@@ -106,21 +106,31 @@ def _raw_receiver(router: zmq.Socket, write_dir: str | None) -> None:
             router.send_multipart([ident, b"ok"])
 
 
+_DEALER_TIMEOUT_MS = 60_000  # a raw hop's sender gives up on a receiver that hangs
+
+
 def _raw_socket(kind: int) -> zmq.Socket:
-    """A socket of a raw hop: no linger, 64 messages queued each way."""
+    """A socket of a raw hop: no linger, 64 messages queued each way; a DEALER's sends
+    and receives raise ``zmq.Again`` after ``_DEALER_TIMEOUT_MS`` (a receiver that
+    died or hangs fails the figure instead of hanging the benchmark)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 64)
     sock.setsockopt(zmq.RCVHWM, 64)
+    if kind == zmq.DEALER:
+        sock.setsockopt(zmq.SNDTIMEO, _DEALER_TIMEOUT_MS)
+        sock.setsockopt(zmq.RCVTIMEO, _DEALER_TIMEOUT_MS)
     return sock
 
 
 def _end_hop(dealer: zmq.Socket) -> None:
     """Stop a raw hop's receiver with an empty frame (its answer awaited up to 10 s)
-    and close the DEALER."""
-    dealer.send_multipart([b"", b""])
-    dealer.poll(10_000)
+    and close the DEALER; a receiver that takes nothing any more is left to its
+    process's stop."""
+    with suppress(zmq.Again):
+        dealer.send_multipart([b"", b""])
+        dealer.poll(min(10_000, _DEALER_TIMEOUT_MS))
     dealer.close()
 
 

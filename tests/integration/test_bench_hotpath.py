@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import zmq
 from typer.testing import CliRunner
 
 from dstltree.bench import hotpath_net, hotpath_raw
@@ -163,3 +164,19 @@ def test_the_minimal_node_stores_what_it_receives_in_objects(tmp_path: Path, dep
             bodies[6],
         ]
     assert not any(p.process.is_alive() for p in procs)
+
+
+def test_a_minimal_node_that_cannot_write_fails_the_turn_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A minimal node whose directory is gone fails its writes; the sender's wait for
+    the end of its turn raises ``zmq.Again`` after the DEALER's timeout, and the
+    receiving process is still stopped."""
+    monkeypatch.setattr(hotpath_raw, "_DEALER_TIMEOUT_MS", 2000)
+    gone = tmp_path / "gone"
+    with (
+        hotpath_raw.raw_hop_process(str(gone), 1, object_bytes=1000) as (dealer, procs),
+        pytest.raises(zmq.Again),
+    ):
+        hotpath_raw._raw_send(dealer, os.urandom(1000), 0.05)
+    assert not procs[0].process.is_alive()
