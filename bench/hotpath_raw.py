@@ -177,6 +177,7 @@ class _ObjectFiles:
         self.run, self.n = os.urandom(4).hex(), 0
         self.frames: list[zmq.Frame] = []
         self.filled = 0
+        self.threads = threads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="least-write")
         self.writes: list[Future[None]] = []
 
@@ -189,9 +190,14 @@ class _ObjectFiles:
             self._write()
 
     def _write(self) -> None:
+        """Hand the gathered object to a write thread; with ``4 * threads`` writes
+        undone, wait for the oldest first (a node stops reading while its uploads
+        are behind, too)."""
         self.n += 1
         path = os.path.join(self.dir, f"least-{self.run}-{self.n}")
         self.writes = [f for f in self.writes if not f.done()]
+        if len(self.writes) >= 4 * self.threads:
+            self.writes.pop(0).result()
         self.writes.append(self.pool.submit(_write_file, path, self.frames))
         self.frames, self.filled = [], 0
 
@@ -217,9 +223,11 @@ def _write_file(path: str, frames: list[zmq.Frame]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         views = [memoryview(f.buffer) for f in frames]
-        total, done = sum(len(v) for v in views), os.writev(fd, views)
-        if done < total:  # a short write: the rest one by one
-            os.write(fd, b"".join(views)[done:])
+        done = os.writev(fd, views)
+        if done < sum(len(v) for v in views):  # a short write: the rest, in a loop
+            rest = memoryview(b"".join(views))[done:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
         os.fsync(fd)
     finally:
         os.close(fd)
