@@ -10,7 +10,7 @@ and its client have and nothing else:
   the future with the reply;
 - the node, in its own process: a loop thread waits on the ROUTER's descriptor and
   hands each body to a write thread (a queue), which writes it into a file created
-  ahead, fsyncs it (:class:`~dstltree.bench.hotpath_raw._FloorFiles`) and sends the ack
+  ahead, fsyncs it (:class:`~dstltree.bench.hotpath_raw.FloorFiles`) and sends the ack
   on the ROUTER under the loop's lock.
 
 What that floor costs beyond the reserved floor (one round trip plus the same write)
@@ -38,11 +38,11 @@ import zmq
 from dstltree.bench.hotpath_net import node_processes
 from dstltree.bench.hotpath_raw import (
     ChildProcess,
-    _FloorFiles,
-    _raw_socket,
-    _spawn,
+    FloorFiles,
     cpu_seconds,
     raw_hop,
+    raw_socket,
+    spawn_child,
 )
 from dstltree.client.api import ChangelogClient
 from dstltree.client.collector import serving_collector
@@ -63,9 +63,9 @@ class _TopologyNode:
     far found none ready; an empty body stops both threads after the answer b"done"."""
 
     def __init__(self, write_dir: str) -> None:
-        self.router = _raw_socket(zmq.ROUTER)
+        self.router = raw_socket(zmq.ROUTER)
         self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.files = _FloorFiles(write_dir)
+        self.files = FloorFiles(write_dir)
         self.lock = threading.Lock()  # the ROUTER is used under it by both threads
         self.todo: queue.SimpleQueue[tuple[bytes, zmq.Frame] | None] = queue.SimpleQueue()
         self.wake_r, self.wake_w = os.pipe()
@@ -140,7 +140,7 @@ class TopologyClient:
     thread and waits for the reply that the I/O thread hands over in a future."""
 
     def __init__(self, address: str) -> None:
-        self.dealer = _raw_socket(zmq.DEALER)
+        self.dealer = raw_socket(zmq.DEALER)
         self.dealer.connect(address)
         self._lock = threading.Lock()
         self._waiting: Future[bytes] | None = None
@@ -192,7 +192,7 @@ def topology_floor(write_dir: str) -> Iterator[tuple[TopologyClient, ChildProces
     """A :class:`TopologyClient` connected to a topology node in a process of its own
     (spawned as the nodes of ``node_processes`` are) writing under ``write_dir``;
     stopped on exit, killed by PID if it does not stop in 40 s."""
-    node = _spawn(_serve_topology, (write_dir,), "topology node process")
+    node = spawn_child(_serve_topology, (write_dir,), "topology node process")
     try:
         client = TopologyClient(node.conn.recv())
         try:

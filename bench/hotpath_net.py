@@ -20,13 +20,13 @@ from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.node import Node
 from dstltree.bench.hotpath_raw import (
     ChildProcess,
-    _rate,
-    _raw_send,
-    _raw_send_apart,
-    _spawn,
     cpu_seconds,
+    rate,
     raw_hop,
     raw_hop_process,
+    raw_send,
+    raw_send_apart,
+    spawn_child,
 )
 from dstltree.client.api import ChangelogClient
 from dstltree.client.collector import serving_collector
@@ -163,7 +163,9 @@ def node_processes(base_path: str, depth: int, target_bytes: int) -> Iterator[li
         for i in range(depth):
             parent = nodes[-1].address if nodes else None
             size = target_bytes if parent is None else 1 << 40
-            child = _spawn(_serve_node, (base_path, f"n{i}", parent, size), f"node process n{i}")
+            child = spawn_child(
+                _serve_node, (base_path, f"n{i}", parent, size), f"node process n{i}"
+            )
             nodes.append(NodeProcess(child.process, child.conn, address=child.conn.recv()))
         yield nodes
     finally:
@@ -218,12 +220,12 @@ def forwarding_throughput(
             turns.append(_floor_turns(dealer, apart, least, least_dir, body, seconds))
     finally:
         shutil.rmtree(least_dir, ignore_errors=True)
-    node = _rate(sent, elapsed, cpu) | {
+    node = rate(sent, elapsed, cpu) | {
         "deferred_bytes": stream.deferred_bytes,
         "dropped_bytes": stream.dropped_bytes,
     }
     floors = {
-        key: _rate(*[a + b for a, b in zip(turns[0][key], turns[1][key], strict=True)])
+        key: rate(*[a + b for a, b in zip(turns[0][key], turns[1][key], strict=True)])
         for key in turns[0]
     }
     return {"node": node, **floors}
@@ -241,9 +243,9 @@ def _floor_turns(
     seconds) under ``raw`` (``seconds / 4``), ``raw_apart`` and ``least`` (an eighth
     each); the files of ``least`` are removed after its turn, untimed."""
     out = {
-        "raw": _raw_send(dealer, body, seconds / 4),
-        "raw_apart": _raw_send_apart(*apart, body, seconds / 8),
-        "least": _raw_send_apart(*least, body, seconds / 8),
+        "raw": raw_send(dealer, body, seconds / 4),
+        "raw_apart": raw_send_apart(*apart, body, seconds / 8),
+        "least": raw_send_apart(*least, body, seconds / 8),
     }
     for name in os.listdir(least_dir):
         os.unlink(os.path.join(least_dir, name))
@@ -287,6 +289,6 @@ def store_throughput(
         cpu0, t0 = cpu_seconds(), time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
             written = sum(pool.map(lambda _: put_until_deadline(), range(threads)))
-        return _rate(written, time.perf_counter() - t0, cpu_seconds() - cpu0)
+        return rate(written, time.perf_counter() - t0, cpu_seconds() - cpu0)
     finally:
         store.close()

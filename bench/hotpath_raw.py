@@ -32,12 +32,12 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _rate(nbytes: float, seconds: float, cpu: float) -> dict[str, float]:
+def rate(nbytes: float, seconds: float, cpu: float) -> dict[str, float]:
     """``bytes_per_s`` and ``cpu_s_per_gb`` (CPU seconds per 10**9 bytes)."""
     return {"bytes_per_s": nbytes / seconds, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
 
 
-class _FloorFiles:
+class FloorFiles:
     """The files a raw receiver writes under ``write_dir``, with names never used
     before: a NEW file per write (created for it, as a store creates an object), or a
     file created ahead (:meth:`prepare`, one directory fsync for them all, as a node's
@@ -69,11 +69,7 @@ class _FloorFiles:
         else:
             self.fallbacks += ahead
             fd = os.open(self._name(), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, body.buffer)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_durably(fd, [body])
 
     def discard(self) -> None:
         while self.ready:
@@ -84,10 +80,10 @@ class _FloorFiles:
 def _raw_receiver(router: zmq.Socket, write_dir: str | None) -> None:
     """Receive until an empty frame; acknowledge each message whose first frame is
     b"a" (after writing and fsyncing its body to a NEW file under ``write_dir`` when
-    given), b"r" (the same into a file made ahead, :class:`_FloorFiles`) or b"p" (after
+    given), b"r" (the same into a file made ahead, :class:`FloorFiles`) or b"p" (after
     making as many files ahead as its body says, in ASCII; the answer is the number of
     b"r" writes so far that found none ready) and the final empty one."""
-    files = None if write_dir is None else _FloorFiles(write_dir)
+    files = None if write_dir is None else FloorFiles(write_dir)
     while True:
         ident, flag, body = router.recv_multipart(copy=False)
         if not len(body):
@@ -109,7 +105,7 @@ def _raw_receiver(router: zmq.Socket, write_dir: str | None) -> None:
 _DEALER_TIMEOUT_MS = 60_000  # a raw hop's sender gives up on a receiver that hangs
 
 
-def _raw_socket(kind: int) -> zmq.Socket:
+def raw_socket(kind: int) -> zmq.Socket:
     """A socket of a raw hop: no linger, 64 messages queued each way; a DEALER's sends
     and receives raise ``zmq.Again`` after ``_DEALER_TIMEOUT_MS`` (a receiver that
     died or hangs fails the figure instead of hanging the benchmark)."""
@@ -138,7 +134,7 @@ def _end_hop(dealer: zmq.Socket) -> None:
 def raw_hop(write_dir: str | None = None) -> Iterator[zmq.Socket]:
     """A DEALER connected over loopback TCP to a ROUTER served by a thread (see
     :func:`_raw_receiver`); the receiver is stopped with an empty frame on exit."""
-    router, dealer = _raw_socket(zmq.ROUTER), _raw_socket(zmq.DEALER)
+    router, dealer = raw_socket(zmq.ROUTER), raw_socket(zmq.DEALER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer.connect(f"tcp://127.0.0.1:{port}")
     t = threading.Thread(target=_raw_receiver, args=(router, write_dir), daemon=True)
@@ -151,7 +147,7 @@ def raw_hop(write_dir: str | None = None) -> Iterator[zmq.Socket]:
         router.close()
 
 
-def _raw_send(dealer: zmq.Socket, body: bytes, seconds: float) -> tuple[int, float, float]:
+def raw_send(dealer: zmq.Socket, body: bytes, seconds: float) -> tuple[int, float, float]:
     """Send ``body`` with ``copy=False`` over an open raw hop for about ``seconds`` s,
     timed until the receiver acknowledged the last one: (bytes, seconds, CPU seconds
     of this process)."""
@@ -219,12 +215,17 @@ class _ObjectFiles:
 
 
 def _write_file(path: str, frames: list[zmq.Frame]) -> None:
-    """Write ``frames`` to the new file ``path`` in one ``writev`` and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    """Write ``frames`` to the new file ``path`` and fsync it."""
+    _write_durably(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), frames)
+
+
+def _write_durably(fd: int, frames: list[zmq.Frame]) -> None:
+    """Write ``frames`` back to back to ``fd`` in one ``writev`` (the rest of a short
+    write in a loop), fsync and close it."""
     try:
         views = [memoryview(f.buffer) for f in frames]
         done = os.writev(fd, views)
-        if done < sum(len(v) for v in views):  # a short write: the rest, in a loop
+        if done < sum(len(v) for v in views):
             rest = memoryview(b"".join(views))[done:]
             while rest:
                 rest = rest[os.write(fd, rest) :]
@@ -283,12 +284,12 @@ def _serve_raw(
     :func:`_least_writer` into ``write_dir`` if given, else by :func:`_raw_receiver`
     (writing nothing); sends its endpoint, then answers ``"cpu"`` with this
     process's CPU seconds until anything else arrives (stop)."""
-    router = _raw_socket(zmq.ROUTER)
+    router = raw_socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     dealer = None
     serve: Callable[[], None]
     if parent is not None:
-        dealer = _raw_socket(zmq.DEALER)
+        dealer = raw_socket(zmq.DEALER)
         dealer.connect(parent)
         serve = functools.partial(_least_relay, router, dealer)
     elif write_dir is not None:
@@ -332,7 +333,7 @@ class ChildProcess:
             self.process.join(10)
 
 
-def _spawn(target: Callable[..., None], args: tuple[Any, ...], what: str) -> ChildProcess:
+def spawn_child(target: Callable[..., None], args: tuple[Any, ...], what: str) -> ChildProcess:
     """Start ``target(conn, *args)`` in a process of its own (multiprocessing's spawn,
     daemon) and wait up to 60 s for its first message (then on the pipe: ``recv``).
     Raises TimeoutError, after killing it, if none came."""
@@ -358,7 +359,7 @@ class ReceiverProcess(ChildProcess):
 def raw_hop_process(
     write_dir: str | None = None, depth: int = 1, object_bytes: int = 4 * 1024 * 1024
 ) -> Iterator[tuple[zmq.Socket, list[ChildProcess]]]:
-    """A raw hop whose receiving end runs in processes of its own (:func:`_spawn`, as
+    """A raw hop whose receiving end runs in processes of its own (:func:`spawn_child`, as
     the nodes of :func:`~dstltree.bench.hotpath_net.node_processes`): a DEALER here
     and the receivers, the one it talks to last. Without ``write_dir``: one receiver
     that writes nothing. With it: a minimal node chain of ``depth`` processes, the
@@ -370,11 +371,11 @@ def raw_hop_process(
     try:
         for i in range(depth if write_dir is not None else 1):
             parent = receivers[-1].address if receivers else None
-            child = _spawn(
+            child = spawn_child(
                 _serve_raw, (write_dir, parent, object_bytes), f"raw receiver process {i}"
             )
             receivers.append(ReceiverProcess(child.process, child.conn, child.conn.recv()))
-        dealer = _raw_socket(zmq.DEALER)
+        dealer = raw_socket(zmq.DEALER)
         dealer.connect(receivers[-1].address)
         try:
             yield dealer, list(receivers)
@@ -385,11 +386,11 @@ def raw_hop_process(
             r.stop()
 
 
-def _raw_send_apart(
+def raw_send_apart(
     dealer: zmq.Socket, receivers: list[ChildProcess], body: bytes, seconds: float
 ) -> tuple[int, float, float]:
-    """:func:`_raw_send` over :func:`raw_hop_process`: the CPU seconds are the sending
+    """:func:`raw_send` over :func:`raw_hop_process`: the CPU seconds are the sending
     process's plus the receiving processes'."""
     far0 = sum(r.cpu_seconds() for r in receivers)
-    sent, elapsed, cpu = _raw_send(dealer, body, seconds)
+    sent, elapsed, cpu = raw_send(dealer, body, seconds)
     return sent, elapsed, cpu + sum(r.cpu_seconds() for r in receivers) - far0

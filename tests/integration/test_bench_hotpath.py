@@ -178,5 +178,5 @@ def test_a_minimal_node_that_cannot_write_fails_the_turn_instead_of_hanging(
         hotpath_raw.raw_hop_process(str(gone), 1, object_bytes=1000) as (dealer, procs),
         pytest.raises(zmq.Again),
     ):
-        hotpath_raw._raw_send(dealer, os.urandom(1000), 0.05)
+        hotpath_raw.raw_send(dealer, os.urandom(1000), 0.05)
     assert not procs[0].process.is_alive()
