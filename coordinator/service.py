@@ -69,7 +69,13 @@ class CoordinatorStatistics:
     ``materializations``: per applied epoch (seconds from its trigger to its
     application, snapshot bytes of every task, bytes written for it, the rest reused);
     ``checkpoint_phases_s``: per completed checkpoint, its longest synchronous and
-    asynchronous phase at any task (seconds)."""
+    asynchronous phase at any task (seconds); ``checkpoint_intervals_s``: seconds from
+    one trigger to the next (the interval achieved, one per trigger after the first);
+    ``completion_requests``: per completed checkpoint, the storage requests on its
+    completion path (from its last acknowledgement to its commit point: 1 when its
+    conditional create succeeds at once); ``metadata_bytes``: per completed checkpoint,
+    the bytes of its metadata as written; ``max_concurrent_checkpoints``: the bound on
+    checkpoints in flight, ``checkpoints_in_flight_max`` the most seen at once."""
 
     checkpoints_completed: int
     checkpoints_aborted: int
@@ -102,6 +108,11 @@ class CoordinatorStatistics:
     fenced: str | None = None
     materializations: tuple[tuple[float, int, int], ...] = ()
     checkpoint_phases_s: tuple[tuple[float, float], ...] = ()
+    checkpoint_intervals_s: tuple[float, ...] = ()
+    completion_requests: tuple[int, ...] = ()
+    metadata_bytes: tuple[int, ...] = ()
+    max_concurrent_checkpoints: int = 1
+    checkpoints_in_flight_max: int = 0
 
 
 class Coordinator:
