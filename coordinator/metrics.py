@@ -14,6 +14,17 @@ see :attr:`CoordinatorMetrics.url`); off by default.
   (histograms): per checkpoint, the longest synchronous phase at any task (from its
   aligned barrier to its persist started and sink output staged; the task stops for
   it) and the longest asynchronous phase (to the persist durable; the task goes on).
+- ``dstl_checkpoint_interval_seconds`` (histogram): the interval achieved, from one
+  checkpoint's trigger to the next (the first trigger is not observed); with
+  overlapping checkpoints it follows the configured interval while earlier checkpoints
+  are still completing. ``dstl_checkpoints_in_flight`` (gauge): checkpoints triggered
+  and neither completed nor aborted at the latest trigger, that one included (at most
+  ``max_concurrent_checkpoints``).
+- ``dstl_checkpoint_completion_requests`` (histogram, buckets 1 to 32): per completed
+  checkpoint, the storage requests on its completion path (from the last task's
+  acknowledgement to its commit point; 1 when its conditional create succeeds at once).
+- ``dstl_checkpoint_metadata_bytes`` (histogram, 256 B to 4 MiB in steps of 4x): per
+  completed checkpoint, the bytes of its metadata as written.
 - ``dstl_checkpoints_completed_total``, ``dstl_checkpoints_aborted_total`` (timeouts,
   failed metadata writes, a new task attempt).
 - ``dstl_materialization_duration_seconds`` (histogram): from the trigger of an epoch
@@ -56,6 +67,15 @@ if TYPE_CHECKING:
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: Checkpoint and materialization size buckets, bytes: 1 KiB to 4 GiB in steps of 4x.
 SIZE_BUCKETS = tuple(float(1024 * 4**i) for i in range(12))
+#: Trigger-to-trigger interval buckets, seconds: fine around the usual 0.1-0.5 s.
+INTERVAL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+)  # fmt: skip
+#: Storage requests on a checkpoint's completion path (1: the conditional create alone).
+COMPLETION_REQUEST_BUCKETS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0)
+#: Checkpoint metadata size buckets, bytes: 256 B to 4 MiB in steps of 4x.
+METADATA_BUCKETS = tuple(float(256 * 4**i) for i in range(8))
 
 
 class CoordinatorMetrics:
@@ -95,6 +115,7 @@ class CoordinatorMetrics:
         self.checkpoints_aborted = Counter(
             "dstl_checkpoints_aborted", "Checkpoints aborted.", registry=r
         )
+        self._add_overlap_metrics(r)
         self._add_materialization_metrics(r)
         self.objects_deleted = Counter(
             "dstl_objects_deleted", "Objects deleted after release by the registry.", registry=r
@@ -133,6 +154,33 @@ class CoordinatorMetrics:
             "dstl_checkpoint_writes_fenced",
             "Storage work refused: another driver took the job over.",
             registry=r,
+        )
+
+    def _add_overlap_metrics(self, r: CollectorRegistry) -> None:
+        """The interval achieved, checkpoints in flight, the completion path's requests
+        and the metadata's size (issue 34: overlapping checkpoints, one commit point)."""
+        self.checkpoint_interval = Histogram(
+            "dstl_checkpoint_interval_seconds",
+            "Seconds from one checkpoint trigger to the next (the interval achieved).",
+            registry=r,
+            buckets=INTERVAL_BUCKETS,
+        )
+        self.checkpoints_in_flight = Gauge(
+            "dstl_checkpoints_in_flight",
+            "Checkpoints in flight at the latest trigger, that one included.",
+            registry=r,
+        )
+        self.checkpoint_completion_requests = Histogram(
+            "dstl_checkpoint_completion_requests",
+            "Storage requests on a checkpoint's completion path (last ack to commit point).",
+            registry=r,
+            buckets=COMPLETION_REQUEST_BUCKETS,
+        )
+        self.checkpoint_metadata_bytes = Histogram(
+            "dstl_checkpoint_metadata_bytes",
+            "Bytes of a completed checkpoint's metadata as written.",
+            registry=r,
+            buckets=METADATA_BUCKETS,
         )
 
     def _add_materialization_metrics(self, r: CollectorRegistry) -> None:
@@ -197,6 +245,20 @@ class CoordinatorMetrics:
         self.checkpoint_size.observe(sum(length for _, _, length in new))
         self.checkpoints_completed.inc()
         self.last_checkpoint_id.set(checkpoint.checkpoint_id)
+
+    def checkpoint_triggered(self, interval_s: float | None, in_flight: int) -> None:
+        """A checkpoint was triggered ``interval_s`` seconds after the previous trigger
+        (None for the first: not observed); ``in_flight`` checkpoints are now in flight,
+        this one included."""
+        if interval_s is not None:
+            self.checkpoint_interval.observe(max(0.0, interval_s))
+        self.checkpoints_in_flight.set(max(0, in_flight))
+
+    def checkpoint_committed(self, requests: int, metadata_bytes: int) -> None:
+        """A checkpoint reached its commit point after ``requests`` storage requests on
+        its completion path, its metadata ``metadata_bytes`` bytes as written."""
+        self.checkpoint_completion_requests.observe(max(0, requests))
+        self.checkpoint_metadata_bytes.observe(max(0, metadata_bytes))
 
     def refusals(self, counts: Mapping[str, int]) -> None:
         """The coordinator's refusal counts by kind so far (``CoordinatorState
