@@ -1,4 +1,6 @@
-"""``dstl status``: a live table of a running tree from the nodes' Prometheus metrics.
+"""``dstl status``: a live table of a running tree from the nodes' Prometheus metrics;
+with ``--coordinator URL`` the job's checkpoints and materializations below it from the
+coordinator's metrics (cli/commands/_status_job.py), or alone without ``--topology``.
 
 Where each node's ``/metrics`` is found, first match wins:
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -23,6 +26,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     from rich.table import Table
 
 __all__ = ["NodeRow", "endpoints_for", "p99_from_buckets", "register", "scrape"]
@@ -210,10 +215,51 @@ def render(rows: list[NodeRow], title: str) -> Table:
     return table
 
 
+def _nodes_view(
+    topology: Path,
+    executors: int | None,
+    endpoints: list[str] | None,
+    workdir: Path | None,
+    host: str,
+    timeout: float,
+) -> tuple[Callable[[str], Table], ThreadPoolExecutor]:
+    """The function drawing the nodes' table (its title ending in the time given) and
+    the pool scraping them (shut it down when done); exits 2 for a bad topology."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dstltree.cli.commands._common import exit_topology_error
+    from dstltree.topology.config import TopologyError, load_topology
+
+    try:
+        topo = load_topology(topology)
+        tree = topo.tree(executors)
+    except TopologyError as e:
+        exit_topology_error(e, "--topology")
+    nodes = tree.nodes
+    urls = endpoints_for(nodes, topo.metrics_port, endpoints, workdir, host)
+    pool = ThreadPoolExecutor(max(1, min(32, len(nodes))), thread_name_prefix="dstl-status")
+
+    def table(when: str) -> Table:
+        rows = list(
+            pool.map(lambda n: node_row(n, tree.parent(n), tree.depth(n), urls[n], timeout), nodes)
+        )
+        down = sum(not r.up for r in rows)
+        return render(
+            rows, f"dstltree {topology.name}: {len(rows) - down}/{len(rows)} nodes up{when}"
+        )
+
+    return table, pool
+
+
 def status(
     topology: Annotated[
-        Path, typer.Option(exists=True, dir_okay=False, help="Topology YAML of the tree.")
-    ],
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="Topology YAML of the tree (optional with --coordinator).",
+        ),
+    ] = None,
     watch: Annotated[float, typer.Option(min=0.1, help="Seconds between refreshes.")] = 2.0,
     once: Annotated[bool, typer.Option(help="Print the table once and exit.")] = False,
     endpoints: Annotated[
@@ -237,50 +283,42 @@ def status(
     """Show every node of a running tree: role (root / writer for the current plan
     window / forwarder), queued bytes, objects written, bytes relayed, p99 DFS upload
     latency and upload errors, from each node's Prometheus metrics; with
-    ``--coordinator``, the job's checkpoints (duration, synchronous and asynchronous
-    phase) and materializations (duration, bytes written and reused) below."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from rich.console import Console
+    ``--coordinator``, the job's checkpoints (completed and aborted, in flight, the
+    interval achieved and the duration p50 / p99, the phases, completion-path requests
+    and metadata size per checkpoint) and materializations below, or alone without
+    ``--topology``."""
+    from rich.console import Console, Group
     from rich.live import Live
 
-    from dstltree.cli.commands._common import exit_topology_error
-    from dstltree.topology.config import TopologyError, load_topology
+    from dstltree.cli.commands._status_job import job_table
 
-    try:
-        topo = load_topology(topology)
-        tree = topo.tree(executors)
-    except TopologyError as e:
-        exit_topology_error(e, "--topology")
-    nodes = tree.nodes
-    urls = endpoints_for(nodes, topo.metrics_port, endpoints, workdir, host)
-    pool = ThreadPoolExecutor(max(1, min(32, len(nodes))), thread_name_prefix="dstl-status")
+    if topology is None and coordinator is None:
+        raise typer.BadParameter("give --topology, --coordinator or both", param_hint="--topology")
+    nodes_table, pool = (
+        (None, None)
+        if topology is None
+        else _nodes_view(topology, executors, endpoints, workdir, host, timeout)
+    )
 
-    def table() -> Any:
-        rows = list(
-            pool.map(lambda n: node_row(n, tree.parent(n), tree.depth(n), urls[n], timeout), nodes)
-        )
-        down = sum(not r.up for r in rows)
-        title = f"dstltree {topology.name}: {len(rows) - down}/{len(rows)} nodes up"
-        nodes_table = render(rows, title + time.strftime(" at %H:%M:%S"))
+    def view() -> Any:
+        when = time.strftime(" at %H:%M:%S")
         if coordinator is None:
-            return nodes_table
-        from rich.console import Group
-
-        from dstltree.cli.commands._status_job import job_table
-
-        return Group(nodes_table, job_table(coordinator, timeout))
+            assert nodes_table is not None
+            return nodes_table(when)
+        job = job_table(coordinator, timeout, "" if nodes_table else when)
+        return job if nodes_table is None else Group(nodes_table(when), job)
 
     console = Console()
     try:
         if once:
-            console.print(table())
+            console.print(view())
             return
-        with Live(table(), console=console, auto_refresh=False) as live:
+        with Live(view(), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(watch)
-                live.update(table(), refresh=True)
+                live.update(view(), refresh=True)
     except KeyboardInterrupt:
         pass
     finally:
-        pool.shutdown(wait=False)
+        if pool is not None:
+            pool.shutdown(wait=False)
