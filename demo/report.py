@@ -16,7 +16,9 @@ def run_figures(
     """The report's figures up to ``rescaled_from`` for ``results`` (``JobResult`` s in
     run order, at least one; each ``.run`` a ``JobRun``). ``present_objects``: the
     changelog objects under the checkpoint directory now. Durations in ms (a
-    checkpoint's synchronous and asynchronous phases: the longest at any task);
+    checkpoint's synchronous and asynchronous phases: the longest at any task; the
+    interval achieved, trigger to trigger, within each run); the completion path and
+    metadata per checkpoint and the checkpoints in flight (:func:`completion_figures`);
     materializations: their duration, the last one's size and the bytes written and
     reused (referenced again from earlier ones) over all, bytes; counts
     summed over runs; objects, segments and writers merged (a rescaled run refers to
@@ -28,6 +30,7 @@ def run_figures(
     stats = [r.run.stats for r in results]
     observed = [r.run.observed for r in results]
     durations_ms = [d * 1000 for s in stats for d in s.checkpoint_durations_s]
+    intervals_ms = [d * 1000 for s in stats for d in s.checkpoint_intervals_s]
     sync_ms = [p[0] * 1000 for s in stats for p in s.checkpoint_phases_s]
     async_ms = [p[1] * 1000 for s in stats for p in s.checkpoint_phases_s]
     epochs = [m for s in stats for m in s.materializations]
@@ -43,8 +46,10 @@ def run_figures(
         "checkpoints_completed": sum(r.checkpoints_completed for r in results),
         "checkpoints_aborted": sum(r.checkpoints_aborted for r in results),
         "checkpoint_duration_ms": {"p50": _ms(durations_ms, 50), "p99": _ms(durations_ms, 99)},
+        "checkpoint_interval_ms": {"p50": _ms(intervals_ms, 50), "p99": _ms(intervals_ms, 99)},
         "checkpoint_sync_ms": {"p50": _ms(sync_ms, 50), "p99": _ms(sync_ms, 99)},
         "checkpoint_async_ms": {"p50": _ms(async_ms, 50), "p99": _ms(async_ms, 99)},
+        **completion_figures(stats),
         "materializations": sum(s.materializations_completed for s in stats),
         "materialization_ms": {"p50": _ms([m[0] * 1000 for m in epochs], 50)},
         "materialized_bytes_last": epochs[-1][1] if epochs else 0,
@@ -64,6 +69,29 @@ def run_figures(
         "orphans_deleted_at_start": stats[0].orphans_deleted,
         "source_files": last.source_files,
         "rescaled_from": last.rescaled_from,
+    }
+
+
+def completion_figures(stats: Sequence[Any]) -> dict[str, Any]:
+    """Of overlapping checkpoints with one commit point, over the runs' statistics
+    (``CoordinatorStatistics`` in run order): storage requests on a checkpoint's
+    completion path (mean rounded to 0.01, max), its metadata bytes as written (the
+    first and last checkpoint's, the largest), the bound on checkpoints in flight and
+    the most seen at once (the largest of any run). None for no checkpoint."""
+    requests = [n for s in stats for n in s.completion_requests]
+    metadata = [n for s in stats for n in s.metadata_bytes]
+    return {
+        "completion_requests_per_checkpoint": {
+            "mean": round(sum(requests) / len(requests), 2) if requests else None,
+            "max": max(requests, default=None),
+        },
+        "checkpoint_metadata_bytes": {
+            "first": metadata[0] if metadata else None,
+            "last": metadata[-1] if metadata else None,
+            "max": max(metadata, default=None),
+        },
+        "max_concurrent_checkpoints": max(s.max_concurrent_checkpoints for s in stats),
+        "checkpoints_in_flight_max": max(s.checkpoints_in_flight_max for s in stats),
     }
 
 

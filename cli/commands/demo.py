@@ -238,15 +238,7 @@ def _summary(r: dict[str, Any]) -> Any:
         ("tasks / nodes / writers", f"{r['tasks']} / {r['nodes']} / {r['writers']}"),
         ("tasks without a node (DFS direct)", str(r["tasks_without_node"])),
         ("rescaled from", "-" if r["rescaled_from"] is None else str(r["rescaled_from"])),
-        ("checkpoints completed", str(r["checkpoints_completed"])),
-        (
-            "checkpoint p50 / p99 (ms)",
-            f"{r['checkpoint_duration_ms']['p50']} / {r['checkpoint_duration_ms']['p99']}",
-        ),
-        (
-            "checkpoint sync / async phase p99 (ms)",
-            f"{r['checkpoint_sync_ms']['p99']} / {r['checkpoint_async_ms']['p99']}",
-        ),
+        *_checkpoint_rows(r),
         ("materializations", str(r["materializations"])),
         (
             "materialized bytes (last) / written / reused",
@@ -269,6 +261,45 @@ def _summary(r: dict[str, Any]) -> Any:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _checkpoint_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's checkpoint rows: the interval achieved next to the duration, then
+    the phases, the completion path, the metadata and the checkpoints in flight."""
+    phases = f"{r['checkpoint_sync_ms']['p99']} / {r['checkpoint_async_ms']['p99']}"
+    return [
+        ("checkpoints completed", str(r["checkpoints_completed"])),
+        ("checkpoint p50 / p99 (ms)", _figures(r["checkpoint_duration_ms"])),
+        ("checkpoint interval p50 / p99 (ms)", _figures(r.get("checkpoint_interval_ms"))),
+        ("checkpoint sync / async phase p99 (ms)", phases),
+        (
+            "completion-path requests mean / max",
+            _figures(r.get("completion_requests_per_checkpoint")),
+        ),
+        (
+            "checkpoint metadata bytes first / last / max",
+            _figures(r.get("checkpoint_metadata_bytes")),
+        ),
+        (
+            "checkpoints in flight max / allowed",
+            _figures(
+                {
+                    "max": r.get("checkpoints_in_flight_max"),
+                    "allowed": r.get("max_concurrent_checkpoints"),
+                }
+            ),
+        ),
+    ]
+
+
+def _figures(d: dict[str, Any] | None) -> str:
+    """The values of one report figure in its order, ``a / b``: ``-`` for a value not
+    known (None, no checkpoint) or a figure the report lacks; integers with commas."""
+    if not d:
+        return "-"
+    return " / ".join(
+        "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v) for v in d.values()
+    )
 
 
 def _chaos(c: dict[str, Any] | None) -> str:

@@ -1,20 +1,29 @@
 """Figures of overlapping checkpoints with one commit point (issue 34): the coordinator's
 metrics of the interval achieved, checkpoints in flight, completion-path requests and
-metadata bytes, read back from its registry as Prometheus text."""
+metadata bytes, read back from its registry as Prometheus text; the demo report's
+figures from the runs' statistics and the summary that prints them."""
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
+from dstltree.cli.commands.demo import _summary
+from dstltree.coordinator import CoordinatorStatistics
 from dstltree.coordinator.metrics import (
     COMPLETION_REQUEST_BUCKETS,
     METADATA_BUCKETS,
     CoordinatorMetrics,
 )
+from dstltree.demo.report import run_figures
 
 
 @pytest.fixture
@@ -90,3 +99,133 @@ def test_commits_observe_requests_and_metadata_bytes(metrics: CoordinatorMetrics
         3,  # 4 MiB: the 5 MiB metadata is above
     ]
     assert got["dstl_checkpoint_metadata_bytes_bucket{le=inf}"] == 4
+
+
+# -- the demo's report and summary -------------------------------------------------
+
+
+def stats(**issue34: Any) -> CoordinatorStatistics:
+    """Statistics of one run: two checkpoints of 20 and 40 ms, and ``issue34``'s
+    fields (their defaults, as before the coordinator filled them in, otherwise)."""
+    return CoordinatorStatistics(
+        checkpoints_completed=2,
+        checkpoints_aborted=0,
+        checkpoint_durations_s=(0.02, 0.04),
+        materializations_completed=0,
+        materializations_abandoned=0,
+        objects_deleted=0,
+        orphans_deleted=0,
+        stale_metadata_deleted=0,
+        messages_fenced=0,
+        messages_rejected=0,
+        last_checkpoint_id=2,
+        last_materialization_epoch=0,
+        retained_checkpoint_ids=(2,),
+        attempt=0,
+        checkpoint_phases_s=((0.001, 0.01), (0.002, 0.03)),
+        **issue34,
+    )
+
+
+def job_result(s: CoordinatorStatistics, cps: list[int]) -> Any:
+    observed = SimpleNamespace(
+        objects={f"o{c}" for c in cps},
+        segments={(f"o{c}", 0, 10) for c in cps},
+        writers={"w"},
+        checkpoint_ids=set(cps),
+    )
+    return SimpleNamespace(
+        records=10,
+        checkpoints_completed=len(cps),
+        checkpoints_aborted=0,
+        recoveries=0,
+        source_files=1,
+        rescaled_from=None,
+        run=SimpleNamespace(stats=s, observed=observed, nodes=3),
+    )
+
+
+def test_the_report_gives_interval_completion_path_and_metadata_over_runs() -> None:
+    first = stats(
+        checkpoint_intervals_s=(0.3, 0.31),
+        completion_requests=(1, 1),
+        metadata_bytes=(1200, 1300),
+        max_concurrent_checkpoints=3,
+        checkpoints_in_flight_max=2,
+    )
+    second = stats(  # rescaled: the interval restarts with the run
+        checkpoint_intervals_s=(0.29, 0.6),
+        completion_requests=(1, 4),
+        metadata_bytes=(900, 1000),
+        max_concurrent_checkpoints=3,
+        checkpoints_in_flight_max=3,
+    )
+    f = run_figures([job_result(first, [1, 2]), job_result(second, [3, 4])], 2, "local[2]", set())
+    # linear between ranks: 290, 300, 310, 600 ms
+    assert f["checkpoint_interval_ms"] == {"p50": 305.0, "p99": 591.3}
+    assert f["completion_requests_per_checkpoint"] == {"mean": 1.75, "max": 4}
+    assert f["checkpoint_metadata_bytes"] == {"first": 1200, "last": 1000, "max": 1300}
+    assert f["max_concurrent_checkpoints"] == 3 and f["checkpoints_in_flight_max"] == 3
+    # the existing figures stay
+    assert f["checkpoint_duration_ms"]["p99"] == pytest.approx(40.0, abs=0.5)
+    assert f["checkpoints_completed"] == 4 and f["objects_per_checkpoint"] == 1.0
+    assert json.loads(json.dumps(f)) == f  # the report is JSON
+
+
+def test_the_report_before_the_coordinator_fills_the_figures_in() -> None:
+    f = run_figures([job_result(stats(), [1, 2])], 2, "local[2]", set())
+    assert f["checkpoint_interval_ms"] == {"p50": None, "p99": None}
+    assert f["completion_requests_per_checkpoint"] == {"mean": None, "max": None}
+    assert f["checkpoint_metadata_bytes"] == {"first": None, "last": None, "max": None}
+    assert f["max_concurrent_checkpoints"] == 1 and f["checkpoints_in_flight_max"] == 0
+
+
+def report(figures: dict[str, Any]) -> dict[str, Any]:
+    """A whole report around ``figures``: the verdicts and the run's own fields."""
+    return {
+        **figures,
+        "state_matches_batch": True,
+        "sink_matches_batch": True,
+        "sink_rows": 10,
+        "sink_duplicate_rows": 0,
+        "mismatched_keys": [],
+        "wall_s": 12.5,
+    }
+
+
+def summary_text(r: dict[str, Any]) -> str:
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(_summary(r))
+    return console.export_text()
+
+
+def summary_lines(text: str) -> list[str]:
+    return [" ".join(row.replace("│", " ").split()) for row in text.splitlines()]
+
+
+def test_the_summary_prints_the_interval_next_to_the_duration() -> None:
+    s = stats(
+        checkpoint_intervals_s=(0.3, 0.3, 0.3),
+        completion_requests=(1, 1),
+        metadata_bytes=(1500, 2500),
+        max_concurrent_checkpoints=2,
+        checkpoints_in_flight_max=2,
+    )
+    text = summary_text(report(run_figures([job_result(s, [1, 2])], 2, "local[2]", set())))
+    lines = summary_lines(text)
+    duration = lines.index("checkpoint p50 / p99 (ms) 30.0 / 39.8")
+    assert lines[duration + 1] == "checkpoint interval p50 / p99 (ms) 300.0 / 300.0"
+    assert "completion-path requests mean / max 1.0 / 1" in lines
+    assert "checkpoint metadata bytes first / last / max 1,500 / 2,500 / 2,500" in lines
+    assert "checkpoints in flight max / allowed 2 / 2" in lines
+
+
+def test_the_summary_of_a_report_without_the_figures_shows_dashes() -> None:
+    figures = run_figures([job_result(stats(), [1, 2])], 2, "local[2]", set())
+    lines = summary_lines(summary_text(report(figures)))
+    assert "checkpoint interval p50 / p99 (ms) - / -" in lines
+    assert "completion-path requests mean / max - / -" in lines
+    assert "checkpoint metadata bytes first / last / max - / - / -" in lines
+    assert "checkpoints in flight max / allowed 0 / 1" in lines
+    older = {k: v for k, v in figures.items() if k != "checkpoint_interval_ms"}
+    assert "checkpoint interval p50 / p99 (ms) -" in summary_lines(summary_text(report(older)))

@@ -82,6 +82,11 @@ def _result(records: int, cps: list[int], objects: set[str], rescaled: int | Non
     stats = SimpleNamespace(
         checkpoint_durations_s=(0.01, 0.02),
         checkpoint_phases_s=((0.001, 0.009), (0.002, 0.018)),
+        checkpoint_intervals_s=(0.3,),
+        completion_requests=(1, 1),
+        metadata_bytes=(900, 1000),
+        max_concurrent_checkpoints=2,
+        checkpoints_in_flight_max=2,
         materializations=((0.5, 1000, 400),),
         materializations_completed=1,
         objects_deleted=2,
@@ -124,6 +129,10 @@ def test_run_figures_merge_runs() -> None:
     assert f["checkpoint_async_ms"]["p99"] == pytest.approx(18.0, abs=0.3)
     assert f["materialized_bytes_last"] == 1000 and f["materialization_written_bytes"] == 800
     assert f["materialization_reused_bytes"] == 1200
+    assert f["checkpoint_interval_ms"] == {"p50": 300.0, "p99": 300.0}
+    assert f["completion_requests_per_checkpoint"] == {"mean": 1.0, "max": 1}
+    assert f["checkpoint_metadata_bytes"] == {"first": 900, "last": 1000, "max": 1000}
+    assert f["max_concurrent_checkpoints"] == 2 and f["checkpoints_in_flight_max"] == 2
     with pytest.raises(ValueError):
         run_figures([], 2, "local[2]", set())
 
