@@ -36,5 +36,7 @@ class SinkSchemaError(SinkError):
 
 class SinkCommitError(SinkError):
     """A committable cannot be committed: it names a path outside the sink's staging
-    area, its staged file is gone while its final file is missing, or a final file of
-    another size already holds its name."""
+    area (or fails :meth:`Committable.validate`), it is a multipart upload on a store
+    without them, its staged output (file, or open multipart upload) is gone while its
+    final file is missing (its rows are lost), or a final file of another size already
+    holds its name."""
