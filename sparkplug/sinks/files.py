@@ -1,18 +1,27 @@
 """File operations of the sink on top of :class:`dstltree.storage.store.ObjectStore`:
 what the store does not offer (streamed upload of a local file, rename, server-side
-copy) runs through the store's retry policy and error translation, so every failure
-leaves as :class:`dstltree.storage.errors.StorageError` (``RetryableStorageError`` for
-transient ones, retried first).
+copy; S3 multipart uploads in sinks/multipart.py) runs through the store's retry
+policy and error translation (:func:`run`), so every failure leaves as
+:class:`dstltree.storage.errors.StorageError` (``RetryableStorageError`` for transient
+ones, retried first).
 
-What is atomic where:
+What is atomic where, and so how each store stages and commits:
 
 - local/POSIX: ``os.replace`` of a file within one filesystem is atomic; the sink
   fsyncs a file before renaming it and the folder after, so a renamed file is durable.
-- S3 (s3fs) and other object stores: there is no rename. A single PUT, a completed
-  multipart upload and a server-side copy (CopyObject, or multipart copy above 5 GB)
-  each make the whole object visible at once or not at all; a move is copy then delete
-  and is NOT atomic as a pair: after a crash between the two both objects exist, which
-  the committer's idempotence rules settle (sinks/committer.py).
+  Staging renames the part file to its staged name; the commit renames that to the
+  final name.
+- S3 (an s3fs ``S3FileSystem``): there is no rename, but CompleteMultipartUpload makes
+  a whole object visible at once, and an open upload is invisible (no listing, GET or
+  HEAD sees it) while its uploaded parts are durable. Staging uploads the part file as
+  the parts of a multipart upload at the FINAL key and leaves it open; the commit
+  completes it: one request per file, no copy, no delete (sinks/multipart.py).
+- other object stores (and staged-file committables on S3 written before multipart
+  staging): a single PUT and a server-side copy (CopyObject, or multipart copy above
+  5 GB) each make the whole object visible at once or not at all. Staging uploads the
+  part file to its staged name; the commit is :func:`move`, copy then delete, which is
+  NOT atomic as a pair: after a crash between the two both objects exist, which the
+  committer's idempotence rules settle (sinks/committer.py).
 """
 
 from __future__ import annotations

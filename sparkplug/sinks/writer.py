@@ -1,18 +1,32 @@
 """The task side of a file sink: :class:`SinkWriter` buffers rows, writes them in
-record batches to the current part file, and at a checkpoint barrier turns that part
-into a staged file plus a :class:`Committable` for the acknowledgement (two-phase
-commit, phase one; the committer in sinks/committer.py does phase two).
+record batches to the current part file, and at a checkpoint barrier stages that part
+durably and returns a :class:`Committable` for the acknowledgement (two-phase commit,
+phase one; the committer in sinks/committer.py does phase two).
+
+Staging, per store (sinks/files.py says what is atomic where):
+
+- local: the part file is written under the attempt's staging folder; staging fsyncs
+  it and renames it (atomically) to its staged name.
+- S3 (an s3fs ``S3FileSystem``): the part file is written to a local spill folder;
+  staging starts a multipart upload at the FINAL key and uploads the file as its parts
+  (sinks/multipart.py), without completing it: nothing becomes visible, and the
+  committable carries the upload id and the parts' numbers, ETags and sizes.
+- any other remote store: the part file spills locally and staging uploads it whole
+  to its staged name (one streamed upload).
+
+Either way a staged part is durable when the committable is returned: a failure after
+that loses none of its rows, a failure before it makes the checkpoint fail.
 
 Memory stays bounded by ``batch_rows`` rows in the buffer plus ``max_pending_batches``
-encoded batches queued for the writer's one I/O thread; ``write`` blocks while that
-queue is full (back-pressure). The part file being written lives under the attempt's
-staging folder on a local sink (so staging it is a rename) and in a local spill folder
-for a remote sink (staging it is one streamed upload).
+encoded batches queued for the writer's one I/O thread (plus one upload part,
+:data:`dstltree.sparkplug.sinks.multipart.PART_BYTES`, while staging on S3); ``write``
+blocks while that queue is full (back-pressure).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -21,7 +35,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Any
 
-from dstltree.sparkplug.sinks import files
+from dstltree.sparkplug.sinks import files, multipart
 from dstltree.sparkplug.sinks.errors import SinkError
 from dstltree.sparkplug.sinks.formats import PartFile, PartFormat
 from dstltree.sparkplug.sinks.layout import (
@@ -32,6 +46,7 @@ from dstltree.sparkplug.sinks.layout import (
     staged_attempt,
     staged_name,
 )
+from dstltree.sparkplug.sinks.multipart import UploadPart
 from dstltree.sparkplug.sinks.rows import check_row
 from dstltree.storage.store import ObjectStore, translate
 
@@ -65,8 +80,13 @@ class _Part:
             self.error = translate("write", self.spill, e)
             raise self.error from e
 
-    def stage(self, staged_url: str) -> int:
-        """Finish the file, make it durable at ``staged_url``; returns its size."""
+    def stage(
+        self, staged_url: str, final_url: str
+    ) -> tuple[int, tuple[str, list[UploadPart]] | None]:
+        """Finish the file and make it durable: renamed to ``staged_url`` (local),
+        uploaded as the parts of an open multipart upload at ``final_url`` (S3), or
+        uploaded to ``staged_url`` (other stores). Returns its size in bytes and, on
+        S3, (upload id, parts). Raises StorageError."""
         if self.error is not None:
             raise self.error
         assert self._part is not None and self._f is not None
@@ -78,14 +98,18 @@ class _Part:
             size = os.path.getsize(self.spill)
         except Exception as e:
             raise translate("write", self.spill, e) from e
+        upload = None
         if files.is_local(self.store):
             files.run(
                 self.store, "rename", self.spill, lambda: files.rename_local(self.spill, staged_url)
             )
+        elif multipart.supports(self.store):
+            upload = multipart.upload_file(self.store, self.spill, final_url)
+            os.remove(self.spill)
         else:
             files.upload(self.store, self.spill, staged_url)
             os.remove(self.spill)
-        return size
+        return size, upload
 
     def discard(self) -> None:
         """Close and delete the file (its rows' checkpoint never came)."""
@@ -238,6 +262,16 @@ class SinkWriter:
     def _stage(self, part: _Part, checkpoint_id: int) -> Committable | None:
         ext = self.sink.extension
         staged = staged_name(checkpoint_id, self.task, self.attempt, ext)
-        size = part.stage(self._store.join(staged))
         final = final_name(checkpoint_id, self.task, self.attempt, ext)
-        return Committable(checkpoint_id, self.task, self.attempt, staged, final, part.rows, size)
+        size, upload = part.stage(self._store.join(staged), self._store.join(final))
+        c = Committable(checkpoint_id, self.task, self.attempt, staged, final, part.rows, size)
+        if upload is not None:
+            upload_id, parts = upload
+            c = dataclasses.replace(c, upload_id=upload_id, parts=tuple(parts))
+            try:
+                c.validate()  # what the store returned goes out in the acknowledgement
+            except ValueError as e:
+                with contextlib.suppress(Exception):  # the committer's cleanup retries
+                    multipart.abort(self._store, self._store.join(final), upload_id)
+                raise SinkError(f"the store's multipart upload cannot be committed: {e}") from e
+        return c
