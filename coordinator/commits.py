@@ -42,9 +42,10 @@ class SinkCommits:
         self.files_committed = 0
         self.recoveries = 0
 
-    def durable(self, cp: CompletedCheckpoint) -> list[CommitSink]:
-        """``cp``'s metadata is written: its commit (with older ones) if none runs."""
-        self.pending.append(cp)
+    def durable(self, *cps: CompletedCheckpoint) -> list[CommitSink]:
+        """``cps`` (oldest first) are written: their commit (with older ones) if none
+        runs."""
+        self.pending.extend(cps)
         return self.next_commit()
 
     def next_commit(self) -> list[CommitSink]:

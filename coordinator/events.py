@@ -75,15 +75,21 @@ class MalformedMessage:
 
 @dataclass(frozen=True)
 class CheckpointWritten:
-    """The metadata and the ``LATEST`` pointer of ``checkpoint_id`` are on DFS."""
+    """The commit record completing ``checkpoint_id`` (and the older checkpoints of
+    its :class:`PersistCheckpoint`) is on DFS. ``requests``: storage requests on the
+    completion path (1: the conditional create succeeded at once); ``metadata_bytes``:
+    (checkpoint id, bytes of its metadata in the record) pairs."""
 
     now: float
     checkpoint_id: int
+    requests: int = 1
+    metadata_bytes: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
 class WriteFailed:
-    """Writing the metadata or the pointer of ``checkpoint_id`` failed."""
+    """Writing the commit record of ``checkpoint_id`` (and of the older checkpoints
+    of its :class:`PersistCheckpoint`) failed: they are aborted."""
 
     now: float
     checkpoint_id: int
@@ -239,11 +245,19 @@ class Reply:
 
 @dataclass(frozen=True)
 class PersistCheckpoint:
-    """Write ``checkpoint``'s metadata, then the pointer naming it and ``retained``;
-    answered by CheckpointWritten or WriteFailed."""
+    """Complete ``earlier`` (older checkpoints, ascending) and ``checkpoint`` with one
+    commit record naming ``retained`` (the ids retained afterwards): the commit point,
+    one conditional create (coordinator/store.py); answered by CheckpointWritten or
+    WriteFailed for ``checkpoint``'s id."""
 
     checkpoint: CompletedCheckpoint
     retained: tuple[int, ...]
+    earlier: tuple[CompletedCheckpoint, ...] = ()
+
+    @property
+    def checkpoints(self) -> tuple[CompletedCheckpoint, ...]:
+        """Every checkpoint the record completes, oldest first."""
+        return (*self.earlier, self.checkpoint)
 
 
 @dataclass(frozen=True)
@@ -308,10 +322,25 @@ class RecoverSink:
 
 @dataclass(frozen=True)
 class CheckpointCompleted:
-    """``checkpoint`` is written, ``duration_s`` seconds after its trigger."""
+    """``checkpoint`` is written, ``duration_s`` seconds after its trigger;
+    ``requests``: storage requests on its completion path; ``metadata_bytes``: bytes of
+    its metadata in the commit record (0: subsumed at once, not written)."""
 
     checkpoint: CompletedCheckpoint
     duration_s: float
+    requests: int = 1
+    metadata_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CheckpointTriggered:
+    """Checkpoint ``checkpoint_id`` was triggered ``interval_s`` seconds after the
+    previous trigger (None for the first); ``in_flight`` checkpoints are in flight
+    now, this one included."""
+
+    checkpoint_id: int
+    interval_s: float | None
+    in_flight: int
 
 
 @dataclass(frozen=True)
@@ -366,6 +395,7 @@ Instruction = (
     | CommitSink
     | RecoverSink
     | CheckpointCompleted
+    | CheckpointTriggered
     | CheckpointAborted
     | MaterializationStarted
     | MaterializationApplied

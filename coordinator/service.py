@@ -143,6 +143,10 @@ class Coordinator:
     coordinator/shared.py), never an object holding another log's segment.
     ``security``: CURVE with the per-job keys (``Curve.shared``, tasks connect with the
     same); None = plaintext (tests; the job layer defaults to CURVE).
+    ``max_concurrent_checkpoints``: checkpoints in flight at most (Flink's
+    ``maxConcurrentCheckpoints``): triggers follow ``checkpoint_interval`` while earlier
+    checkpoints complete, in order, each with one conditional create
+    (coordinator/state.py, coordinator/store.py).
 
     One driver per job: :meth:`start` claims the job's checkpoint pointer
     (coordinator/store.py); a driver started later on the same job prefix takes it
@@ -179,6 +183,7 @@ class Coordinator:
         orphan_grace: float = 60.0,
         sweep_interval: float = 10.0,
         log_namespace: str | None = None,
+        max_concurrent_checkpoints: int = st.DEFAULT_MAX_CONCURRENT_CHECKPOINTS,
     ) -> None:
         if num_tasks < 1:
             raise ValueError("num_tasks must be >= 1")
@@ -198,6 +203,7 @@ class Coordinator:
             finish_when_source_done=finish_when_source_done,
             commit_retry_interval=commit_retry_interval,
             object_prefixes=job_object_prefixes(store, extra_object_prefixes),
+            max_concurrent_checkpoints=max_concurrent_checkpoints,
         )
         self._tick_ms = max(1, int(tick * 1000))
         self._call_timeout = call_timeout
@@ -404,6 +410,11 @@ class Coordinator:
                 checkpoint_durations_s=tuple(s.checkpoint_durations_s),
                 materializations=tuple(s.materializations),
                 checkpoint_phases_s=tuple(s.checkpoint_phases_s),
+                checkpoint_intervals_s=tuple(s.checkpoint_intervals_s),
+                completion_requests=tuple(s.completion_requests),
+                metadata_bytes=tuple(s.metadata_bytes),
+                max_concurrent_checkpoints=s.config.max_concurrent_checkpoints,
+                checkpoints_in_flight_max=s.in_flight_max,
                 materializations_completed=s.materializations_completed,
                 materializations_abandoned=s.materializations_abandoned,
                 objects_deleted=s.objects_deleted,
@@ -569,6 +580,7 @@ class Coordinator:
         self._finished.set()
 
     @_carry_out.register(ev.CheckpointCompleted)
+    @_carry_out.register(ev.CheckpointTriggered)
     @_carry_out.register(ev.MaterializationStarted)
     @_carry_out.register(ev.MaterializationApplied)
     def _(self, ins: ev.Instruction) -> None:
@@ -610,6 +622,9 @@ def _observe(m: CoordinatorMetrics, ins: ev.Instruction) -> None:
     """Metrics of one instruction."""
     if isinstance(ins, ev.CheckpointCompleted):
         m.checkpoint_completed(ins.checkpoint, ins.duration_s)
+        m.checkpoint_committed(ins.requests, ins.metadata_bytes)
+    elif isinstance(ins, ev.CheckpointTriggered):
+        m.checkpoint_triggered(ins.interval_s, ins.in_flight)
     elif isinstance(ins, ev.CheckpointAborted):
         m.checkpoints_aborted.inc()
     elif isinstance(ins, ev.MaterializationStarted):

@@ -5,15 +5,22 @@ monotonic), and every effect (sending a command, writing metadata, deleting obje
 returned as an instruction for the service shell to carry out (the pattern of
 dask/distributed's ``worker_state_machine``). Behaviour:
 
-- At most one checkpoint in flight (FLIP-158, "At most 1 concurrent checkpoint"); the
-  next is triggered ``checkpoint_interval`` seconds after the previous one completed or
-  was aborted, and only once every task of the current attempt has said hello.
-- When every task of the current attempt acknowledged, :class:`PersistCheckpoint`; when
-  it is written, the checkpoint is registered in the :class:`SharedStateRegistry`, the
-  oldest beyond ``retained_checkpoints`` are subsumed (:class:`DeleteCheckpoint`, then
-  :class:`DeleteObjects` for the paths whose count dropped to zero).
-- A checkpoint not acknowledged within ``checkpoint_timeout`` seconds is aborted; so is
-  one whose metadata write failed.
+- Overlapping checkpoints (Flink's ``maxConcurrentCheckpoints``): a checkpoint is
+  triggered ``checkpoint_interval`` seconds after the previous trigger while fewer than
+  ``max_concurrent_checkpoints`` are in flight (triggered, not yet written or aborted),
+  and only once every task of the current attempt has said hello; after an abort the
+  next waits an interval from the abort.
+- Completion in checkpoint order, one request on the completion path: when every task
+  of the current attempt acknowledged a checkpoint and every older one in flight is
+  written or aborted, :class:`PersistCheckpoint` (one commit record,
+  coordinator/store.py); checkpoints that became ready while a record was being
+  written complete together in the next record (one write at a time). When it is
+  written, each is registered in the :class:`SharedStateRegistry` and the oldest beyond
+  ``retained_checkpoints`` are subsumed (:class:`DeleteCheckpoint`, then
+  :class:`DeleteObjects` for the paths whose count dropped to zero): off the completion
+  path, never delaying a trigger.
+- A checkpoint not acknowledged within ``checkpoint_timeout`` seconds is aborted, alone
+  (later ones go on); so are the checkpoints of a record whose write failed.
 - A materialization epoch every ``materialization_interval`` seconds, at most one at a
   time (FLIP-158, "Materializing state changes"); once every task reported its snapshot,
   each task is sent its ``protocol.ApplyMaterialization``. An epoch still incomplete when
@@ -98,6 +105,7 @@ from dstltree.coordinator.events import (
     CheckpointAborted,
     CheckpointCompleted,
     CheckpointDeleted,
+    CheckpointTriggered,
     CheckpointWritten,
     CleanOrphans,
     CommitFailed,
@@ -133,6 +141,12 @@ from dstltree.coordinator.splits import SourceSplits
 from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.sources.base import EnumeratorState, Source
 
+#: Checkpoints in flight at most unless a job says otherwise: on the FLIP-158 S3 model a
+#: checkpoint takes about 1 s from trigger to commit record (persist, then one
+#: conditional create), so a 0.3 s interval needs 4 in flight; 5 leaves room for the
+#: tail (BENCHMARKS.md, "Checkpoints on object stores").
+DEFAULT_MAX_CONCURRENT_CHECKPOINTS = 5
+
 
 class InvariantError(RuntimeError):
     """A coordinator invariant does not hold; the message names it."""
@@ -144,13 +158,16 @@ class CoordinatorConfig:
     ``discovery_interval``: seconds between split listings; ``max_parallelism``: key
     groups of the job (recorded in every checkpoint); ``finish_when_source_done``: the
     run ends (a final checkpoint) once the source's enumerator is finished;
-    ``commit_retry_interval``: seconds before a failed sink commit is tried again.
-    ``object_prefixes``: the only places paths of acknowledgements and reports may
-    name, canonical URLs ending in ``/`` (``checkpoint.job_object_prefixes``: the
-    job's ``<base>/changelog/`` and ``<base>/materialized/``, plus those of nodes
-    writing elsewhere); empty: no path is accepted. Raises ValueError for a retention
-    or ``max_parallelism`` below 1, negative intervals, timeouts <= 0, a prefix that
-    is not canonical."""
+    ``commit_retry_interval``: seconds before a failed sink commit is tried again;
+    ``max_concurrent_checkpoints``: checkpoints in flight at most (Flink's
+    ``maxConcurrentCheckpoints``; 1 here, the service and jobs default to
+    :data:`DEFAULT_MAX_CONCURRENT_CHECKPOINTS`). ``object_prefixes``: the only places
+    paths of acknowledgements and reports may name, canonical URLs ending in ``/``
+    (``checkpoint.job_object_prefixes``: the job's ``<base>/changelog/`` and
+    ``<base>/materialized/``, plus those of nodes writing elsewhere); empty: no path
+    is accepted. Raises ValueError for a retention, ``max_parallelism`` or
+    ``max_concurrent_checkpoints`` below 1, negative intervals, timeouts <= 0, a
+    prefix that is not canonical."""
 
     checkpoint_interval: float = 0.3
     materialization_interval: float = 5.0
@@ -162,8 +179,11 @@ class CoordinatorConfig:
     finish_when_source_done: bool = True
     commit_retry_interval: float = 1.0
     object_prefixes: tuple[str, ...] = ()
+    max_concurrent_checkpoints: int = 1
 
     def __post_init__(self) -> None:
+        if self.max_concurrent_checkpoints < 1:
+            raise ValueError("max_concurrent_checkpoints must be >= 1")
         for prefix in self.object_prefixes:
             problem = prefix_problem(prefix)
             if problem is not None:
@@ -194,11 +214,16 @@ class _Pending:
     final: bool = False
     enumerator: EnumeratorState | None = None  # the snapshot taken at the trigger
     acks: dict[int, TaskCheckpoint] = field(default_factory=dict)
-    completed: CompletedCheckpoint | None = None  # set while its metadata is written
+    ready_at: float | None = None  # when the last task acknowledged
+    completed: CompletedCheckpoint | None = None  # set while its record is written
 
     @property
     def persisting(self) -> bool:
         return self.completed is not None
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_at is not None
 
 
 @dataclass
@@ -260,7 +285,9 @@ class CoordinatorState:
         self._attempt_tasks: dict[int, int] = {}  # attempt -> its number of tasks
         self._restored = frozenset(c.checkpoint_id for c in self.retained)
         self._released: set[str] | None = set() if validate else None
-        self._pending: _Pending | None = None
+        self._inflight: dict[int, _Pending] = {}  # triggered, not written or aborted
+        self._writing: tuple[int, ...] = ()  # ids of the record being written
+        self._last_trigger: float | None = None
         self._epoch: _Epoch | None = None
         self._checkpoint_due = 0.0
         self._aborted_last = False  # the last checkpoint triggered was aborted
@@ -283,6 +310,10 @@ class CoordinatorState:
         self.checkpoints_aborted = 0
         self.checkpoint_durations_s: list[float] = []
         self.checkpoint_phases_s: list[tuple[float, float]] = []  # (sync, async) per checkpoint
+        self.checkpoint_intervals_s: list[float] = []  # trigger to trigger
+        self.completion_requests: list[int] = []  # per completed checkpoint
+        self.metadata_bytes: list[int] = []  # per completed checkpoint
+        self.in_flight_max = 0
         self.materializations_completed = 0
         self.materializations_abandoned = 0
         # per applied epoch: (seconds from its trigger to its application, bytes of
@@ -310,6 +341,16 @@ class CoordinatorState:
             return 0
         return len(self._without_node.get(self.attempt, set()))
 
+    def in_flight(self) -> list[int]:
+        """Ids of the checkpoints in flight (triggered, not written or aborted), ascending."""
+        return list(self._inflight)
+
+    def acks_of(self, checkpoint_id: int) -> dict[int, TaskCheckpoint]:
+        """task -> its acknowledgement of checkpoint ``checkpoint_id`` in flight (a
+        copy; empty for a checkpoint not in flight)."""
+        p = self._inflight.get(checkpoint_id)
+        return {} if p is None else dict(p.acks)
+
     def all_connected(self) -> bool:
         """Every task of the current attempt said hello."""
         peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
@@ -325,8 +366,8 @@ class CoordinatorState:
         the run is finished and every task was sent Finish. None when no sweep is
         safe: no checkpoint or wall clock yet, or an applied epoch no checkpoint names."""
         keep = set(self.registry.referenced())
-        if self._pending is not None:
-            keep.update(p for tc in self._pending.acks.values() for p in tc.referenced_paths())
+        for pending in self._inflight.values():
+            keep.update(p for tc in pending.acks.values() for p in tc.referenced_paths())
         if self._epoch is not None:
             keep.update(p for r in self._epoch.reports.values() for p in r.paths())
         peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
@@ -385,8 +426,8 @@ class CoordinatorState:
             raise ValueError("num_tasks must be >= 1")
         enumerator = None if self.splits is None else self.splits.restored(self.latest)
         out: list[Instruction] = []
-        if self._pending is not None and not self._pending.persisting:
-            out += self._abort(f"attempt {ev.attempt} started")
+        for cid in [c for c, p in self._inflight.items() if not p.persisting]:
+            out += self._abort(cid, f"attempt {ev.attempt} started")
         if self._epoch is not None:
             out += self._abandon(f"attempt {ev.attempt} started")
         self.attempt = ev.attempt
@@ -426,32 +467,44 @@ class CoordinatorState:
 
     @_handle_event.register
     def _(self, ev: CheckpointWritten) -> list[Instruction]:
-        p = self._pending
-        if p is None or p.completed is None or p.checkpoint_id != ev.checkpoint_id:
+        batch = self._writing
+        if not batch or batch[-1] != ev.checkpoint_id:
             return [MessageIgnored(-1, f"checkpoint {ev.checkpoint_id} was not being written")]
-        cp = p.completed
-        self._pending = None
-        self._checkpoint_due = self.now + self.config.checkpoint_interval
-        duration = max(0.0, self.now - p.triggered_at)
-        self.checkpoints_completed += 1
-        self.checkpoint_durations_s.append(duration)
-        self.checkpoint_phases_s.append(checkpoint_phases(cp))
-        self.registry.register(cp)
-        self.retained.append(cp)
-        if cp.final:
-            self.final_written = cp
-        out: list[Instruction] = [CheckpointCompleted(cp, duration), *self._subsume()]
-        if self.commits is None:
-            return out + self._committed([cp])
-        return out + self.commits.durable(cp)
+        self._writing = ()
+        done: list[CompletedCheckpoint] = []
+        out: list[Instruction] = []
+        for cid in batch:
+            p = self._inflight.pop(cid)
+            assert p.completed is not None
+            cp = p.completed
+            duration = max(0.0, self.now - p.triggered_at)
+            self.checkpoints_completed += 1
+            self.checkpoint_durations_s.append(duration)
+            self.checkpoint_phases_s.append(checkpoint_phases(cp))
+            size = dict(ev.metadata_bytes).get(cid, 0)
+            self.completion_requests.append(ev.requests)
+            self.metadata_bytes.append(size)
+            self.registry.register(cp)
+            self.retained.append(cp)
+            if cp.final:
+                self.final_written = cp
+            done.append(cp)
+            out.append(CheckpointCompleted(cp, duration, ev.requests, size))
+        out += self._subsume()
+        out += self._committed(done) if self.commits is None else self.commits.durable(*done)
+        return out + self._maybe_persist()
 
     @_handle_event.register
     def _(self, ev: WriteFailed) -> list[Instruction]:
-        p = self._pending
-        if p is None or not p.persisting or p.checkpoint_id != ev.checkpoint_id:
+        batch = self._writing
+        if not batch or batch[-1] != ev.checkpoint_id:
             return [MessageIgnored(-1, f"checkpoint {ev.checkpoint_id} was not being written")]
-        p.completed = None
-        return self._abort(f"write failed: {ev.reason}")
+        self._writing = ()
+        out: list[Instruction] = []
+        for cid in batch:
+            self._inflight[cid].completed = None
+            out += self._abort(cid, f"write failed: {ev.reason}")
+        return out + self._maybe_persist()
 
     @_handle_event.register
     def _(self, ev: SinkCommitted) -> list[Instruction]:
@@ -583,8 +636,8 @@ class CoordinatorState:
             return refused
         if cid >= self.next_checkpoint_id:
             return self._reject(identity, f"checkpoint {cid} was never triggered", "checkpoint")
-        p = self._pending
-        if p is None or p.persisting or cid != p.checkpoint_id:
+        p = self._inflight.get(cid)
+        if p is None or p.ready:
             return [MessageIgnored(task, f"checkpoint {cid} is not pending")]
         if task in p.acks:
             return self._reject(identity, f"task {task} already acknowledged {cid}", "duplicate")
@@ -597,7 +650,10 @@ class CoordinatorState:
         for log, span in log_spans(tc).items():
             known[log] = span
             self._acked_to[task] = max(self._acked_to.get(task, 0), span[1])
-        out: list[Instruction] = [] if len(p.acks) < p.num_tasks else [self._complete(p)]
+        out: list[Instruction] = []
+        if len(p.acks) == p.num_tasks:
+            p.ready_at = self.now
+            out += self._maybe_persist()
         return out + self._maybe_apply()
 
     def _ack_refusal(self, p: _Pending, message: protocol.Ack) -> Refusal | None:
@@ -744,13 +800,16 @@ class CoordinatorState:
     # -- checkpoints -------------------------------------------------------------------
     def _timeouts(self) -> list[Instruction]:
         out: list[Instruction] = []
-        p = self._pending
-        if (
-            p is not None
-            and not p.persisting
-            and self.now - p.triggered_at >= self.config.checkpoint_timeout
-        ):
-            out += self._abort(f"timeout: {len(p.acks)}/{p.num_tasks} tasks acknowledged")
+        late = [
+            p
+            for p in self._inflight.values()
+            if not p.ready and self.now - p.triggered_at >= self.config.checkpoint_timeout
+        ]
+        for p in late:
+            reason = f"timeout: {len(p.acks)}/{p.num_tasks} tasks acknowledged"
+            out += self._abort(p.checkpoint_id, reason)
+        if late:
+            out += self._maybe_persist()
         e = self._epoch
         if e is not None and self.now - e.started_at >= self.config.materialization_timeout:
             out += self._abandon(f"timeout: {len(e.reports)}/{self.num_tasks} tasks reported")
@@ -758,9 +817,11 @@ class CoordinatorState:
 
     def _maybe_trigger_checkpoint(self) -> list[Instruction]:
         """Trigger the next checkpoint when due (at once after a stop request), with
-        the enumerator's snapshot; none while one is in flight, while the sink
-        recovers, or once the run is over."""
-        if self._pending is not None or self._over():
+        the enumerator's snapshot; none while ``max_concurrent_checkpoints`` are in
+        flight or a final one is, while the sink recovers, or once the run is over."""
+        if self._over() or len(self._inflight) >= self.config.max_concurrent_checkpoints:
+            return []
+        if any(p.final for p in self._inflight.values()):
             return []
         if self.commits is not None and self.commits.recovering is not None:
             return []
@@ -773,19 +834,46 @@ class CoordinatorState:
         self.next_checkpoint_id += 1
         final = self._final_wanted()
         snapshot = None if self.splits is None else self.splits.snapshot()
-        self._pending = _Pending(
+        self._inflight[cid] = _Pending(
             cid, self.attempt, self.num_tasks, self.now, self.applied_epoch, final, snapshot
         )
-        return [*self._send_each(protocol.TriggerCheckpoint(cid, final))]
+        interval = None if self._last_trigger is None else self.now - self._last_trigger
+        if interval is not None:
+            self.checkpoint_intervals_s.append(interval)
+        self._last_trigger = self.now
+        self._checkpoint_due = self.now + self.config.checkpoint_interval
+        self.in_flight_max = max(self.in_flight_max, len(self._inflight))
+        notice = CheckpointTriggered(cid, interval, len(self._inflight))
+        return [notice, *self._send_each(protocol.TriggerCheckpoint(cid, final))]
 
-    def _complete(self, p: _Pending) -> PersistCheckpoint:
-        """Every task acknowledged ``p``: the record to write, naming the retained ids."""
+    def _maybe_persist(self) -> list[Instruction]:
+        """Write the oldest checkpoints in flight that every task acknowledged, in one
+        record, when no record is being written: completion stays in checkpoint order
+        (a ready checkpoint waits for every older one in flight)."""
+        if self._writing:
+            return []
+        batch: list[_Pending] = []
+        for p in self._inflight.values():  # ascending ids: inserted in trigger order
+            if not p.ready:
+                break
+            batch.append(p)
+        if not batch:
+            return []
+        cps = [self._complete(p) for p in batch]
+        self._writing = tuple(p.checkpoint_id for p in batch)
+        ids = [c.checkpoint_id for c in self.retained] + list(self._writing)
+        keep = ids[max(0, len(ids) - self.config.retained_checkpoints) :]
+        return [PersistCheckpoint(cps[-1], tuple(keep), tuple(cps[:-1]))]
+
+    def _complete(self, p: _Pending) -> CompletedCheckpoint:
+        """Every task acknowledged ``p``: the record of it (kept while written)."""
+        ready = p.ready_at if p.ready_at is not None else self.now
         cp = CompletedCheckpoint(
             checkpoint_id=p.checkpoint_id,
             attempt=p.attempt,
             materialization_epoch=p.epoch,
-            created_at=self.wall if self.wall is not None else self.now,
-            duration_s=max(0.0, self.now - p.triggered_at),
+            created_at=self.wall - (self.now - ready) if self.wall is not None else ready,
+            duration_s=max(0.0, ready - p.triggered_at),
             tasks=dict(sorted(p.acks.items())),
             parallelism=p.num_tasks,
             max_parallelism=self.config.max_parallelism,
@@ -793,9 +881,7 @@ class CoordinatorState:
             final=p.final,
         )
         p.completed = cp
-        ids = [c.checkpoint_id for c in self.retained]
-        keep = ids[max(0, len(ids) - (self.config.retained_checkpoints - 1)) :]
-        return PersistCheckpoint(cp, tuple(keep))
+        return cp
 
     def _subsume(self) -> list[Instruction]:
         """Release the oldest checkpoints beyond retention: metadata first, then the
@@ -828,20 +914,20 @@ class CoordinatorState:
                 logs.update(h.log_id for h in tc.changelog)
         return frozenset(logs)
 
-    def _abort(self, reason: str) -> list[Instruction]:
-        assert self._pending is not None
-        cid = self._pending.checkpoint_id
-        self._pending = None
+    def _abort(self, cid: int, reason: str) -> list[Instruction]:
+        """Abort checkpoint ``cid`` alone (later ones in flight go on); the next trigger
+        waits an interval from now."""
+        del self._inflight[cid]
         self.checkpoints_aborted += 1
-        self._checkpoint_due = self.now + self.config.checkpoint_interval
-        self._aborted_last = True
+        self._checkpoint_due = max(self._checkpoint_due, self.now + self.config.checkpoint_interval)
+        self._aborted_last = cid == self.next_checkpoint_id - 1
         return [CheckpointAborted(cid, reason)]
 
     # -- materialization ---------------------------------------------------------------
     def _maybe_trigger_materialization(self) -> list[Instruction]:
         if self._epoch is not None or self.now < self._materialization_due:
             return []
-        if self._over() or (self._pending is not None and self._pending.final):
+        if self._over() or any(p.final for p in self._inflight.values()):
             return []
         assert self.attempt is not None
         epoch = self.next_epoch
@@ -871,9 +957,19 @@ class CoordinatorState:
         self._check_commits()
 
     def _check_pending(self) -> None:
-        p = self._pending
-        if p is None:
-            return
+        ids = list(self._inflight)
+        _require(
+            ids == sorted(ids) and len(ids) <= self.config.max_concurrent_checkpoints,
+            "checkpoints in flight: ascending ids, at most max_concurrent_checkpoints",
+        )
+        _require(
+            list(self._writing) == ids[: len(self._writing)],
+            "completion in order: the record being written holds the oldest in flight",
+        )
+        for p in self._inflight.values():
+            self._check_one_pending(p)
+
+    def _check_one_pending(self, p: _Pending) -> None:
         _require(
             p.checkpoint_id < self.next_checkpoint_id
             and (self.latest is None or p.checkpoint_id > self.latest.checkpoint_id),
@@ -890,6 +986,10 @@ class CoordinatorState:
         _require(
             p.persisting or p.attempt == self.attempt,
             "stale acks never counted: an unwritten pending checkpoint is of the current attempt",
+        )
+        _require(
+            p.persisting == (p.checkpoint_id in self._writing),
+            "a checkpoint is being written exactly when its record is",
         )
         if p.completed is not None:
             self._check_complete(p.completed)

@@ -1,14 +1,24 @@
 """The coordinator's storage work, off its event loop.
 
-One worker thread (a ``concurrent.futures.ThreadPoolExecutor`` of one) carries out the
-storage instructions of coordinator/events.py in the order they were submitted, so a
-checkpoint's metadata and pointer are written before subsumed metadata is deleted, and
-that before its objects, and a sink commit (``SinkCommitter.commit``) or recovery runs
-after the metadata it depends on. Split listings (``SplitEnumerator.list_splits``) run
-on a second thread of their own, so a slow listing never delays a checkpoint. Each
-instruction is answered by one event stamped with the monotonic clock when it
-finished; the loop collects them with :meth:`results`. Nothing here touches the
-coordinator state (``list_splits`` does not change the enumerator).
+Four threads (``concurrent.futures.ThreadPoolExecutor`` s of one), each carrying out
+its share of the storage instructions of coordinator/events.py in the order they were
+submitted:
+
+- **the completion path**: commit records (``PersistCheckpoint``), one conditional
+  create each (coordinator/store.py), and nothing else, so no cleanup, sink commit or
+  listing ever queues in front of a checkpoint's commit point;
+- **cleanup**: subsumed records (``DeleteCheckpoint``), released objects
+  (``DeleteObjects``), the orphan cleanup at start and the in-run sweeps;
+- **the sink**: commits (``SinkCommitter.commit``) and recoveries;
+- **listings** (``SplitEnumerator.list_splits``).
+
+The state issues a deletion or a sink commit only once the record it depends on is
+written (its ``CheckpointWritten`` came back), so running them on other threads keeps
+every order that matters: a record before what it subsumes is deleted, a record
+before the sink output it makes committable becomes visible. Each instruction is
+answered by one event stamped with the monotonic clock when it finished; the loop
+collects them with :meth:`results`. Nothing here touches the coordinator state
+(``list_splits`` does not change the enumerator).
 
 Deletions are confined to the job's prefix: a path outside ``<job>/changelog/``,
 ``<job>/materialized/``, ``<job>/checkpoints/`` (and the configured extra prefixes) is
@@ -149,7 +159,9 @@ class StorageWorker:
         self._wall = wall
         self._committer: SinkCommitter | None = None
         self._clock = clock
+        self._committing = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-commit")
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-io")
+        self._sinking = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-sink")
         self._lister = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-list")
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -164,7 +176,7 @@ class StorageWorker:
         if isinstance(instruction, ListSplits):
             self._lister.submit(self._work, instruction)
             return
-        fut = self._executor.submit(self._work, instruction)
+        fut = self._pool(instruction).submit(self._work, instruction)
         with self._lock:
             self._outstanding.add(fut)
         fut.add_done_callback(self._done)
@@ -191,8 +203,18 @@ class StorageWorker:
 
     def shutdown(self) -> None:
         """Cancel what has not started; a running instruction finishes in the background."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._lister.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._committing, self._executor, self._sinking, self._lister):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _pool(self, instruction: WorkerInstruction) -> ThreadPoolExecutor:
+        """The thread of ``instruction`` (module docstring)."""
+        if isinstance(instruction, PersistCheckpoint):
+            return self._committing
+        if isinstance(instruction, CommitSink | RecoverSink):
+            return self._sinking
+        if isinstance(instruction, ListSplits):
+            return self._lister
+        return self._executor
 
     def _work(self, instruction: WorkerInstruction) -> None:
         self._results.put(self.run_safely(instruction))
@@ -206,7 +228,7 @@ class StorageWorker:
         """Run ``instruction`` in the worker and wait for its event. ``safely=False``
         re-raises a storage failure (StorageError, CorruptCheckpointError) instead."""
         fn = self.run_safely if safely else self.run
-        return self._executor.submit(fn, instruction).result()
+        return self._pool(instruction).submit(fn, instruction).result()
 
     def run_safely(self, instruction: WorkerInstruction) -> Event:
         """:meth:`run`, with a failure answered by its event: WriteFailed (a checkpoint
@@ -237,8 +259,10 @@ class StorageWorker:
 
     @run.register
     def _(self, instruction: PersistCheckpoint) -> Event:
-        self.checkpoints.add(instruction.checkpoint, instruction.retained)
-        return CheckpointWritten(self._clock(), instruction.checkpoint.checkpoint_id)
+        done = self.checkpoints.commit(instruction.checkpoints, instruction.retained)
+        sizes = tuple(sorted(done.metadata_bytes.items()))
+        cid = instruction.checkpoint.checkpoint_id
+        return CheckpointWritten(self._clock(), cid, done.requests, sizes)
 
     @run.register
     def _(self, instruction: DeleteCheckpoint) -> Event:

@@ -1,32 +1,52 @@
 """Completed checkpoints on DFS, under ``<job>/checkpoints/``, and the fencing of drivers.
 
-Layout::
+Layout (format version 3)::
 
-    checkpoints/chk-0000000007.json   one metadata file per completed checkpoint
-    checkpoints/LATEST-0000000042     pointer version 42: {"latest": 7, "retained": [6, 7],
-                                      "owner": "<driver token>"}
+    checkpoints/commit-0000000042.json   commit record 42: {"version": 3, "seq": 42,
+        "kind": "checkpoint" | "claim", "owner": "<driver token>",
+        "retained": [[7, 41], [9, 42]],      checkpoint id -> the record holding it
+        "claims": [1, 30],                   every claim record so far
+        "checkpoints": [{...metadata of checkpoint 9...}]}
 
-Completing a checkpoint writes its metadata file first and a new pointer version last.
-The pointer is the commit point: the highest version names the latest checkpoint and
-every retained one, so a crash between the two writes leaves a metadata file no pointer
-names (removed by :meth:`CheckpointStore.stale_files` cleanup) and the previous
-checkpoints intact. An older layout with a single ``checkpoints/LATEST`` file is read
-as version 0 (and replaced by ``LATEST-0000000001`` at the first write).
+**The commit point of a checkpoint is one request**: the conditional create (S3
+``If-None-Match: *``, POSIX ``link``, see :meth:`ObjectStore.put` ``exclusive``) of the
+next commit record, which carries the checkpoint's metadata *and* the retained set
+(what a pointer used to say). The newest record (highest sequence number) names the
+latest checkpoint and every retained one. A record holds the metadata of the
+checkpoints it completes that stay retained; several checkpoints that became ready
+while the previous create was in flight complete in one record. Nothing else is on the
+completion path: records of subsumed checkpoints, released objects and stale files are
+deleted afterwards, off the critical path (coordinator/storage_worker.py).
 
-Fencing (one driver per job): every pointer version and every metadata file is
-created exclusively (:meth:`dstltree.storage.store.ObjectStore.put` with
-``exclusive=True``). A driver :meth:`CheckpointStore.claim`\\ s the job at start by
-creating version n+1 over the highest version n it read; afterwards it writes version
-v+1 over its own last version v only. If that version already exists, or a listing
-right after the create shows a higher one, another driver claimed the job since: this
-driver is fenced, raises :class:`JobFencedError` and never writes or deletes through
-this store again. The newest driver wins: a second driver of a job fences the first
-at the first's next pointer write (a restarted driver must be able to take over from
-a dead one, and a dead one cannot hand over). The check after the create closes the
-gap left by deleting old pointer versions (all but the last two are deleted). Only
-stores with a conditional create fence reliably (see ObjectStore.put: local POSIX,
-S3 with ``If-None-Match``, memory); on the others two simultaneous claims may both
-succeed.
+Crash safety: a record is created whole or not at all. Before its create the previous
+record is the latest; after it the new one is. A crash after the create leaves at
+most records and objects no retained checkpoint needs, which :meth:`stale_files` and
+the orphan sweeps remove. The newest record is never deleted (it names the latest
+checkpoint, or it is a claim).
+
+Fencing (one driver per job), without a listing after the create: record sequence
+numbers are contiguous per driver. A driver creates record ``s + 1`` over its own last
+record ``s`` and nothing else, except when it starts: then it **claims** the job by
+creating a claim record at ``max + 1`` over the highest record it lists (carrying the
+retained set over). So the record after any driver's last one is either its own next
+commit or another driver's claim, and claim records are never deleted (one small
+object per driver start; :attr:`Head.claims` lists them): a driver that was taken over
+finds its next record taken at its next commit, is fenced (:class:`JobFencedError`)
+and never writes or deletes through this store again. The newest driver wins (a
+restarted driver must be able to take over from a dead one). A create that finds the
+record there already compares it with what it wrote: the same bytes are its own
+retried write; a checkpoint record of its own with other bytes is a write it took for
+failed (it moves past it); anything else fences it. Only stores with a conditional
+create fence reliably (local POSIX, S3, memory); on others two simultaneous claims may
+both succeed.
+
+Older layouts stay readable: ``chk-<id>.json`` metadata with ``LATEST-<n>`` pointer
+versions (and the single ``LATEST`` of before) are read while no commit record exists;
+the first claim then carries their retained set into record 1 (entries naming no
+record: ``[id, null]``, read from ``chk-<id>.json``) and also creates the next pointer
+version, so a driver of the old layout still running on the job is fenced by its own
+rule. Once a commit record exists the old pointers and the old metadata no retained
+checkpoint needs are stale files.
 """
 
 from __future__ import annotations
@@ -34,8 +54,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
@@ -44,113 +66,281 @@ from dstltree.storage.errors import StorageError
 from dstltree.storage.store import CHECKPOINT_DIR, ObjectExistsError, ObjectStore
 
 log = logging.getLogger(__name__)
+#: Format version of commit records.
+RECORD_VERSION = 3
 LATEST_NAME = "LATEST"
+_RECORD = re.compile(r"/commit-(\d{10,})\.json$")
 _POINTER = re.compile(r"/LATEST-(\d{10,})$")
 _CLAIM_ATTEMPTS = 5
 _READ_ATTEMPTS = 3
+#: Most records a create moves past because they are this driver's own earlier writes.
+_OWN_SKIPS = 8
 
 
 class JobFencedError(CoordinatorError):
-    """Another driver took over this job (a newer pointer version, ``path``): this
-    driver must stop; it writes and deletes nothing more."""
+    """Another driver took over this job (its record at ``path``): this driver must
+    stop; it writes and deletes nothing more."""
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"fenced: another driver runs this job ({path}: {reason})")
         self.path = path
 
 
+@dataclass(frozen=True)
+class Head:
+    """The newest commit record (or the old layout's newest pointer): ``seq`` None
+    when there is no record; ``retained``: (checkpoint id, record seq or None for an
+    old ``chk-<id>.json``), ascending ids; ``claims``: sequence numbers of every claim
+    record; ``pointer``: the highest old ``LATEST-<n>`` version present (None: none)."""
+
+    seq: int | None = None
+    retained: tuple[tuple[int, int | None], ...] = ()
+    claims: tuple[int, ...] = ()
+    pointer: int | None = None
+
+    @property
+    def latest_id(self) -> int | None:
+        return self.retained[-1][0] if self.retained else None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """What :meth:`CheckpointStore.commit` did: ``path`` and ``seq`` of the record that
+    is the commit point, ``requests`` on the completion path (1 when the first create
+    succeeds), ``metadata_bytes``: checkpoint id -> bytes of its metadata in the record
+    (0 for a checkpoint completed but subsumed at once)."""
+
+    path: str
+    seq: int
+    requests: int
+    metadata_bytes: dict[int, int] = field(default_factory=dict)
+
+
 class CheckpointStore:
     """Reads and writes completed checkpoints through ``store`` (the only DFS access).
 
-    ``owner``: this driver's token, written into every pointer version (default: a
-    random one). Methods raise :class:`dstltree.storage.errors.StorageError` for
-    storage failures, :class:`dstltree.coordinator.errors.CorruptCheckpointError`
-    (naming the file) for files that cannot be decoded, and writes and deletions
-    :class:`JobFencedError` once another driver claimed the job.
+    ``owner``: this driver's token, written into every record (default: a random one).
+    Methods raise :class:`dstltree.storage.errors.StorageError` for storage failures,
+    :class:`dstltree.coordinator.errors.CorruptCheckpointError` (naming the file) for
+    files that cannot be decoded or name a format version this code does not know, and
+    writes and deletions :class:`JobFencedError` once another driver claimed the job.
+    Thread-safe: commits and deletions may run on different threads.
     """
 
     def __init__(self, store: ObjectStore, owner: str | None = None) -> None:
         self.store = store
         self.root = store.join(CHECKPOINT_DIR)
         self.owner = owner or uuid.uuid4().hex
-        self.version: int | None = None  # the pointer version this store wrote last
+        self.seq: int | None = None  # the record this store created last
         self.fenced: JobFencedError | None = None
-        self.pointers_deleted = 0
+        self.pointers_deleted = 0  # records and old pointer versions deleted
+        self._lock = threading.Lock()
+        self._where: dict[int, int | None] = {}  # retained id -> record seq (None: old file)
+        self._placed: dict[int, int | None] = {}  # every id whose record may still exist
+        self._claims: tuple[int, ...] = ()
+        self._records: dict[int, dict[str, Any]] = {}  # decoded records (immutable), by seq
 
     # -- paths -------------------------------------------------------------------------
+    def record_path(self, seq: int) -> str:
+        """URL of commit record ``seq``."""
+        return self.store.join(CHECKPOINT_DIR, f"commit-{seq:010d}.json")
+
     def metadata_path(self, checkpoint_id: int) -> str:
-        """URL of the metadata file of ``checkpoint_id``."""
+        """URL of an old layout's metadata file of ``checkpoint_id``."""
         return self.store.join(CHECKPOINT_DIR, f"chk-{checkpoint_id:010d}.json")
 
     def pointer_path(self, version: int) -> str:
-        """URL of pointer version ``version`` (0: the old single ``LATEST`` file)."""
+        """URL of old pointer version ``version`` (0: the single ``LATEST`` file)."""
         name = LATEST_NAME if version == 0 else f"{LATEST_NAME}-{version:010d}"
         return self.store.join(CHECKPOINT_DIR, name)
 
     @property
-    def latest_path(self) -> str:
-        """URL of the current (highest) pointer version, or of version 1 if none."""
-        versions = self._versions()
-        return self.pointer_path(versions[-1] if versions else 1)
+    def version(self) -> int | None:
+        """The record this store created last (None before its claim)."""
+        return self.seq
 
-    def _versions(self) -> list[int]:
-        """Pointer versions present, ascending (0 for an old ``LATEST`` file)."""
-        out = []
+    def _listing(self) -> tuple[list[int], list[int]]:
+        """(record seqs, old pointer versions) present, ascending."""
+        seqs, versions = [], []
         legacy = self.pointer_path(0)
         for url in self.store.list_files(self.root):
+            m = _RECORD.search(url)
+            if m:
+                seqs.append(int(m.group(1)))
+                continue
             m = _POINTER.search(url)
             if m:
-                out.append(int(m.group(1)))
+                versions.append(int(m.group(1)))
             elif url == legacy:
-                out.append(0)
-        return sorted(out)
+                versions.append(0)
+        return sorted(seqs), sorted(versions)
+
+    # -- reads -------------------------------------------------------------------------
+    def head(self) -> Head:
+        """The newest record, or the old layout's newest pointer (one listing, one
+        read). Raises StorageError, CorruptCheckpointError."""
+        for attempt in range(_READ_ATTEMPTS):
+            seqs, versions = self._listing()
+            pointer = versions[-1] if versions else None
+            if not seqs and pointer is None:
+                return Head()
+            try:
+                if seqs:
+                    record = self._record(seqs[-1])
+                    return _head_of(record, pointer)
+                path = self.pointer_path(pointer)  # type: ignore[arg-type]
+                latest, retained = _decode_pointer(path, self.store.read(path))
+                return Head(None, tuple((i, None) for i in retained), (), pointer)
+            except StorageError:
+                gone = seqs and not self.store.exists(self.record_path(seqs[-1]))
+                if attempt + 1 == _READ_ATTEMPTS or not gone:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _record(self, seq: int) -> dict[str, Any]:
+        """Commit record ``seq``, decoded and checked (cached: records never change)."""
+        cached = self._records.get(seq)
+        if cached is not None:
+            return cached
+        path = self.record_path(seq)
+        record = _decode_record(path, self.store.read(path), seq)
+        if len(self._records) > 64:
+            self._records.clear()
+        self._records[seq] = record
+        return record
+
+    def latest_id(self) -> int | None:
+        """Id of the latest completed checkpoint, or None if there is none."""
+        return self.head().latest_id
+
+    def retained_ids(self) -> list[int]:
+        """Ids of the retained checkpoints, ascending."""
+        return [i for i, _ in self.head().retained]
+
+    def load(self, checkpoint_id: int, head: Head | None = None) -> CompletedCheckpoint:
+        """Read one retained checkpoint's metadata (``head``: from :meth:`head`, read
+        when not given). Raises CorruptCheckpointError naming the file, StorageError
+        (also for an id no retained checkpoint has)."""
+        h = self.head() if head is None else head
+        where = dict(h.retained)
+        if checkpoint_id not in where:
+            with self._lock:
+                known = checkpoint_id in self._where
+                seq = self._where.get(checkpoint_id)
+            if not known:
+                raise StorageError("read", self.root, f"checkpoint {checkpoint_id} is not retained")
+        else:
+            seq = where[checkpoint_id]
+        if seq is None:
+            return self._load_old(checkpoint_id)
+        path = self.record_path(seq)
+        for d in self._record(seq)["checkpoints"]:
+            if d.get("checkpoint_id") == checkpoint_id:
+                return _checkpoint_of(path, d, checkpoint_id)
+        raise CorruptCheckpointError(path, f"does not hold checkpoint {checkpoint_id}")
+
+    def _load_old(self, checkpoint_id: int) -> CompletedCheckpoint:
+        path = self.metadata_path(checkpoint_id)
+        try:
+            d = json.loads(self.store.read(path))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptCheckpointError(path, f"bad checkpoint metadata: {e}") from e
+        return _checkpoint_of(path, d, checkpoint_id)
+
+    def load_latest(self) -> CompletedCheckpoint | None:
+        """The latest completed checkpoint (for restore), or None."""
+        h = self.head()
+        return None if h.latest_id is None else self.load(h.latest_id, h)
+
+    def list_retained(self) -> list[CompletedCheckpoint]:
+        """Every retained checkpoint, oldest first."""
+        h = self.head()
+        return [self.load(i, h) for i, _ in h.retained]
 
     # -- fencing -----------------------------------------------------------------------
     def claim(self) -> int:
-        """Take the job over: create the pointer version after the highest one, with the
-        same content. Returns the version claimed. Raises JobFencedError if other
-        drivers keep claiming in between (5 tries), StorageError."""
+        """Take the job over: create a claim record after the highest record, carrying
+        its retained set (and, on an old layout, the next pointer version too).
+        Returns the record's seq. Raises JobFencedError if other drivers keep claiming
+        in between (5 tries), StorageError."""
+        new = 1
         for _ in range(_CLAIM_ATTEMPTS):
-            version, latest, retained = self._pointer()
-            new = (version or 0) + 1
-            try:
-                created = self._create_pointer(new, latest, retained)
-            except StorageError as e:
-                if not isinstance(e.__cause__, FileNotFoundError):
-                    raise
-                continue  # the fenced driver's cleanup removed our temporary file
-            if created:
-                self.version, self.fenced = new, None
-                self._drop_pointers(self._versions(), below=new - 1)
-                return new
-        raise self._fence(self.pointer_path(new), "other drivers keep claiming the job")
+            h = self.head()
+            new = (h.seq or 0) + 1
+            claims = (*h.claims, new)
+            body = self._body("claim", new, h.retained, claims, [])
+            if not self._create(self.record_path(new), body):
+                continue
+            if h.seq is None and h.pointer is not None:
+                self._fence_old_layout(h)
+            with self._lock:
+                self.seq, self.fenced, self._claims = new, None, claims
+                self._where = dict(h.retained)
+                self._placed.update(self._where)
+            return new
+        raise self._fence(self.record_path(new), "other drivers keep claiming the job")
+
+    def _fence_old_layout(self, h: Head) -> None:
+        """Create the old layout's next pointer version (its drivers fence themselves
+        at their next pointer write on seeing it)."""
+        assert h.pointer is not None
+        ids = [i for i, _ in h.retained]
+        body = {"latest": ids[-1] if ids else None, "retained": ids, "owner": self.owner}
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self._create(self.pointer_path(h.pointer + 1), data)
 
     def verify_owner(self) -> None:
         """Raise JobFencedError if another driver claimed the job since this store's
-        last pointer write (no-op before any write or claim). Raises StorageError."""
-        if self.fenced is not None:
-            raise self.fenced
-        if self.version is None:
+        last record (one listing, and a read when a newer record is there: it may be
+        this driver's own create under way; no-op before its claim). Raises
+        StorageError."""
+        self._check_not_fenced()
+        if self.seq is None:
             return
-        versions = self._versions()
-        if versions and versions[-1] > self.version:
-            raise self._fence(self.pointer_path(versions[-1]), "a newer pointer version")
+        seqs, _ = self._listing()
+        if not seqs or seqs[-1] <= self.seq:
+            return
+        # A newer record: this driver's own create under way on the commit thread, or
+        # another driver's claim.
+        path = self.record_path(seqs[-1])
+        raw = self._read_quietly(path)
+        try:
+            owner = None if raw is None else _decode_record(path, raw, seqs[-1])["owner"]
+        except CorruptCheckpointError:
+            owner = None
+        if owner != self.owner:
+            raise self._fence(path, "a newer commit record")
 
     def _fence(self, path: str, reason: str) -> JobFencedError:
         self.fenced = JobFencedError(path, reason)
         return self.fenced
 
-    def _body(self, latest: int | None, retained: Sequence[int]) -> bytes:
-        body = {"latest": latest, "retained": sorted(retained), "owner": self.owner}
+    def _check_not_fenced(self) -> None:
+        if self.fenced is not None:
+            raise self.fenced
+
+    def _body(
+        self,
+        kind: str,
+        seq: int,
+        retained: Sequence[tuple[int, int | None]],
+        claims: Sequence[int],
+        checkpoints: Sequence[dict[str, Any]],
+    ) -> bytes:
+        body = {
+            "version": RECORD_VERSION,
+            "seq": seq,
+            "kind": kind,
+            "owner": self.owner,
+            "retained": [list(p) for p in retained],
+            "claims": list(claims),
+            "checkpoints": list(checkpoints),
+        }
         return json.dumps(body, separators=(",", ":")).encode()
 
-    def _create_pointer(self, version: int, latest: int | None, retained: Sequence[int]) -> bool:
-        """Create pointer ``version`` exclusively; False if it exists and is not ours
-        (ours: a retried create whose first attempt landed)."""
-        body = self._body(latest, retained)
-        return self._create(self.pointer_path(version), body)
-
     def _create(self, url: str, data: bytes) -> bool:
+        """Create ``url`` exclusively; False if it exists and is not these bytes (a
+        retried create whose first attempt landed is True)."""
         try:
             self.store.put(url, data, exclusive=True)
             return True
@@ -160,126 +350,127 @@ class CheckpointStore:
             except StorageError:
                 return False
 
-    def _drop_pointers(self, versions: list[int], below: int) -> None:
-        """Delete the pointer versions of ``versions`` under ``below`` (best effort:
-        leftovers are stale files for the cleanup)."""
-        old = [self.pointer_path(v) for v in versions if v < below]
-        if not old:
-            return
-        try:
-            self.pointers_deleted += len(self.store.delete(old))
-        except StorageError as e:
-            log.warning("old pointer versions left for the cleanup: %s", e)
-
     # -- writes ------------------------------------------------------------------------
-    def add(self, checkpoint: CompletedCheckpoint, retained: Sequence[int] | None = None) -> str:
-        """Write ``checkpoint``'s metadata (created exclusively), then the pointer
-        version naming it (claiming the job first if this store has not yet).
-
-        ``retained``: ids of the older checkpoints that stay retained (subsumption is
-        committed with the pointer); None keeps every currently retained one. Returns
-        the metadata URL. Raises JobFencedError, StorageError (also when a metadata
-        file of this id exists: another driver wrote it; retry with a new id).
-        """
+    def commit(
+        self, checkpoints: Sequence[CompletedCheckpoint], retained: Sequence[int]
+    ) -> Committed:
+        """Complete ``checkpoints`` (ascending ids, newer than every retained one) with
+        one record: the commit point. ``retained``: the ids retained afterwards (the
+        newest of ``checkpoints`` among them; the others retained before, or in
+        ``checkpoints``); only the metadata of retained ones is written. Claims the
+        job first if this store has not. Returns :class:`Committed`. Raises
+        JobFencedError, StorageError (nothing committed; call again), ValueError for
+        a retained id this store does not know."""
         self._check_not_fenced()
-        path = self.metadata_path(checkpoint.checkpoint_id)
-        data = json.dumps(checkpoint.to_dict(), separators=(",", ":")).encode()
-        if not self._create(path, data):
-            raise StorageError("put", path, "a different metadata file of this id exists")
-        older = self._pointer()[2] if retained is None else list(retained)
-        ids = sorted(
-            {i for i in older if i < checkpoint.checkpoint_id} | {checkpoint.checkpoint_id}
-        )
-        self._write_pointer(checkpoint.checkpoint_id, ids)
-        return path
-
-    def delete(self, checkpoint_id: int) -> None:
-        """Drop ``checkpoint_id`` from the retained set (writing a new pointer version if
-        it is named) and delete its metadata file. Deleting what is absent is a no-op.
-        Raises JobFencedError (nothing deleted then), StorageError."""
-        self._check_not_fenced()
-        _, _, retained = self._pointer()
-        if checkpoint_id in retained:
-            rest = [i for i in retained if i != checkpoint_id]
-            self._write_pointer(max(rest) if rest else None, rest)
-        self.store.delete([self.metadata_path(checkpoint_id)])
-
-    def _check_not_fenced(self) -> None:
-        if self.fenced is not None:
-            raise self.fenced
-
-    def _write_pointer(self, latest: int | None, retained: Sequence[int]) -> None:
-        if self.version is None:
+        if self.seq is None:
             self.claim()
-        assert self.version is not None
-        new = self.version + 1
-        if not self._create_pointer(new, latest, retained):
-            raise self._fence(self.pointer_path(new), "this pointer version exists")
-        versions = self._versions()
-        if versions and versions[-1] > new:
-            raise self._fence(self.pointer_path(versions[-1]), "a newer pointer version")
-        self.version = new
-        self._drop_pointers(versions, below=new - 1)
-
-    # -- reads -------------------------------------------------------------------------
-    def _pointer(self) -> tuple[int | None, int | None, list[int]]:
-        """(version, latest id, retained ids) of the highest pointer version; (None,
-        None, []) when there is none."""
-        for attempt in range(_READ_ATTEMPTS):
-            versions = self._versions()
-            if not versions:
-                return None, None, []
-            path = self.pointer_path(versions[-1])
+        batch = {c.checkpoint_id: c for c in checkpoints}
+        keep = sorted(set(retained))
+        if not batch or max(batch) not in keep:
+            raise ValueError("the newest checkpoint of a commit must be retained")
+        with self._lock:
+            unknown = [i for i in keep if i not in batch and i not in self._where]
+            where = dict(self._where)
+            claims = self._claims
+        if unknown:
+            raise ValueError(f"retained checkpoints {unknown} are not known to this store")
+        dicts = {i: batch[i].to_dict() for i in keep if i in batch}
+        sizes = {
+            i: len(json.dumps(dicts[i], separators=(",", ":"))) if i in dicts else 0 for i in batch
+        }
+        requests = 0
+        assert self.seq is not None
+        seq = self.seq + 1
+        for _ in range(_OWN_SKIPS):
+            pairs = [(i, seq if i in batch else where[i]) for i in keep]
+            body = self._body("checkpoint", seq, pairs, claims, [dicts[i] for i in sorted(dicts)])
+            path = self.record_path(seq)
+            requests += 1
             try:
-                raw = self.store.read(path)
-            except StorageError:
-                if attempt + 1 == _READ_ATTEMPTS or self.store.exists(path):
-                    raise
-                continue  # deleted after the listing: a newer version exists
-            latest, retained = _decode_pointer(path, raw)
-            return versions[-1], latest, retained
-        raise AssertionError("unreachable")  # pragma: no cover
+                self.store.put(path, body, exclusive=True)
+            except ObjectExistsError:
+                requests += 1
+                other = self._read_quietly(path)
+                if other == body:
+                    break
+                if not self._own_record(path, other, seq):
+                    raise self._fence(path, "this commit record exists") from None
+                seq += 1  # a write of ours taken for failed: move past it
+                continue
+            break
+        else:
+            raise self._fence(self.record_path(seq), "too many records of this driver exist")
+        with self._lock:
+            self.seq = seq
+            self._where = {i: s for i, s in pairs}
+            self._placed.update((i, seq) for i in batch)
+        return Committed(path, seq, requests, sizes)
 
-    def latest_id(self) -> int | None:
-        """Id of the latest completed checkpoint, or None if there is none."""
-        return self._pointer()[1]
-
-    def retained_ids(self) -> list[int]:
-        """Ids of the retained checkpoints, ascending."""
-        return self._pointer()[2]
-
-    def load(self, checkpoint_id: int) -> CompletedCheckpoint:
-        """Read one checkpoint's metadata. Raises CorruptCheckpointError naming the file."""
-        path = self.metadata_path(checkpoint_id)
-        raw = self.store.read(path)
+    def _read_quietly(self, url: str) -> bytes | None:
         try:
-            cp = CompletedCheckpoint.from_dict(json.loads(raw))
-        except Exception as e:  # noqa: BLE001 - any decode failure is corruption
-            raise CorruptCheckpointError(path, f"bad checkpoint metadata: {e}") from e
-        if cp.checkpoint_id != checkpoint_id:
-            raise CorruptCheckpointError(path, f"holds checkpoint {cp.checkpoint_id}")
-        return cp
+            return self.store.read(url)
+        except StorageError:
+            return None
 
-    def load_latest(self) -> CompletedCheckpoint | None:
-        """The latest completed checkpoint (for restore), or None."""
-        latest = self.latest_id()
-        return None if latest is None else self.load(latest)
+    def _own_record(self, path: str, raw: bytes | None, seq: int) -> bool:
+        """Whether ``raw`` is a checkpoint record of this driver's (an earlier write
+        whose answer was lost)."""
+        if raw is None:
+            return False
+        try:
+            record = _decode_record(path, raw, seq)
+        except CorruptCheckpointError:
+            return False
+        return bool(record["owner"] == self.owner and record["kind"] == "checkpoint")
 
-    def list_retained(self) -> list[CompletedCheckpoint]:
-        """Every retained checkpoint, oldest first."""
-        return [self.load(i) for i in self.retained_ids()]
+    def add(self, checkpoint: CompletedCheckpoint, retained: Sequence[int] | None = None) -> str:
+        """Commit one checkpoint (:meth:`commit`); ``retained``: ids of the older
+        checkpoints that stay retained (None: every currently retained one). Returns
+        the record's URL."""
+        self._check_not_fenced()
+        if self.seq is None:
+            self.claim()
+        with self._lock:
+            older = sorted(self._where) if retained is None else list(retained)
+        ids = {i for i in older if i < checkpoint.checkpoint_id} | {checkpoint.checkpoint_id}
+        return self.commit([checkpoint], sorted(ids)).path
+
+    def delete(self, checkpoint_id: int) -> list[str]:
+        """Delete what holds ``checkpoint_id``'s metadata once no retained checkpoint
+        needs it: its record (never a claim or this store's newest record), or an old
+        layout's ``chk-<id>.json``. A checkpoint still retained, or one this store did
+        not commit or take over, deletes nothing. Returns the URLs deleted. Raises
+        JobFencedError (nothing deleted then), StorageError."""
+        self._check_not_fenced()
+        with self._lock:
+            if checkpoint_id in self._where or checkpoint_id not in self._placed:
+                return []
+            seq = self._placed.pop(checkpoint_id)
+            needed = seq in self._where.values() or seq in self._claims or seq == self.seq
+        if seq is None:
+            doomed = [self.metadata_path(checkpoint_id)]
+        elif needed:
+            return []
+        else:
+            doomed = [self.record_path(seq)]
+        deleted = self.store.delete(doomed)
+        self.pointers_deleted += len(deleted)
+        return deleted
 
     def stale_files(self, cutoff: float | None = None) -> list[str]:
-        """Files under ``checkpoints/`` the pointer does not need: metadata files no
-        pointer names (checkpoints written but never committed, subsumed ones whose
-        deletion was interrupted), leftover temporary files, and pointer versions
-        older than the last two; with ``cutoff`` (epoch seconds, the store's clock)
-        only those modified before it (a write under way, another driver's claim
-        included, is younger)."""
-        version, _, retained = self._pointer()
-        keep = {self.metadata_path(i) for i in retained}
-        if version is not None:
-            keep |= {self.pointer_path(v) for v in (version - 1, version) if v >= 0}
+        """Files under ``checkpoints/`` nothing needs: records that are not the newest,
+        not a claim and hold no retained checkpoint; old metadata files no retained
+        checkpoint is in; old pointer versions but the highest; leftover temporary
+        files. With ``cutoff`` (epoch seconds, the store's clock) only those modified
+        before it (a write under way, another driver's claim included, is younger)."""
+        h = self.head()
+        keep = {self.record_path(s) for s in h.claims}
+        if h.seq is not None:
+            keep.add(self.record_path(h.seq))
+        for i, s in h.retained:
+            keep.add(self.metadata_path(i) if s is None else self.record_path(s))
+        if h.pointer is not None:
+            keep.add(self.pointer_path(h.pointer))
         return [
             i.url
             for i in self.store.list_info(self.root)
@@ -287,8 +478,57 @@ class CheckpointStore:
         ]
 
 
+def _head_of(record: dict[str, Any], pointer: int | None) -> Head:
+    retained = tuple((int(i), None if s is None else int(s)) for i, s in record["retained"])
+    return Head(int(record["seq"]), retained, tuple(int(c) for c in record["claims"]), pointer)
+
+
+def _decode_record(path: str, raw: bytes, seq: int) -> dict[str, Any]:
+    """A commit record, checked: its format version, its seq, the retained list
+    (ascending, naming records at or below it) and the metadata it holds. Raises
+    CorruptCheckpointError naming the file (and an unknown version)."""
+    try:
+        d: Any = json.loads(raw)
+        version = d.get("version") if isinstance(d, dict) else None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CorruptCheckpointError(path, f"bad commit record: {e}") from e
+    if version != RECORD_VERSION:
+        raise CorruptCheckpointError(
+            path, f"commit record format version {version!r} is not known (this reads 3)"
+        )
+    try:
+        ok = (
+            int(d["seq"]) == seq
+            and d["kind"] in ("checkpoint", "claim")
+            and isinstance(d["owner"], str)
+            and isinstance(d["checkpoints"], list)
+        )
+        ids = [int(i) for i, _ in d["retained"]]
+        seqs = [None if s is None else int(s) for _, s in d["retained"]]
+        claims = [int(c) for c in d["claims"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptCheckpointError(path, f"bad commit record: {e!r}") from e
+    if not ok:
+        raise CorruptCheckpointError(path, f"not commit record {seq}")
+    if ids != sorted(set(ids)) or any(s is not None and not 0 < s <= seq for s in seqs):
+        raise CorruptCheckpointError(path, "retained checkpoints out of order or ahead")
+    if any(not 0 < c <= seq for c in claims):
+        raise CorruptCheckpointError(path, "a claim record ahead of this one")
+    return dict(d)
+
+
+def _checkpoint_of(path: str, d: Any, checkpoint_id: int) -> CompletedCheckpoint:
+    try:
+        cp = CompletedCheckpoint.from_dict(d)
+    except Exception as e:  # noqa: BLE001 - any decode failure is corruption
+        raise CorruptCheckpointError(path, f"bad checkpoint metadata: {e}") from e
+    if cp.checkpoint_id != checkpoint_id:
+        raise CorruptCheckpointError(path, f"holds checkpoint {cp.checkpoint_id}")
+    return cp
+
+
 def _decode_pointer(path: str, raw: bytes) -> tuple[int | None, list[int]]:
-    """(latest, retained) of a pointer file. Raises CorruptCheckpointError."""
+    """(latest, retained) of an old layout's pointer file. Raises CorruptCheckpointError."""
     try:
         d: Any = json.loads(raw)
         latest = None if d["latest"] is None else int(d["latest"])

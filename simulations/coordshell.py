@@ -67,6 +67,7 @@ from dstltree.coordinator.events import (
     AttemptStarted,
     CheckpointCompleted,
     CheckpointDeleted,
+    CheckpointTriggered,
     CheckpointWritten,
     CleanOrphans,
     DeleteCheckpoint,
@@ -237,6 +238,8 @@ class CoordinatorCluster:
                 self.after(latency, self._written, cid)
             elif isinstance(ins, CheckpointCompleted):
                 self._completed(ins.checkpoint.checkpoint_id - 1)
+            elif isinstance(ins, CheckpointTriggered):
+                continue  # a notice for logs and metrics
             else:
                 self._answer(ins)
         if triggered is not None:

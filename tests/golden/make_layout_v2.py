@@ -45,7 +45,12 @@ def main() -> None:
     for cid in (1, 2):
         tasks = {
             t: TaskCheckpoint(
-                t, 0, 10 * cid, None, (cps[t][cid - 1],), (t * 4, t * 4 + 4),
+                t,
+                0,
+                10 * cid,
+                None,
+                (cps[t][cid - 1],),
+                (t * 4, t * 4 + 4),
                 (SplitState(split, 5 * cid),) if t == 0 else (),
             )
             for t in (0, 1)
@@ -64,10 +69,14 @@ def main() -> None:
             if f.parent.name == "checkpoints":
                 data = data.replace(prefix.encode(), b"@BASE@")
             dest.write_bytes(data)
-    expected = {"latest": 2, "retained": [1, 2], "changes": {
-        "golden-t0-a0": {"0": ["t0-change-1"], "1": ["t0-change-2"]},
-        "golden-t1-a0": {"4": ["t1-change-1"], "5": ["t1-change-2"]},
-    }}
+    expected = {
+        "latest": 2,
+        "retained": [1, 2],
+        "changes": {
+            "golden-t0-a0": {"0": ["t0-change-1"], "1": ["t0-change-2"]},
+            "golden-t1-a0": {"4": ["t1-change-1"], "5": ["t1-change-2"]},
+        },
+    }
     (OUT / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
     shutil.rmtree(tmp)
 

@@ -96,7 +96,14 @@ def test_a_second_coordinator_fences_the_first(tmp_path: Path) -> None:
 
 def test_orphans_are_swept_during_the_run_and_at_its_end(tmp_path: Path) -> None:
     store = ObjectStore(str(tmp_path / "job"))
-    coord = Coordinator(store, 1, checkpoint_interval=0.01, orphan_grace=30.0, sweep_interval=0)
+    coord = Coordinator(
+        store,
+        1,
+        checkpoint_interval=0.01,
+        orphan_grace=30.0,
+        sweep_interval=0,
+        max_concurrent_checkpoints=1,  # this test acknowledges one trigger at a time
+    )
     coord.start()
     kept = store.new_object_path()
     store.put(kept, b"x")

@@ -219,7 +219,7 @@ def test_malformed_messages_get_an_error_and_fencing_over_the_wire(tmp_path: Pat
 
 
 class GatedStore(ObjectStore):
-    """Puts of checkpoint metadata (not the ``LATEST`` pointer) wait for ``gate``;
+    """Puts of commit records of checkpoints (not the claim) wait for ``gate``;
     ``entered`` is set when one starts waiting. ``fail`` makes them raise instead."""
 
     def __init__(self, base: str) -> None:
@@ -229,7 +229,7 @@ class GatedStore(ObjectStore):
         self.fail = False
 
     def put(self, url: str, parts: Sequence[Any] | Any, **kw: Any) -> int:
-        if f"/{CHECKPOINT_DIR}/chk-" in url:
+        if f"/{CHECKPOINT_DIR}/commit-" in url and b'"kind":"checkpoint"' in bytes(parts):
             if self.fail:
                 raise StorageError("put", url, "injected failure")
             self.entered.set()
@@ -258,7 +258,9 @@ def _request(sock: zmq.Socket, frame: bytes) -> protocol.Message:  # type: ignor
 
 def test_slow_metadata_write_does_not_stop_the_loop(tmp_path: Path) -> None:
     store = GatedStore(str(tmp_path))
-    coord = Coordinator(store, 1, checkpoint_interval=0.01, checkpoint_timeout=60.0)
+    coord = Coordinator(
+        store, 1, checkpoint_interval=0.01, checkpoint_timeout=60.0, max_concurrent_checkpoints=1
+    )
     coord.start()
     raw = zmq.Context.instance().socket(zmq.DEALER)
     raw.setsockopt(zmq.LINGER, 0)
@@ -286,6 +288,45 @@ def test_slow_metadata_write_does_not_stop_the_loop(tmp_path: Path) -> None:
         raw.close()
         coord.stop()
     assert CheckpointStore(store).latest_id() in (1, 2)
+
+
+def test_checkpoints_overlap_and_complete_in_order_in_one_record(tmp_path: Path) -> None:
+    store = GatedStore(str(tmp_path))
+    coord = Coordinator(store, 1, checkpoint_interval=0.01, max_concurrent_checkpoints=3)
+    coord.start()
+    try:
+        coord.begin_attempt(0)
+        with TaskLink(coord.address, 0, 0) as link:
+            assert _ack_next(link, store) == 1
+            wait_until(store.entered.is_set)  # the record of checkpoint 1 is being written
+            # Triggers follow the interval meanwhile, up to three in flight.
+            assert [_ack_next(link, store) for _ in range(2)] == [2, 3]
+            assert link.poll(timeout=0.2) == []  # the bound
+            assert coord.statistics().checkpoints_completed == 0
+            store.gate.set()
+            wait_until(lambda: coord.statistics().checkpoints_completed == 3)
+            s = coord.statistics()
+            # 1 alone, then 2 and 3 in one record; one request each on its path.
+            assert s.completion_requests == (1, 1, 1)
+            assert s.checkpoints_in_flight_max == 3 and s.max_concurrent_checkpoints == 3
+            assert len(s.checkpoint_intervals_s) >= 2
+            # 1 is subsumed (retention 2): its record 2 goes, off the completion path;
+            # the claim (record 1) and record 3 stay.
+            records = tmp_path / "checkpoints"
+            wait_until(
+                lambda: (
+                    sorted(p.name[7:17] for p in records.glob("commit-*"))
+                    == [
+                        "0000000001",
+                        "0000000003",
+                    ]
+                )
+            )
+    finally:
+        store.gate.set()
+        coord.stop()
+    cs = CheckpointStore(store)
+    assert cs.retained_ids()[-2:] == [2, 3] and cs.head().seq == 3
 
 
 def test_failed_metadata_write_aborts_and_the_next_checkpoint_completes(tmp_path: Path) -> None:

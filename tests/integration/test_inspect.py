@@ -95,9 +95,12 @@ def test_corrupt_object_and_metadata_fail_clearly(tmp_path: Path) -> None:
     assert result.exit_code == 1  # corrupt, not a storage failure (2)
     assert obj in result.output and "offset" in result.output
     store = ObjectStore(str(tmp_path))
-    store.put(CheckpointStore(store).metadata_path(1), b"[1, 2")
+    cs = CheckpointStore(store)
+    newest = cs.head().seq
+    assert newest is not None
+    store.put(cs.record_path(newest), b"[1, 2")
     result = runner.invoke(_app(), ["inspect", str(tmp_path), "--json"])
-    assert result.exit_code == 1 and "chk-0000000001.json" in result.output
+    assert result.exit_code == 1 and f"commit-{newest:010d}.json" in result.output
 
 
 def _rewrite_index(obj: str, change: Callable[[list[list[Any]]], None]) -> None:

@@ -8,7 +8,13 @@ from collections.abc import Iterable, Sequence
 
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import TaskCheckpoint
-from dstltree.coordinator.events import Event, Instruction, MessageFromTask, SendToTask
+from dstltree.coordinator.events import (
+    CheckpointTriggered,
+    Event,
+    Instruction,
+    MessageFromTask,
+    SendToTask,
+)
 from dstltree.coordinator.state import CoordinatorState
 from dstltree.sparkplug.sinks.layout import Committable, final_name, staged_name
 from dstltree.sparkplug.sources.base import SplitState
@@ -49,12 +55,18 @@ def committable(cid: int, task: int, attempt: int = 0) -> Committable:
 
 
 def feed(s: CoordinatorState, *events: Event) -> list[Instruction]:
-    """Every event in turn; returns all instructions, in order (validated after each)."""
+    """Every event in turn; returns all instructions, in order (validated after each),
+    without the CheckpointTriggered notices (tests of those call ``s.handle``)."""
     out: list[Instruction] = []
     for event in events:
-        out += s.handle(event)
+        out += without_notices(s.handle(event))
         s.validate()
     return out
+
+
+def without_notices(out: Iterable[Instruction]) -> list[Instruction]:
+    """``out`` without the CheckpointTriggered notices."""
+    return [i for i in out if not isinstance(i, CheckpointTriggered)]
 
 
 def sends(out: Iterable[Instruction], kind: type) -> dict[int, protocol.Command]:

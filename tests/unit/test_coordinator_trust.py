@@ -89,8 +89,8 @@ def _refused(out: list[Instruction], identity: bytes, words: str) -> None:
 
 def _triggered(s: CoordinatorState, now: float = 1.0) -> int:
     feed(s, Tick(now))
-    assert s._pending is not None
-    return s._pending.checkpoint_id
+    assert s.in_flight()
+    return s.in_flight()[-1]
 
 
 # -- identity ----------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_messages_of_a_task_from_another_connection_change_nothing() -> None:
     s = _state()
     cid = _triggered(s)
     _refused(feed(s, _ack(0, cid, _tc(0), EVIL)), EVIL, "bound to another connection")
-    assert s._pending is not None and s._pending.acks == {}
+    assert s.in_flight() and s.acks_of(s.in_flight()[-1]) == {}
     feed(s, Tick(10.0), Tick(10.5))  # checkpoint 1 times out; epoch 1 starts
     ref = MaterializedRef(f"{MAT}s0.snap", 0, 1)
     _refused(feed(s, _msg(0, protocol.Report(0, 0, 1, ref), EVIL)), EVIL, "another connection")
@@ -270,7 +270,7 @@ def test_bad_acknowledgements_are_refused_and_change_nothing(tc: TaskCheckpoint,
     out = feed(s, _ack(0, cid, tc))
     assert isinstance(out[0], Reply) and isinstance(out[0].message, protocol.ErrorReply)
     assert s.rejections == {kind: 1}
-    assert s._pending is not None and s._pending.acks == {}
+    assert s.in_flight() and s.acks_of(s.in_flight()[-1]) == {}
 
 
 def test_valid_acknowledgements_of_several_forms_are_accepted() -> None:
@@ -303,7 +303,7 @@ def test_never_triggered_checkpoints_and_second_acks_are_refused() -> None:
     _refused(feed(s, _ack(0, cid + 5, _tc(0))), ident(0, 0), "never triggered")
     assert feed(s, _ack(0, cid, _tc(0))) == []
     _refused(feed(s, _ack(0, cid, _tc(0, 0, 3))), ident(0, 0), "already acknowledged")
-    assert s._pending is not None and s._pending.acks[0] == _tc(0)
+    assert s.in_flight() and s.acks_of(s.in_flight()[-1])[0] == _tc(0)
 
 
 def test_sqns_never_move_back_in_an_attempt_nor_from_the_restored_checkpoint() -> None:
