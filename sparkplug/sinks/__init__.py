@@ -7,7 +7,8 @@ invariant "Output becomes visible only when its checkpoint completes").
 Modules: ``sink.py`` (the description), ``writer.py`` (task side), ``committer.py``
 (driver side and its contract with the coordinator), ``layout.py`` (names and the
 committable), ``formats.py``, ``rows.py`` (row checks, Arrow batches), ``files.py``
-(what is atomic on which store), ``read.py``, ``errors.py``.
+(what is atomic on which store), ``multipart.py`` (S3: staging as an open multipart
+upload at the final key, committed by completing it), ``read.py``, ``errors.py``.
 """
 
 from dstltree.sparkplug.sinks.committer import SinkCommitter

@@ -30,6 +30,7 @@ from dstltree.sparkplug.sinks import (
 )
 from dstltree.sparkplug.sinks import multipart as mp
 from dstltree.sparkplug.sinks.committer import SinkCommitter
+from dstltree.storage.errors import StorageError
 from tests.support.s3_server import S3Target
 
 pytestmark = pytest.mark.s3
@@ -190,6 +191,26 @@ def test_a_large_part_file_is_uploaded_in_parts(
     assert seen == Counter({"CompleteMultipartUpload": 1})
     table = read_committed(sink.url, "parquet", s3.storage_options)
     assert table.column("blob").to_pylist() == blobs
+
+
+def test_a_failed_staging_aborts_its_upload(
+    s3: S3Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = s3fs.S3FileSystem.call_s3
+
+    def refusing(self: s3fs.S3FileSystem, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "upload_part":
+            error = {"Error": {"Code": "AccessDenied", "Message": "no"}}
+            raise translate_boto_error(ClientError(error, "UploadPart"))
+        return real(self, method, *args, **kwargs)
+
+    sink = _sink(s3, tmp_path)
+    with monkeypatch.context() as m, sink.create_writer(0, 0) as w:
+        m.setattr(s3fs.S3FileSystem, "call_s3", refusing)
+        w.write({"id": 1})
+        with pytest.raises(StorageError, match="upload-part .*AccessDenied"):
+            w.prepare_commit(1)
+    assert _uploads(s3) == {} and _keys(s3) == []
 
 
 def test_commit_twice_is_a_no_op(s3: S3Target, tmp_path: Path) -> None:
