@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from dstltree.client.handle import ChangelogHandle, SegmentRef
@@ -25,7 +25,9 @@ from dstltree.sparkplug.sinks.layout import Committable
 from dstltree.sparkplug.sources.base import EnumeratorState, SplitState
 from dstltree.storage.store import CHANGELOG_DIR, SNAPSHOT_DIR, ObjectStore
 
-METADATA_VERSION = 2
+#: Format version of checkpoint metadata written; :data:`METADATA_VERSIONS` are read.
+METADATA_VERSION = 3
+METADATA_VERSIONS = (2, 3)
 #: Largest SQN, byte offset / size (8 TiB) and count accepted from a task.
 MAX_SQN = 2**63 - 1
 MAX_OBJECT_BYTES = 2**43
@@ -198,6 +200,30 @@ class TaskCheckpoint:
 
 
 @dataclass(frozen=True)
+class SplitLogRef:
+    """The ids of the source splits finished by some completed checkpoint, written once
+    to ``path`` (``count`` ids; coordinator/splitlog.py) and referenced by the
+    checkpoints after it, whose metadata then names only the splits finished since:
+    a compacted log, as Spark's ``sources/`` metadata log, so that metadata does not
+    grow with the input. ``ids``: the ids, once read (None in a reference just decoded
+    from metadata; :meth:`CheckpointStore.load` reads them)."""
+
+    path: str
+    count: int
+    ids: frozenset[str] | None = field(default=None, compare=False, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "count": self.count}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SplitLogRef:
+        count = int(d["count"])
+        if not 0 <= count <= MAX_COUNT:
+            raise ValueError(f"split log of {count} ids")
+        return cls(str(d["path"]), count)
+
+
+@dataclass(frozen=True)
 class CompletedCheckpoint:
     """A checkpoint every task of ``attempt`` acknowledged.
 
@@ -207,9 +233,12 @@ class CompletedCheckpoint:
     acknowledgement; ``tasks``: task index -> its acknowledged state;
     ``parallelism`` / ``max_parallelism``: tasks and key groups of the job when it was
     taken (a restore with another ``max_parallelism`` is refused); ``enumerator``: the
-    split enumerator's snapshot at the trigger (FLIP-27), None for a job without a
-    source; ``final``: the last checkpoint of a run that ended (input finished or a
-    stop was requested).
+    split enumerator's snapshot at the trigger (FLIP-27) with the readers' split states
+    of the checkpoint folded in (``EnumeratorState.resumed``; the tasks then carry
+    none), None for a job without a source; ``finished_log``: where the finished split
+    ids up to an earlier checkpoint are (the metadata names only those finished since;
+    None: all are in the metadata); ``final``: the last checkpoint of a run that ended
+    (input finished or a stop was requested).
     """
 
     checkpoint_id: int
@@ -222,6 +251,7 @@ class CompletedCheckpoint:
     max_parallelism: int = 0
     enumerator: EnumeratorState | None = field(default=None, hash=False)
     final: bool = False
+    finished_log: SplitLogRef | None = field(default=None, hash=False)
 
     def split_states(self) -> list[SplitState]:
         """Every task's reader split states (for ``EnumeratorState.resumed``)."""
@@ -237,9 +267,32 @@ class CompletedCheckpoint:
         paths: set[str] = set()
         for t in self.tasks.values():
             paths |= t.referenced_paths()
+        if self.finished_log is not None:
+            paths.add(self.finished_log.path)
         return frozenset(paths)
 
+    def resolved(self, ids: frozenset[str]) -> CompletedCheckpoint:
+        """This checkpoint with the ids of its ``finished_log`` (read from its path)
+        added to its enumerator's finished splits. Raises ValueError when their number
+        is not the reference's count."""
+        ref = self.finished_log
+        if ref is None or self.enumerator is None:
+            return self
+        if len(ids) != ref.count:
+            raise ValueError(f"split log {ref.path} holds {len(ids)} ids, not {ref.count}")
+        enum = replace(self.enumerator, finished=self.enumerator.finished | ids)
+        return replace(self, enumerator=enum, finished_log=replace(ref, ids=ids))
+
     def to_dict(self) -> dict[str, Any]:
+        """The metadata (format :data:`METADATA_VERSION`): with a ``finished_log`` whose
+        ids are known, the enumerator names only the splits finished beyond it."""
+        enum = None if self.enumerator is None else self.enumerator.as_record()
+        ref = self.finished_log
+        if enum is not None and ref is not None:
+            if ref.ids is None or not ref.ids <= self.enumerator.finished:  # type: ignore[union-attr]
+                ref = None  # not usable here: every finished id in the metadata
+            else:
+                enum["finished"] = sorted(set(enum["finished"]) - ref.ids)
         return {
             "version": METADATA_VERSION,
             "checkpoint_id": self.checkpoint_id,
@@ -250,15 +303,20 @@ class CompletedCheckpoint:
             "tasks": [self.tasks[k].to_dict() for k in sorted(self.tasks)],
             "parallelism": self.parallelism,
             "max_parallelism": self.max_parallelism,
-            "enumerator": None if self.enumerator is None else self.enumerator.as_record(),
+            "enumerator": enum,
             "final": self.final,
+            "finished_log": None if ref is None else ref.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompletedCheckpoint:
         version = int(d.get("version", METADATA_VERSION))
-        if version != METADATA_VERSION:
-            raise ValueError(f"unsupported checkpoint metadata version {version}")
+        if version not in METADATA_VERSIONS:
+            raise ValueError(
+                f"checkpoint metadata format version {version} is not known "
+                f"(this reads {', '.join(map(str, METADATA_VERSIONS))})"
+            )
+        log = d.get("finished_log")
         tasks = [TaskCheckpoint.from_dict(t) for t in d["tasks"]]
         enum = d.get("enumerator")
         return cls(
@@ -272,6 +330,7 @@ class CompletedCheckpoint:
             max_parallelism=int(d.get("max_parallelism", 0)),
             enumerator=None if enum is None else EnumeratorState.from_record(enum),
             final=bool(d.get("final", False)),
+            finished_log=None if log is None else SplitLogRef.from_dict(log),
         )
 
 

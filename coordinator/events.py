@@ -134,6 +134,23 @@ class OrphansDeleted:
 
 
 @dataclass(frozen=True)
+class SplitLogWritten:
+    """The split log of a :class:`WriteSplitLog` is at ``path`` (URL), holding ``ids``."""
+
+    now: float
+    path: str
+    ids: frozenset[str] = field(hash=False)
+
+
+@dataclass(frozen=True)
+class SplitLogFailed:
+    """Writing a split log failed (tried again at a later checkpoint)."""
+
+    now: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class StopRequested:
     """End the run: the next checkpoint is triggered at once (or right after the one
     in flight) and is final."""
@@ -217,6 +234,8 @@ Event = (
     | CommitFailed
     | SinkRecovered
     | SinkRecoveryFailed
+    | SplitLogWritten
+    | SplitLogFailed
 )
 
 # -- instructions: messages --------------------------------------------------------------
@@ -285,6 +304,15 @@ class CleanOrphans:
     (only safe before the first attempt writes); answered by OrphansDeleted."""
 
     referenced: frozenset[str]
+
+
+@dataclass(frozen=True)
+class WriteSplitLog:
+    """Write the finished split ``ids`` of a completed checkpoint to a new split log
+    under ``<job>/materialized/`` (coordinator/splitlog.py), off the completion path;
+    answered by SplitLogWritten or SplitLogFailed."""
+
+    ids: frozenset[str] = field(hash=False)
 
 
 @dataclass(frozen=True)
@@ -394,6 +422,7 @@ Instruction = (
     | ListSplits
     | CommitSink
     | RecoverSink
+    | WriteSplitLog
     | CheckpointCompleted
     | CheckpointTriggered
     | CheckpointAborted
@@ -412,6 +441,7 @@ StorageInstruction = (
     | ListSplits
     | CommitSink
     | RecoverSink
+    | WriteSplitLog
 )
 
 

@@ -571,6 +571,7 @@ class Coordinator:
     @_carry_out.register(ev.ListSplits)
     @_carry_out.register(ev.CommitSink)
     @_carry_out.register(ev.RecoverSink)
+    @_carry_out.register(ev.WriteSplitLog)
     def _(self, ins: ev.StorageInstruction) -> None:
         self._storage.submit(ins)
 

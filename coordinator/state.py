@@ -83,7 +83,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import singledispatchmethod
 
 from dstltree.coordinator import protocol
@@ -91,6 +91,7 @@ from dstltree.coordinator.checkpoint import (
     CompletedCheckpoint,
     MaterializedRef,
     Refusal,
+    SplitLogRef,
     TaskCheckpoint,
     checkpoint_phases,
     checkpoint_problem,
@@ -130,13 +131,17 @@ from dstltree.coordinator.events import (
     SinkCommitted,
     SinkRecovered,
     SinkRecoveryFailed,
+    SplitLogFailed,
+    SplitLogWritten,
     SplitsListed,
     Started,
     StopRequested,
     Tick,
     WriteFailed,
+    WriteSplitLog,
 )
 from dstltree.coordinator.registry import SharedStateRegistry
+from dstltree.coordinator.splitlog import COMPACT_AFTER
 from dstltree.coordinator.splits import SourceSplits
 from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.sources.base import EnumeratorState, Source
@@ -288,6 +293,10 @@ class CoordinatorState:
         self._inflight: dict[int, _Pending] = {}  # triggered, not written or aborted
         self._writing: tuple[int, ...] = ()  # ids of the record being written
         self._last_trigger: float | None = None
+        # the split log checkpoints reference (coordinator/splitlog.py), and the wall
+        # clock (epoch s) when a new one was asked for, while it is written
+        self._split_log: SplitLogRef | None = None if last is None else last.finished_log
+        self._split_log_asked: float | None = None
         self._epoch: _Epoch | None = None
         self._checkpoint_due = 0.0
         self._aborted_last = False  # the last checkpoint triggered was aborted
@@ -366,6 +375,8 @@ class CoordinatorState:
         the run is finished and every task was sent Finish. None when no sweep is
         safe: no checkpoint or wall clock yet, or an applied epoch no checkpoint names."""
         keep = set(self.registry.referenced())
+        if self._split_log is not None:
+            keep.add(self._split_log.path)
         for pending in self._inflight.values():
             keep.update(p for tc in pending.acks.values() for p in tc.referenced_paths())
         if self._epoch is not None:
@@ -380,6 +391,8 @@ class CoordinatorState:
         cutoff = last.created_at - last.duration_s
         if self._epoch is not None:
             cutoff = min(cutoff, self.wall - (self.now - self._epoch.started_at))
+        if self._split_log_asked is not None:
+            cutoff = min(cutoff, self._split_log_asked)
         return frozenset(keep), cutoff
 
     # -- entry -------------------------------------------------------------------------
@@ -492,7 +505,19 @@ class CoordinatorState:
             out.append(CheckpointCompleted(cp, duration, ev.requests, size))
         out += self._subsume()
         out += self._committed(done) if self.commits is None else self.commits.durable(*done)
-        return out + self._maybe_persist()
+        return out + self._maybe_compact(done[-1]) + self._maybe_persist()
+
+    def _maybe_compact(self, cp: CompletedCheckpoint) -> list[Instruction]:
+        """A new split log of ``cp``'s finished splits when it names
+        ``COMPACT_AFTER`` or more beyond the current one and none is being written."""
+        if cp.enumerator is None or self._split_log_asked is not None:
+            return []
+        ids = cp.enumerator.finished
+        base = self._split_log.ids if self._split_log is not None else None
+        if len(ids - (base or frozenset())) < COMPACT_AFTER:
+            return []
+        self._split_log_asked = self.wall if self.wall is not None else 0.0
+        return [WriteSplitLog(frozenset(ids))]
 
     @_handle_event.register
     def _(self, ev: WriteFailed) -> list[Instruction]:
@@ -505,6 +530,19 @@ class CoordinatorState:
             self._inflight[cid].completed = None
             out += self._abort(cid, f"write failed: {ev.reason}")
         return out + self._maybe_persist()
+
+    @_handle_event.register
+    def _(self, ev: SplitLogWritten) -> list[Instruction]:
+        if self._split_log_asked is None:
+            return [MessageIgnored(-1, "no split log was being written")]
+        self._split_log_asked = None
+        self._split_log = SplitLogRef(ev.path, len(ev.ids), frozenset(ev.ids))
+        return []
+
+    @_handle_event.register
+    def _(self, ev: SplitLogFailed) -> list[Instruction]:
+        self._split_log_asked = None  # asked again at the next checkpoint
+        return []
 
     @_handle_event.register
     def _(self, ev: SinkCommitted) -> list[Instruction]:
@@ -868,17 +906,28 @@ class CoordinatorState:
     def _complete(self, p: _Pending) -> CompletedCheckpoint:
         """Every task acknowledged ``p``: the record of it (kept while written)."""
         ready = p.ready_at if p.ready_at is not None else self.now
+        acks = dict(sorted(p.acks.items()))
+        enumerator = p.enumerator
+        if enumerator is not None:  # the readers' states folded in: tasks carry none
+            enumerator = enumerator.resumed(s for tc in acks.values() for s in tc.splits)
+            acks = {t: replace(tc, splits=()) for t, tc in acks.items()}
+        log = self._split_log
+        if log is not None and (
+            enumerator is None or log.ids is None or not log.ids <= enumerator.finished
+        ):
+            log = None
         cp = CompletedCheckpoint(
             checkpoint_id=p.checkpoint_id,
             attempt=p.attempt,
             materialization_epoch=p.epoch,
             created_at=self.wall - (self.now - ready) if self.wall is not None else ready,
             duration_s=max(0.0, ready - p.triggered_at),
-            tasks=dict(sorted(p.acks.items())),
+            tasks=acks,
             parallelism=p.num_tasks,
             max_parallelism=self.config.max_parallelism,
-            enumerator=p.enumerator,
+            enumerator=enumerator,
             final=p.final,
+            finished_log=log,
         )
         p.completed = cp
         return cp

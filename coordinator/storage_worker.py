@@ -1,16 +1,20 @@
 """The coordinator's storage work, off its event loop.
 
-Four threads (``concurrent.futures.ThreadPoolExecutor`` s of one), each carrying out
-its share of the storage instructions of coordinator/events.py in the order they were
-submitted:
+Thread pools (``concurrent.futures.ThreadPoolExecutor``), each carrying out its share
+of the storage instructions of coordinator/events.py:
 
-- **the completion path**: commit records (``PersistCheckpoint``), one conditional
-  create each (coordinator/store.py), and nothing else, so no cleanup, sink commit or
-  listing ever queues in front of a checkpoint's commit point;
-- **cleanup**: subsumed records (``DeleteCheckpoint``), released objects
-  (``DeleteObjects``), the orphan cleanup at start and the in-run sweeps;
-- **the sink**: commits (``SinkCommitter.commit``) and recoveries;
-- **listings** (``SplitEnumerator.list_splits``).
+- **the completion path**, one thread: commit records (``PersistCheckpoint``), one
+  conditional create each (coordinator/store.py), and nothing else, so no cleanup,
+  sink commit or listing ever queues in front of a checkpoint's commit point;
+- **deletions**, :data:`DELETE_THREADS` threads: subsumed records
+  (``DeleteCheckpoint``), released objects (``DeleteObjects``) and split logs
+  (``WriteSplitLog``, coordinator/splitlog.py), in parallel: on an object store every
+  deletion is a request of its own (~0.3 s), a few per checkpoint, so one thread
+  would fall behind a 0.3 s interval;
+- **sweeps**, one thread: the orphan cleanup at start and the in-run sweeps, one at a
+  time;
+- **the sink**, one thread: commits (``SinkCommitter.commit``) and recoveries, in order;
+- **listings**, one thread (``SplitEnumerator.list_splits``).
 
 The state issues a deletion or a sink commit only once the record it depends on is
 written (its ``CheckpointWritten`` came back), so running them on other threads keeps
@@ -37,6 +41,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, fields
@@ -62,18 +67,25 @@ from dstltree.coordinator.events import (
     SinkCommitted,
     SinkRecovered,
     SinkRecoveryFailed,
+    SplitLogFailed,
+    SplitLogWritten,
     SplitsListed,
     StorageInstruction,
     SweepOrphans,
     WriteFailed,
+    WriteSplitLog,
 )
 from dstltree.coordinator.shared import SharedOrphans, object_log_ids
+from dstltree.coordinator.splitlog import SPLIT_LOG_SUFFIX, encode_split_log
 from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.sparkplug.sinks.committer import SinkCommitter
 from dstltree.sparkplug.sinks.sink import FileSink
-from dstltree.storage.store import ObjectStore
+from dstltree.storage.store import SNAPSHOT_DIR, ObjectStore
 
 log = logging.getLogger(__name__)
+
+#: Threads deleting subsumed records and released objects (module docstring).
+DELETE_THREADS = 8
 
 #: What the worker carries out: the state's storage instructions and the sweeps.
 WorkerInstruction = StorageInstruction | SweepOrphans
@@ -160,7 +172,10 @@ class StorageWorker:
         self._committer: SinkCommitter | None = None
         self._clock = clock
         self._committing = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-commit")
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-io")
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-sweep")
+        self._deleting = ThreadPoolExecutor(
+            DELETE_THREADS, thread_name_prefix="dstl-coordinator-delete"
+        )
         self._sinking = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-sink")
         self._lister = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-list")
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -203,7 +218,7 @@ class StorageWorker:
 
     def shutdown(self) -> None:
         """Cancel what has not started; a running instruction finishes in the background."""
-        for pool in (self._committing, self._executor, self._sinking, self._lister):
+        for pool in (self._committing, self._deleting, self._executor, self._sinking, self._lister):
             pool.shutdown(wait=False, cancel_futures=True)
 
     def _pool(self, instruction: WorkerInstruction) -> ThreadPoolExecutor:
@@ -214,6 +229,8 @@ class StorageWorker:
             return self._sinking
         if isinstance(instruction, ListSplits):
             return self._lister
+        if isinstance(instruction, DeleteCheckpoint | DeleteObjects | WriteSplitLog):
+            return self._deleting
         return self._executor
 
     def _work(self, instruction: WorkerInstruction) -> None:
@@ -250,6 +267,8 @@ class StorageWorker:
                 return CommitFailed(now, instruction.checkpoint_id, reason)
             if isinstance(instruction, RecoverSink):
                 return SinkRecoveryFailed(now, reason)
+            if isinstance(instruction, WriteSplitLog):
+                return SplitLogFailed(now, reason)
             return DeleteFailed(now, _describe(instruction), reason)
 
     @singledispatchmethod
@@ -328,6 +347,13 @@ class StorageWorker:
             log.warning("refused to delete %d paths outside the job's prefix", refused)
             self.counters.add("deletes_refused", refused)
         return ok
+
+    @run.register
+    def _(self, instruction: WriteSplitLog) -> Event:
+        oid = uuid.uuid4().hex
+        path = self.store.join(SNAPSHOT_DIR, oid[:2], f"{oid}{SPLIT_LOG_SUFFIX}")
+        self.store.put(path, encode_split_log(instruction.ids))
+        return SplitLogWritten(self._clock(), path, instruction.ids)
 
     @run.register
     def _(self, instruction: ListSplits) -> Event:

@@ -62,6 +62,7 @@ from typing import Any
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
 from dstltree.coordinator.errors import CoordinatorError, CorruptCheckpointError
+from dstltree.coordinator.splitlog import decode_split_log
 from dstltree.storage.errors import StorageError
 from dstltree.storage.store import CHECKPOINT_DIR, ObjectExistsError, ObjectStore
 
@@ -235,9 +236,17 @@ class CheckpointStore:
             return self._load_old(checkpoint_id)
         path = self.record_path(seq)
         for d in self._record(seq)["checkpoints"]:
-            if d.get("checkpoint_id") == checkpoint_id:
-                return _checkpoint_of(path, d, checkpoint_id)
+            if isinstance(d, dict) and d.get("checkpoint_id") == checkpoint_id:
+                return self._with_split_log(_checkpoint_of(path, d, checkpoint_id))
         raise CorruptCheckpointError(path, f"does not hold checkpoint {checkpoint_id}")
+
+    def _with_split_log(self, cp: CompletedCheckpoint) -> CompletedCheckpoint:
+        """``cp`` with the ids of the split log it references read in
+        (coordinator/splitlog.py). Raises CorruptCheckpointError, StorageError."""
+        ref = cp.finished_log
+        if ref is None or ref.ids is not None:
+            return cp
+        return cp.resolved(decode_split_log(ref.path, self.store.read(ref.path), ref.count))
 
     def _load_old(self, checkpoint_id: int) -> CompletedCheckpoint:
         path = self.metadata_path(checkpoint_id)
@@ -454,7 +463,8 @@ class CheckpointStore:
         else:
             doomed = [self.record_path(seq)]
         deleted = self.store.delete(doomed)
-        self.pointers_deleted += len(deleted)
+        with self._lock:
+            self.pointers_deleted += len(deleted)
         return deleted
 
     def stale_files(self, cutoff: float | None = None) -> list[str]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dstltree.coordinator.state import DEFAULT_MAX_CONCURRENT_CHECKPOINTS
 from dstltree.demo.chaos import ChaosMonkey, compose, plan_chaos
 from dstltree.demo.checks import batch_stats, compare, sink_summary
 from dstltree.demo.flights import SINK_SCHEMA, PlaneStats, has_distance
@@ -83,6 +84,7 @@ class DemoOptions:
     ``kill_node_after`` > 0 kills one node below the root hard after that many
     checkpoints of the first run (dstltree.demo.node_kill);
     ``compression``: the codec of the changelog segments (None: off; "zstd");
+    ``max_concurrent_checkpoints``: checkpoints in flight at most;
     ``run_id``: this run's folder below the
     base path (default: :func:`new_run_id`); ``fresh``: delete this run's folder
     ``<base>/<run_id>/`` first (nothing else, ever). Raises ValueError for a run id
@@ -111,6 +113,7 @@ class DemoOptions:
     kill_node_after: int = 0
     run_id: str = field(default_factory=new_run_id)
     compression: str | None = None
+    max_concurrent_checkpoints: int = DEFAULT_MAX_CONCURRENT_CHECKPOINTS
 
     def __post_init__(self) -> None:
         if not RUN_ID.fullmatch(self.run_id):
@@ -208,6 +211,7 @@ def run_job(
         "metrics_port": opts.metrics_port,
         "source_rate": opts.source_rate,
         "compression": opts.compression,
+        "max_concurrent_checkpoints": opts.max_concurrent_checkpoints,
     }
     drills = []
     if drill and opts.kill_task_after > 0:

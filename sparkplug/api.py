@@ -121,7 +121,10 @@ class StreamingJob:
     (default: the session's), ``max_attempts``, ``retained_checkpoints``,
     ``metrics_port``, ``crash_drill`` (a :class:`CrashDrill`), ``source_rate``
     (records per second per task's reader, 0 = unlimited), ``batch_records``,
-    ``checkpoint_timeout``, ``persist_changelog``
+    ``checkpoint_timeout``, ``max_concurrent_checkpoints`` (checkpoints in flight at
+    most, Flink's ``maxConcurrentCheckpoints``: triggers follow
+    ``checkpoint_interval`` while earlier checkpoints complete, in order; default
+    ``DEFAULT_MAX_CONCURRENT_CHECKPOINTS``), ``persist_changelog``
     (False: the minimal changelog, for benchmarks: state changes are not logged and
     checkpoints hold only offsets and output, so state is NOT recoverable), ``auth``
     (default True: CURVE on every socket, per-job keys made here and shipped to the

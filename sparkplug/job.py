@@ -15,6 +15,7 @@ from typing import Any
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
 from dstltree.coordinator.service import Coordinator, CoordinatorStatistics
+from dstltree.coordinator.state import DEFAULT_MAX_CONCURRENT_CHECKPOINTS
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.security.settings import JobSecurity, SecuritySettings, cluster_keys_for_nodes
 from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM
@@ -42,7 +43,9 @@ class RunOptions:
     as it can). ``auth``: CURVE on every socket of the job (default); False =
     plaintext, for the coordinator, the exchange and the nodes the job starts (nodes
     started by hosts' supervisors follow the topology's ``security``). ``compression``:
-    the codec of the tasks' changelog segments (None: off; ``"zstd"``)."""
+    the codec of the tasks' changelog segments (None: off; ``"zstd"``).
+    ``max_concurrent_checkpoints``: checkpoints in flight at most (Flink's
+    ``maxConcurrentCheckpoints``); each task keeps as many persisting while it goes on."""
 
     name: str
     base_path: str
@@ -64,6 +67,7 @@ class RunOptions:
     progress: Callable[[Any], None] | None = None
     auth: bool = True
     compression: str | None = None
+    max_concurrent_checkpoints: int = DEFAULT_MAX_CONCURRENT_CHECKPOINTS
 
 
 @dataclass
@@ -149,6 +153,7 @@ def run_pipeline(
         security=security.job,
         extra_object_prefixes=_node_prefixes(opts, topo),
         log_namespace=job_id,
+        max_concurrent_checkpoints=opts.max_concurrent_checkpoints,
     )
     observed = Observed()
     try:
@@ -343,6 +348,7 @@ class _Attempts:
             node_for_executor=self.nodes.node_for_executor,
             node_for_host=self.nodes.node_for_host,
             ack_timeout=self._ack_timeout(),
+            max_pending_acks=max(2, o.max_concurrent_checkpoints),
             max_parallelism=o.max_parallelism,
             batch_records=o.batch_records,
             persist_changelog=o.persist_changelog,

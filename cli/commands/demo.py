@@ -11,6 +11,7 @@ import typer
 
 from dstltree.cli.commands._common import check_topology
 from dstltree.client.segment import CODECS
+from dstltree.coordinator.state import DEFAULT_MAX_CONCURRENT_CHECKPOINTS
 
 DEFAULT_TOPOLOGY = Path("deploy/local.yaml")
 
@@ -22,6 +23,12 @@ def register(app: typer.Typer) -> None:
 def demo(
     tasks: int = typer.Option(4, min=1, max=128, help="Stateful tasks (P)."),
     checkpoint_interval: float = typer.Option(0.3, min=0.01, help="Seconds between checkpoints."),
+    max_concurrent_checkpoints: int = typer.Option(
+        DEFAULT_MAX_CONCURRENT_CHECKPOINTS,
+        min=1,
+        max=64,
+        help="Checkpoints in flight at most (triggers follow the interval meanwhile).",
+    ),
     materialization_interval: float = typer.Option(
         3.0, min=0.1, help="Seconds between materializations."
     ),
@@ -141,6 +148,7 @@ def demo(
         master=master,
         tasks=tasks,
         checkpoint_interval=checkpoint_interval,
+        max_concurrent_checkpoints=max_concurrent_checkpoints,
         materialization_interval=materialization_interval,
         kill_task_after=kill_task_after,
         kill_node_after=kill_node_after,
