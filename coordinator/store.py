@@ -8,6 +8,9 @@ Layout (format version 3)::
         "claims": [1, 30],                   every claim record so far
         "checkpoints": [{...metadata of checkpoint 9...}]}
 
+The metadata in a record is compact (coordinator/compact.py): object paths below the
+job's folder are relative to it and a segment's key groups are runs.
+
 **The commit point of a checkpoint is one request**: the conditional create (S3
 ``If-None-Match: *``, POSIX ``link``, see :meth:`ObjectStore.put` ``exclusive``) of the
 next commit record, which carries the checkpoint's metadata *and* the retained set
@@ -61,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
+from dstltree.coordinator.compact import pack, unpack
 from dstltree.coordinator.errors import CoordinatorError, CorruptCheckpointError
 from dstltree.coordinator.splitlog import decode_split_log
 from dstltree.storage.errors import StorageError
@@ -237,7 +241,11 @@ class CheckpointStore:
         path = self.record_path(seq)
         for d in self._record(seq)["checkpoints"]:
             if isinstance(d, dict) and d.get("checkpoint_id") == checkpoint_id:
-                return self._with_split_log(_checkpoint_of(path, d, checkpoint_id))
+                try:
+                    full = unpack(d, self.store.base_url)
+                except (KeyError, TypeError, ValueError) as e:
+                    raise CorruptCheckpointError(path, f"bad checkpoint metadata: {e!r}") from e
+                return self._with_split_log(_checkpoint_of(path, full, checkpoint_id))
         raise CorruptCheckpointError(path, f"does not hold checkpoint {checkpoint_id}")
 
     def _with_split_log(self, cp: CompletedCheckpoint) -> CompletedCheckpoint:
@@ -383,7 +391,8 @@ class CheckpointStore:
             claims = self._claims
         if unknown:
             raise ValueError(f"retained checkpoints {unknown} are not known to this store")
-        dicts = {i: batch[i].to_dict() for i in keep if i in batch}
+        base = self.store.base_url
+        dicts = {i: pack(batch[i].to_dict(), base) for i in keep if i in batch}
         sizes = {
             i: len(json.dumps(dicts[i], separators=(",", ":"))) if i in dicts else 0 for i in batch
         }

@@ -48,6 +48,11 @@ def run_figures(
         "checkpoint_duration_ms": {"p50": _ms(durations_ms, 50), "p99": _ms(durations_ms, 99)},
         "checkpoint_interval_ms": {"p50": _ms(intervals_ms, 50), "p99": _ms(intervals_ms, 99)},
         "checkpoint_sync_ms": {"p50": _ms(sync_ms, 50), "p99": _ms(sync_ms, 99)},
+        # every checkpoint's figures, in completion (and trigger) order, for plots
+        "per_checkpoint_ms": {
+            "duration": [round(d, 1) for d in durations_ms],
+            "interval": [round(i, 1) for i in intervals_ms],
+        },
         "checkpoint_async_ms": {"p50": _ms(async_ms, 50), "p99": _ms(async_ms, 99)},
         **completion_figures(stats),
         "materializations": sum(s.materializations_completed for s in stats),
