@@ -176,6 +176,9 @@ class StorageWorker:
         self._deleting = ThreadPoolExecutor(
             DELETE_THREADS, thread_name_prefix="dstl-coordinator-delete"
         )
+        self._sweep_deletes = ThreadPoolExecutor(
+            DELETE_THREADS, thread_name_prefix="dstl-coordinator-sweep-delete"
+        )
         self._sinking = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-sink")
         self._lister = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-list")
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -218,7 +221,8 @@ class StorageWorker:
 
     def shutdown(self) -> None:
         """Cancel what has not started; a running instruction finishes in the background."""
-        for pool in (self._committing, self._deleting, self._executor, self._sinking, self._lister):
+        pools = (self._committing, self._deleting, self._executor, self._sinking, self._lister)
+        for pool in (*pools, self._sweep_deletes):
             pool.shutdown(wait=False, cancel_futures=True)
 
     def _pool(self, instruction: WorkerInstruction) -> ThreadPoolExecutor:
@@ -328,12 +332,21 @@ class StorageWorker:
         shared = OrphanScan((), ()) if self.shared is None else self.shared.scan(referenced, cutoff)
         stale = self.checkpoints.stale_files(cutoff)
         self.checkpoints.verify_owner()
-        orphans = len(self.store.delete(self._allowed(scan.orphans)))
-        in_shared = len(self.store.delete(self._allowed(shared.orphans)))
-        deleted_stale = len(self.store.delete(self._allowed(stale)))
+        orphans = self._delete_all(self._allowed(scan.orphans))
+        in_shared = self._delete_all(self._allowed(shared.orphans))
+        deleted_stale = self._delete_all(self._allowed(stale))
         self.counters.add("orphans_spared", len(scan.spared) + len(shared.spared))
         self.counters.add("shared_orphans_deleted", in_shared)
         return OrphansDeleted(self._clock(), orphans + in_shared, deleted_stale)
+
+    def _delete_all(self, paths: Sequence[str]) -> int:
+        """Delete ``paths`` on :data:`DELETE_THREADS` threads (one request each on an
+        object store); returns how many were deleted. Raises StorageError."""
+        if len(paths) <= 1:
+            return len(self.store.delete(paths))
+        chunks = [list(paths[i::DELETE_THREADS]) for i in range(DELETE_THREADS)]
+        done = [self._sweep_deletes.submit(self.store.delete, c) for c in chunks if c]
+        return sum(len(f.result()) for f in done)
 
     def _allowed(self, paths: Sequence[str]) -> list[str]:
         """``paths`` under the job's prefix; the others (all, once fenced) are refused

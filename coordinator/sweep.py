@@ -18,9 +18,11 @@ every ``interval`` seconds, and once more when the run is finished:
   of the attempt was sent ``Finish``, deletes every unreferenced file whatever its
   age (grace 0): no checkpoint is triggered any more, tasks of older attempts are
   fenced, so no acknowledgement can name a file again; the retained checkpoints are
-  the end state. Only a write still in flight when the sweep lists (a killed
-  attempt's upload that lands late) can outlive it; the cleanup at the next start
-  deletes it.
+  the end state. A write still in flight when it lists (a snapshot part a task was
+  uploading when its Finish came, a killed attempt's upload that lands late) can
+  outlive it: so the coordinator sweeps once more when it stops (``final_only``),
+  after the driver saw every task of the stage end; what a killed attempt leaves
+  later still is deleted by the cleanup at the next start.
 """
 
 from __future__ import annotations
@@ -56,20 +58,23 @@ class OrphanSweeper:
         self._wall = wall
         self._due = 0.0
         self.final_issued = False
+        self.closing_issued = False
 
     def next(
         self, state: CoordinatorState, now: float, *, final_only: bool = False
     ) -> SweepOrphans | None:
         """The sweep to carry out now (``now``: monotonic seconds), or None: the final
-        one once the run is finished (issued once), else an in-run one when due and
-        safe (not with ``final_only``)."""
-        if self.final_issued:
+        one once the run is finished (issued once, and once more with ``final_only``,
+        when the coordinator stops), else an in-run one when due and safe (not with
+        ``final_only``)."""
+        if self.final_issued and (not final_only or self.closing_issued):
             return None
         scope = state.sweep_scope()
         if scope is None:
             return None
         referenced, cutoff = scope
         if cutoff is None:
+            self.closing_issued = self.final_issued and final_only
             self.final_issued = True
             return SweepOrphans(referenced, None, final=True)
         if final_only or now < self._due:

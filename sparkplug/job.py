@@ -28,6 +28,10 @@ from dstltree.sparkplug.task import TaskConfig, run_task
 from dstltree.storage.store import CHANGELOG_DIR, ObjectStore
 from dstltree.topology.config import TopologyConfig, load_topology
 
+#: Seconds the driver waits for the coordinator's storage work (the closing sweep) at
+#: the end of a run.
+STOP_TIMEOUT_S = 60.0
+
 
 class JobFailedError(RuntimeError):
     """The job cannot go on: a record or file it cannot use (the message names the file
@@ -164,7 +168,10 @@ def run_pipeline(
         observed.see(latest)
         stats, metrics = coord.statistics(), _metrics_urls(coord, nodes)
     finally:
-        coord.stop()
+        # the stage has ended: the closing sweep (coordinator/sweep.py) also finds what
+        # tasks uploaded after the run's final sweep; on an object store it may take
+        # seconds
+        coord.stop(timeout=STOP_TIMEOUT_S)
         nodes.stop()
     before = 0 if start is None else sum(t.records for t in start.tasks.values())
     return JobRun(
