@@ -8,8 +8,14 @@ as they are everywhere else:
 - a path below the job's own folder (the store's base URL) is written relative to it,
   marked by a leading ``./`` (``./changelog/57/f656...dstl``); a path elsewhere (a
   node writing outside the job) stays as it is;
-- a segment's key groups, a list of ints, are written as runs ``[[start, stop], ...]``
-  under ``kg`` (a task's key groups are one contiguous range: one run).
+- a segment is an array ``[path, offset, length, sqn_from, sqn_to, crc32, runs]``, its
+  key groups as runs ``[[start, stop], ...]`` (a task's key groups are one contiguous
+  range: one run);
+- a committable's final name is left out when it is the layout's name for its
+  checkpoint, task and attempt (``sinks.layout.final_name``), as it always is;
+- pending splits of the enumerator share their locations' common folder
+  (``pending_prefix``), and a location that is that folder plus the split id is
+  ``null``.
 
 :func:`pack` and :func:`unpack` are pure; :func:`unpack` raises ValueError, TypeError or
 KeyError for malformed input (the store names the file).
@@ -17,8 +23,11 @@ KeyError for malformed input (the store names the file).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from dstltree.sparkplug.sinks.layout import final_name
 
 #: Most key group runs of one segment, and the largest key group, accepted on reading.
 MAX_RUNS = 1 << 16
@@ -36,25 +45,92 @@ def pack(d: dict[str, Any], base: str) -> dict[str, Any]:
     out = _map_paths(d, rel)
     for t in out["tasks"]:
         for h in t.get("changelog", ()):
-            for s in h["segments"]:
-                s["kg"] = runs(s.pop("key_groups"))
+            h["segments"] = [_segment_row(s) for s in h["segments"]]
+        t["committables"] = [_lean_committable(c) for c in t.get("committables", ())]
+    if out.get("enumerator"):
+        out["enumerator"] = _pack_pending(out["enumerator"])
     return out
 
 
 def unpack(d: dict[str, Any], base: str) -> dict[str, Any]:
     """The checkpoint dict of a compact one (the inverse of :func:`pack`)."""
     prefix = base.rstrip("/") + "/"
+    d = {**d, "tasks": [dict(t) for t in d["tasks"]]}
+    for t in d["tasks"]:
+        t["changelog"] = [dict(h) for h in t.get("changelog", ())]
 
     def absolute(p: str) -> str:
         if not isinstance(p, str):
             raise TypeError(f"path: expected a string, got {type(p).__name__}")
         return prefix + p[2:] if p.startswith("./") else p
 
-    out = _map_paths(d, absolute)
-    for t in out["tasks"]:
+    for t in d["tasks"]:
         for h in t.get("changelog", ()):
-            for s in h["segments"]:
-                s["key_groups"] = expand(s.pop("kg"))
+            h["segments"] = [_segment_dict(s) for s in h["segments"]]
+        t["committables"] = [_full_committable(c) for c in t.get("committables", ())]
+    if d.get("enumerator"):
+        d["enumerator"] = _unpack_pending(d["enumerator"])
+    return _map_paths(d, absolute)
+
+
+_SEGMENT_FIELDS = ("path", "offset", "length", "sqn_from", "sqn_to", "crc32")
+
+
+def _segment_row(s: dict[str, Any]) -> list[Any]:
+    return [s["path"], s["offset"], s["length"], *s["sqn"], s["crc32"], runs(s["key_groups"])]
+
+
+def _segment_dict(row: Any) -> dict[str, Any]:
+    if not isinstance(row, list) or len(row) != 7:
+        raise ValueError(f"a segment row of 7 fields, got {str(row)[:80]}")
+    path, offset, length, lo, hi, crc, kg = row
+    d = {"path": path, "offset": offset, "length": length, "sqn": [lo, hi], "crc32": crc}
+    d["key_groups"] = expand(kg)
+    return d
+
+
+def _lean_committable(c: dict[str, Any]) -> dict[str, Any]:
+    out = dict(c)
+    if out.get("final") == _final_of(out):
+        del out["final"]
+    return out
+
+
+def _full_committable(c: Any) -> Any:
+    if isinstance(c, dict) and "final" not in c:
+        return {**c, "final": _final_of(c)}
+    return c
+
+
+def _final_of(c: dict[str, Any]) -> str | None:
+    """The layout's final name of a committable dict (None if it has no such name)."""
+    staged, cid, task, attempt = (c.get(k) for k in ("staged", "checkpoint_id", "task", "attempt"))
+    if not isinstance(staged, str) or "." not in staged:
+        return None
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (cid, task, attempt)):
+        return None
+    return final_name(cid, task, attempt, staged.rsplit(".", 1)[1])  # type: ignore[arg-type]
+
+
+def _pack_pending(e: dict[str, Any]) -> dict[str, Any]:
+    locations = [r[1] for r in e.get("pending", ())]
+    prefix = os.path.commonprefix(locations) if locations else ""
+    prefix = prefix[: prefix.rfind("/") + 1]
+    if not prefix:
+        return e
+    rows = [[r[0], None if r[1] == prefix + r[0] else r[1], *r[2:]] for r in e["pending"]]
+    return {**e, "pending": rows, "pending_prefix": prefix}
+
+
+def _unpack_pending(e: Any) -> Any:
+    if not isinstance(e, dict) or "pending_prefix" not in e:
+        return e
+    prefix = e["pending_prefix"]
+    if not isinstance(prefix, str):
+        raise TypeError("pending_prefix: expected a string")
+    rows = [[r[0], prefix + r[0] if r[1] is None else r[1], *r[2:]] for r in e["pending"]]
+    out = {k: v for k, v in e.items() if k != "pending_prefix"}
+    out["pending"] = rows
     return out
 
 

@@ -243,7 +243,7 @@ class CheckpointStore:
             if isinstance(d, dict) and d.get("checkpoint_id") == checkpoint_id:
                 try:
                     full = unpack(d, self.store.base_url)
-                except (KeyError, TypeError, ValueError) as e:
+                except (KeyError, IndexError, TypeError, ValueError) as e:
                     raise CorruptCheckpointError(path, f"bad checkpoint metadata: {e!r}") from e
                 return self._with_split_log(_checkpoint_of(path, full, checkpoint_id))
         raise CorruptCheckpointError(path, f"does not hold checkpoint {checkpoint_id}")

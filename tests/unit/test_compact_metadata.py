@@ -15,6 +15,8 @@ from dstltree.coordinator.checkpoint import (
     TaskCheckpoint,
 )
 from dstltree.coordinator.compact import expand, pack, runs, unpack
+from dstltree.sparkplug.sinks.layout import Committable, final_name, staged_name
+from dstltree.sparkplug.sources.base import EnumeratorState, Split, SplitState
 
 BASE = "s3://bucket/jobs/run-1/checkpoints/plane-stats"
 
@@ -32,8 +34,14 @@ def _checkpoint() -> CompletedCheckpoint:
     part = SnapshotPart(f"{BASE}/materialized/cd/{1:032x}.snap", (0, 32), 1000)
     mat = MaterializedRef(part.path, 0, 1000, (part,), 1000)
     handle = ChangelogHandle("log-0", (0, 11), (*segs, outside))
-    tc = TaskCheckpoint(0, 0, 5, mat, (handle,), (0, 42))
-    return CompletedCheckpoint(7, 0, 1, 1.0, 0.2, {0: tc}, 1, 128)
+    c = Committable(7, 0, 0, staged_name(7, 0, 0, "parquet"), final_name(7, 0, 0, "parquet"), 3, 99)
+    tc = TaskCheckpoint(0, 0, 5, mat, (handle,), (0, 42), committables=(c,))
+    pending = (
+        SplitState(Split("f-1.parquet", "s3://in/landing/f-1.parquet"), 4),
+        SplitState(Split("odd", "s3://in/landing/elsewhere.parquet"), 0),
+    )
+    enum = EnumeratorState(pending, {}, frozenset({"f-0.parquet"}), False)
+    return CompletedCheckpoint(7, 0, 1, 1.0, 0.2, {0: tc}, 1, 128, enum)
 
 
 def test_pack_is_smaller_and_unpacks_to_the_same_checkpoint() -> None:
@@ -41,11 +49,24 @@ def test_pack_is_smaller_and_unpacks_to_the_same_checkpoint() -> None:
     d = cp.to_dict()
     packed = pack(d, BASE)
     seg = packed["tasks"][0]["changelog"][0]["segments"][0]
-    assert seg["path"] == f"./changelog/ab/{0:032x}.dstl" and seg["kg"] == [[0, 32], [40, 42]]
-    assert packed["tasks"][0]["changelog"][0]["segments"][-1]["path"] == "s3://other/n1/x.dstl"
+    assert seg == [f"./changelog/ab/{0:032x}.dstl", 0, 100, 0, 1, 7, [[0, 32], [40, 42]]]
+    assert packed["tasks"][0]["changelog"][0]["segments"][-1][0] == "s3://other/n1/x.dstl"
+    lean = packed["tasks"][0]["committables"][0]
+    assert "final" not in lean and "staged" in lean
+    enum = packed["enumerator"]
+    assert enum["pending_prefix"] == "s3://in/landing/"
+    assert enum["pending"][0][:2] == ["f-1.parquet", None]
+    assert enum["pending"][1][:2] == ["odd", "s3://in/landing/elsewhere.parquet"]
     assert len(json.dumps(packed)) * 3 < len(json.dumps(d)) * 2
     assert CompletedCheckpoint.from_dict(unpack(json.loads(json.dumps(packed)), BASE)) == cp
     assert d == cp.to_dict()  # pack copies
+
+
+def test_malformed_compact_metadata_is_refused() -> None:
+    packed = pack(_checkpoint().to_dict(), BASE)
+    packed["tasks"][0]["changelog"][0]["segments"][0] = ["x", 0]
+    with pytest.raises(ValueError, match="segment row"):
+        unpack(packed, BASE)
 
 
 def test_key_group_runs() -> None:
