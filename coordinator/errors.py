@@ -15,7 +15,8 @@ class CheckpointStoreError(DstlError):
 
 
 class CorruptCheckpointError(CheckpointStoreError):
-    """A checkpoint metadata file or the ``LATEST`` pointer cannot be decoded."""
+    """A commit record, checkpoint metadata, a split log or an old layout's pointer
+    cannot be decoded, or names a format version this code does not know."""
 
 
 class CoordinatorError(DstlError):

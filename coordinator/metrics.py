@@ -5,7 +5,7 @@ Served on ``http://HOST:PORT/metrics`` from the coordinator's own registry when 
 see :attr:`CoordinatorMetrics.url`); off by default.
 
 - ``dstl_checkpoint_duration_seconds`` (histogram): from the trigger to the checkpoint
-  metadata and ``LATEST`` pointer written on DFS.
+  commit record (its metadata) written on DFS.
 - ``dstl_checkpoint_size_bytes`` (histogram): the changelog bytes a checkpoint adds,
   i.e. the lengths of the segments its handles reference that the previous completed
   checkpoint did not reference (what the tasks persisted for it). Materialized

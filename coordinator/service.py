@@ -5,7 +5,7 @@ One loop thread owns a ROUTER socket and the state machine: it ticks the state, 
 task frames (:mod:`dstltree.coordinator.protocol`) into events, and carries out the
 instructions: sending commands to tasks (in the order the state returns them: an
 assignment sent before a checkpoint trigger reaches its task first, one socket being
-FIFO per peer) and handing storage work (checkpoint metadata and ``LATEST`` writes,
+FIFO per peer) and handing storage work (commit records,
 deletions of what the shared state registry released, split listings, sink commits)
 to a :class:`dstltree.coordinator.storage_worker.StorageWorker`, whose answers come
 back to the loop as events. The loop never waits on storage, except inside
@@ -64,7 +64,7 @@ class CoordinatorStatistics:
     objects of nodes outside the job's folders kept because they hold segments of other
     logs (another job's) or an unreadable index; ``shared_orphans_deleted``: this run's
     orphans deleted there (``log_namespace``); ``pointer_versions_deleted``: old
-    ``LATEST-<n>`` pointer versions; ``writes_fenced``: storage work refused because
+    commit records (and an old layout's pointer versions and metadata); ``writes_fenced``: storage work refused because
     another driver took the job over (``fenced``: why, else None);
     ``materializations``: per applied epoch (seconds from its trigger to its
     application, snapshot bytes of every task, bytes written for it, the rest reused);

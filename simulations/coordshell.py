@@ -33,7 +33,7 @@ What the shell models:
   request of the latency model for the metadata's size (estimated:
   ``METADATA_BYTES_PER_TASK`` per task plus ``METADATA_BYTES_PER_SEGMENT`` per
   segment reference, the JSON of ``CompletedCheckpoint.to_dict``); the metadata and
-  the ``LATEST`` pointer are written as one request, not throttled, not hedged, its
+  the retained set are written as one request (the commit record), not throttled, not hedged, its
   latency drawn from a generator of its own.
   Deletions (``DeleteCheckpoint``, ``DeleteObjects``) and the cleanup at start
   (``CleanOrphans``) are answered at once, at no cost (the real storage worker runs

@@ -1,4 +1,5 @@
-"""The completed-checkpoint store on DFS: metadata first, LATEST pointer last."""
+"""The completed-checkpoint store on DFS: one commit record per completion, claims that
+fence, the old layout read."""
 
 from __future__ import annotations
 
