@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
+from dstltree.coordinator.cleanup import scan_orphans
 from dstltree.coordinator.errors import CorruptCheckpointError
+from dstltree.coordinator.splitlog import encode_split_log
 from dstltree.coordinator.store import CheckpointStore, JobFencedError
 from dstltree.coordinator.testing import completed
 from dstltree.storage.errors import StorageError
@@ -81,6 +83,11 @@ def test_a_crash_between_any_two_steps_loses_no_completed_checkpoint(tmp_path: P
     assert [c.checkpoint_id for c in survivor.list_retained()] == [2, 3]
     # No temporary files are left behind by the atomic writes.
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if ".tmp" in p.name]
+    # A split log or a released object whose deletion the crash interrupted, or one
+    # written but never referenced: an orphan for the sweeps.
+    log = store.join("materialized", "ab", "x.splits")
+    store.put(log, encode_split_log(["f-1"]))
+    assert scan_orphans(store, survivor.list_retained()[-1].referenced_paths()).orphans == (log,)
 
 
 def test_corrupt_and_unknown_records_name_the_file_and_the_version(tmp_path: Path) -> None:
