@@ -49,11 +49,17 @@ class SinkCommits:
         return self.next_commit()
 
     def next_commit(self) -> list[CommitSink]:
-        """A commit of every pending checkpoint, unless one runs or the sink recovers."""
+        """A commit of every pending checkpoint, unless one runs or the sink recovers.
+        Committables of checkpoints up to ``committed_through`` are left out: a task
+        carries a committable in every acknowledgement until it hears of a commit that
+        covered it, so the first durable checkpoint at or after its own carried it, and
+        that one's commit succeeded (a task that acknowledged before hearing carries it
+        once more; committing it again would only cost requests)."""
         if self.in_flight is not None or self.recovering is not None or not self.pending:
             return []
         self.in_flight = self.pending[-1].checkpoint_id
-        return [CommitSink(self.in_flight, _committables(self.pending))]
+        fresh = [c for c in _committables(self.pending) if c.checkpoint_id > self.committed_through]
+        return [CommitSink(self.in_flight, tuple(fresh))]
 
     def retry(self, now: float) -> list[CommitSink]:
         """The retry of a failed commit, once ``retry_interval`` has passed."""

@@ -64,8 +64,9 @@ class CoordinatorStatistics:
     objects of nodes outside the job's folders kept because they hold segments of other
     logs (another job's) or an unreadable index; ``shared_orphans_deleted``: this run's
     orphans deleted there (``log_namespace``); ``pointer_versions_deleted``: old
-    commit records (and an old layout's pointer versions and metadata); ``writes_fenced``: storage work refused because
-    another driver took the job over (``fenced``: why, else None);
+    commit records (and an old layout's pointer versions and metadata);
+    ``writes_fenced``: storage work refused because another driver took the job
+    over (``fenced``: why, else None);
     ``materializations``: per applied epoch (seconds from its trigger to its
     application, snapshot bytes of every task, bytes written for it, the rest reused);
     ``checkpoint_phases_s``: per completed checkpoint, its longest synchronous and

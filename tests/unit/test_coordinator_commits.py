@@ -191,3 +191,12 @@ def test_a_recovery_covers_the_commit_in_flight() -> None:
     assert s.commits is not None and s.commits.in_flight is None
     (ign,) = feed(s, SinkCommitted(1.7, 1, 1))  # the late answer of the covered commit
     assert isinstance(ign, MessageIgnored)
+
+
+def test_committables_of_committed_checkpoints_are_not_committed_again() -> None:
+    s = _running()
+    c1, c2 = committable(1, 0), committable(2, 0)
+    assert _durable(s, 1.0, c1) == [CommitSink(1, (c1,))]
+    assert feed(s, SinkCommitted(1.1, 1, 1)) == [_complete(1)]
+    # The task acknowledged 2 before it heard of that commit: it still carries c1.
+    assert _durable(s, 2.0, c1, c2) == [CommitSink(2, (c2,))]
