@@ -507,6 +507,17 @@ class CoordinatorState:
         out += self._committed(done) if self.commits is None else self.commits.durable(*done)
         return out + self._maybe_compact(done[-1]) + self._maybe_persist()
 
+    def _without_unstarted(self, e: EnumeratorState) -> EnumeratorState:
+        """``e`` without the pending splits no reader started (offset 0), marked not
+        complete, when the source lists every split again after a restore
+        (``Source.relists``): a backlog of files costs no metadata."""
+        if self.splits is None or not self.splits.source.relists:
+            return e
+        started = tuple(s for s in e.pending if s.offset > 0)
+        if len(started) == len(e.pending):
+            return e
+        return replace(e, pending=started, complete=False)
+
     def _maybe_compact(self, cp: CompletedCheckpoint) -> list[Instruction]:
         """A new split log of ``cp``'s finished splits when it names
         ``COMPACT_AFTER`` or more beyond the current one and none is being written."""
@@ -911,6 +922,7 @@ class CoordinatorState:
         if enumerator is not None:  # the readers' states folded in: tasks carry none
             enumerator = enumerator.resumed(s for tc in acks.values() for s in tc.splits)
             acks = {t: replace(tc, splits=()) for t, tc in acks.items()}
+            enumerator = self._without_unstarted(enumerator)
         log = self._split_log
         if log is not None and (
             enumerator is None or log.ids is None or not log.ids <= enumerator.finished

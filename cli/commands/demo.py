@@ -20,14 +20,27 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo)
 
 
+def _checked_names(run_id: str, compression: str) -> str:
+    """The run id (a new one when empty); BadParameter for a bad run id or codec."""
+    from dstltree.demo.job import RUN_ID, new_run_id
+
+    run_id = run_id or new_run_id()
+    if not RUN_ID.fullmatch(run_id):
+        raise typer.BadParameter(
+            "one path segment of letters, digits, . _ -", param_hint="--run-id"
+        )
+    if compression not in ("none", *CODECS):
+        raise typer.BadParameter(
+            f"{compression!r}: none or one of {', '.join(CODECS)}", param_hint="--compression"
+        )
+    return run_id
+
+
 def demo(
     tasks: int = typer.Option(4, min=1, max=128, help="Stateful tasks (P)."),
     checkpoint_interval: float = typer.Option(0.3, min=0.01, help="Seconds between checkpoints."),
     max_concurrent_checkpoints: int = typer.Option(
-        DEFAULT_MAX_CONCURRENT_CHECKPOINTS,
-        min=1,
-        max=64,
-        help="Checkpoints in flight at most (triggers follow the interval meanwhile).",
+        DEFAULT_MAX_CONCURRENT_CHECKPOINTS, min=1, max=64, help="Checkpoints in flight at most."
     ),
     materialization_interval: float = typer.Option(
         3.0, min=0.1, help="Seconds between materializations."
@@ -109,17 +122,9 @@ def demo(
     checkpointed state compared with a Spark SQL batch query over the same files."""
     from rich.console import Console
 
-    from dstltree.demo.job import RUN_ID, DemoOptions, new_run_id
+    from dstltree.demo.job import DemoOptions
 
-    run_id = run_id or new_run_id()
-    if not RUN_ID.fullmatch(run_id):
-        raise typer.BadParameter(
-            "one path segment of letters, digits, . _ -", param_hint="--run-id"
-        )
-    if compression not in ("none", *CODECS):
-        raise typer.BadParameter(
-            f"{compression!r}: none or one of {', '.join(CODECS)}", param_hint="--compression"
-        )
+    run_id = _checked_names(run_id, compression)
     console = Console(stderr=True)
     if not topology.exists():
         raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")

@@ -262,7 +262,16 @@ class SplitReader(ABC):
 
 class Source(ABC):
     """A picklable factory of the enumerator and the readers of one input (it travels
-    in the Spark closure, so it holds parameters only, never open handles)."""
+    in the Spark closure, so it holds parameters only, never open handles).
+
+    ``relists``: every listing names every split there is (a directory listing), and
+    the enumerator lists again after a restore whose state is not ``complete``; then a
+    checkpoint need not keep splits no reader has started (offset 0): the coordinator
+    leaves them out of checkpoint metadata (marking it not complete) and the restored
+    enumerator finds them again, so metadata stays small however long the backlog.
+    False (the default) keeps every pending split."""
+
+    relists: bool = False
 
     @abstractmethod
     def create_enumerator(self, restored_state: EnumeratorState | None = None) -> SplitEnumerator:

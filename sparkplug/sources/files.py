@@ -69,6 +69,8 @@ def list_files(fs: AbstractFileSystem, root: str) -> Listing:
 
 
 class FileSource(Source):
+    relists = True  # a directory listing names every file there is
+
     """Files under ``url`` (an fsspec URL) in ``format`` ``"parquet"``, ``"csv"`` or
     ``"json"`` (JSON lines), one split per file; ``storage_options`` go to the
     filesystem (s3fs: ``endpoint_url``, ``key``, ``secret``, ...); ``schema`` (a

@@ -20,6 +20,8 @@ from dstltree.sparkplug.sources.values import plain_record
 
 
 class MemorySource(Source):
+    relists = True  # every listing names every split
+
     """Splits ``split id -> records`` (dicts; values made plain on reading, see
     dstltree.sparkplug.sources.values). ``finished`` True: these are all the splits
     (the first listing is complete); False: more may come through :meth:`add_split`

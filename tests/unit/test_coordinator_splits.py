@@ -272,11 +272,11 @@ def test_rescaled_attempt_reassigns_the_unfinished_splits() -> None:
     feed(s, finished(1.2, 1, 0, "s1"))  # after the checkpoint: read again after restore
     feed(s, AttemptStarted(2.0, 1, 3))
     out = feed(s, *(hello(2.0, t, 1) for t in range(3)))
-    assert assigned(out) == {
-        0: [("s1", 2), ("s4", 0)],
-        1: [("s2", 1)],
-        2: [("s3", 0)],
-    }
+    # the splits started before the cut resume at their offsets; those no reader had
+    # started were left out of the checkpoint (Source.relists) and are listed again
+    assert cp.enumerator.pending == (st["s1"], st["s2"]) and not cp.enumerator.complete
+    assert assigned(out) == {0: [("s1", 2)], 1: [("s2", 1)]}
+    assert assigned(_list(s, 2.0)) == {0: [("s4", 0)], 2: [("s3", 0)]}
     assert feed(s, Tick(3.0)) == triggers(2, 1, 3)
 
 

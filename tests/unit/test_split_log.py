@@ -194,3 +194,32 @@ def test_the_store_reads_the_split_log_of_a_checkpoint(tmp_path: Path) -> None:
     store.put(path, b"garbage")
     with pytest.raises(CorruptCheckpointError, match="log.splits"):
         CheckpointStore(store).load_latest()
+
+
+def test_a_backlog_of_unstarted_splits_costs_no_metadata() -> None:
+    """All files there at the start (a backlog of 400): the splits no reader started
+    are left out of the metadata (Source.relists) and listed again on restore."""
+    ids = [f"part-{i:05d}-{'x' * 40}.parquet" for i in range(400)]
+    src = MemorySource({i: [{"v": 1}, {"v": 2}] for i in ids}, finished=True)
+    s = CoordinatorState(CFG, source=src, validate=True)
+    out = feed(s, Started(0.0), AttemptStarted(0.0, 0, 1), Tick(0.0))
+    (ls,) = of_type(out, ListSplits)
+    feed(s, SplitsListed(0.0, ls.enumerator.list_splits()))  # type: ignore[attr-defined]
+    feed(s, hello(0.0, 0, 0), Tick(1.0))
+    states = (SplitState(Split(ids[0]), 2, True), SplitState(Split(ids[1]), 1))
+    tc = TaskCheckpoint(0, 0, splits=states)
+    (persist,) = feed(s, message(1.0, 0, 0, protocol.Ack(0, 0, 1, tc)))
+    cp = persist.checkpoint  # type: ignore[attr-defined]
+    assert cp.enumerator.pending == (states[1],) and not cp.enumerator.complete
+    assert len(json.dumps(cp.to_dict())) < 2048
+    # Restored: the enumerator lists again and finds the other 398 at offset 0.
+    again = CoordinatorState(CFG, [cp], source=src, validate=True)
+    out = feed(again, Started(2.0), AttemptStarted(2.0, 1, 1), Tick(2.0))
+    (ls,) = of_type(out, ListSplits)
+    feed(again, SplitsListed(2.0, ls.enumerator.list_splits()))  # type: ignore[attr-defined]
+    snap = again.splits.snapshot() if again.splits is not None else None
+    assert snap is not None and snap.complete and snap.finished == {ids[0]}
+    assert {s.split.id: s.offset for s in snap.pending} == {
+        ids[1]: 1,
+        **{i: 0 for i in ids[2:]},
+    }
