@@ -11,8 +11,12 @@ as they are everywhere else:
 - a segment is an array ``[path, offset, length, sqn_from, sqn_to, crc32, runs]``, its
   key groups as runs ``[[start, stop], ...]`` (a task's key groups are one contiguous
   range: one run);
-- a committable's final name is left out when it is the layout's name for its
-  checkpoint, task and attempt (``sinks.layout.final_name``), as it always is;
+- object paths are written once per checkpoint, in a table (``paths``), and named by
+  their index there (the tasks' segments share the few objects of a checkpoint);
+- a committable staged as the layout names it is an array ``[checkpoint, task,
+  attempt, id, extension, rows, bytes]`` (its staged and final names follow); one
+  with a multipart upload, or named otherwise, stays a dict, its final name left out
+  when it is the layout's (``sinks.layout.final_name``);
 - pending splits of the enumerator share their locations' common folder
   (``pending_prefix``), and a location that is that folder plus the split id is
   ``null``.
@@ -42,24 +46,38 @@ def pack(d: dict[str, Any], base: str) -> dict[str, Any]:
     def rel(p: str) -> str:
         return "./" + p[len(prefix) :] if p.startswith(prefix) else p
 
-    out = _map_paths(d, rel)
+    table: dict[str, int] = {}
+
+    def intern(p: str) -> int:
+        return table.setdefault(rel(p), len(table))
+
+    out = _map_paths(d, intern)
     for t in out["tasks"]:
         for h in t.get("changelog", ()):
             h["segments"] = [_segment_row(s) for s in h["segments"]]
         t["committables"] = [_lean_committable(c) for c in t.get("committables", ())]
     if out.get("enumerator"):
         out["enumerator"] = _pack_pending(out["enumerator"])
+    out["paths"] = list(table)
     return out
 
 
 def unpack(d: dict[str, Any], base: str) -> dict[str, Any]:
     """The checkpoint dict of a compact one (the inverse of :func:`pack`)."""
     prefix = base.rstrip("/") + "/"
-    d = {**d, "tasks": [dict(t) for t in d["tasks"]]}
+    table = d.get("paths", [])
+    if not isinstance(table, list) or not all(isinstance(p, str) for p in table):
+        raise TypeError("paths: expected a list of strings")
+    d = {k: v for k, v in d.items() if k != "paths"}
+    d["tasks"] = [dict(t) for t in d["tasks"]]
     for t in d["tasks"]:
         t["changelog"] = [dict(h) for h in t.get("changelog", ())]
 
-    def absolute(p: str) -> str:
+    def absolute(p: Any) -> str:
+        if isinstance(p, int) and not isinstance(p, bool):
+            if not 0 <= p < len(table):
+                raise ValueError(f"path index {p} outside the table of {len(table)}")
+            p = table[p]
         if not isinstance(p, str):
             raise TypeError(f"path: expected a string, got {type(p).__name__}")
         return prefix + p[2:] if p.startswith("./") else p
@@ -89,17 +107,42 @@ def _segment_dict(row: Any) -> dict[str, Any]:
     return d
 
 
-def _lean_committable(c: dict[str, Any]) -> dict[str, Any]:
+_COMMITTABLE_KEYS = {"checkpoint_id", "task", "attempt", "staged", "final", "rows", "bytes"}
+
+
+def _lean_committable(c: dict[str, Any]) -> dict[str, Any] | list[Any]:
     out = dict(c)
     if out.get("final") == _final_of(out):
         del out["final"]
+        if set(c) == _COMMITTABLE_KEYS and "." in c["staged"]:
+            stem, ext = c["staged"].rsplit(".", 1)
+            uid = stem.rsplit("-", 1)[-1]
+            row = [c["checkpoint_id"], c["task"], c["attempt"], uid, ext, c["rows"], c["bytes"]]
+            if _staged_of(row) == c["staged"]:
+                return row
     return out
 
 
 def _full_committable(c: Any) -> Any:
+    if isinstance(c, list):
+        if len(c) != 7:
+            raise ValueError(f"a committable row of 7 fields, got {str(c)[:80]}")
+        cid, task, attempt, _, _, rows, size = c
+        c = {"checkpoint_id": cid, "task": task, "attempt": attempt, "staged": _staged_of(c)}
+        c.update(rows=rows, bytes=size)
     if isinstance(c, dict) and "final" not in c:
         return {**c, "final": _final_of(c)}
     return c
+
+
+def _staged_of(row: list[Any]) -> str:
+    """The staged name of a committable row (sinks/layout.py's staged names)."""
+    cid, task, attempt, uid, ext = row[:5]
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (cid, task, attempt)):
+        raise TypeError(f"committable row {str(row)[:80]}")
+    if not (isinstance(uid, str) and isinstance(ext, str)):
+        raise TypeError(f"committable row {str(row)[:80]}")
+    return f"_staging/attempt-{attempt:06d}/cp-{cid:012d}-task-{task:05d}-{uid}.{ext}"
 
 
 def _final_of(c: dict[str, Any]) -> str | None:
@@ -166,7 +209,7 @@ def expand(packed: Any) -> list[int]:
     return out
 
 
-def _map_paths(d: dict[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
+def _map_paths(d: dict[str, Any], fn: Callable[[Any], Any]) -> dict[str, Any]:
     """A deep copy of checkpoint dict ``d`` with ``fn`` applied to every object path
     (snapshot files, segments, the split log)."""
     out = dict(d)
@@ -177,7 +220,7 @@ def _map_paths(d: dict[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
     return out
 
 
-def _task_paths(t: dict[str, Any], fn: Callable[[str], str]) -> dict[str, Any]:
+def _task_paths(t: dict[str, Any], fn: Callable[[Any], Any]) -> dict[str, Any]:
     out = dict(t)
     mat = t.get("materialized")
     if mat is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -16,6 +17,7 @@ from dstltree.coordinator.checkpoint import (
 )
 from dstltree.coordinator.compact import expand, pack, runs, unpack
 from dstltree.sparkplug.sinks.layout import Committable, final_name, staged_name
+from dstltree.sparkplug.sinks.multipart import UploadPart
 from dstltree.sparkplug.sources.base import EnumeratorState, Split, SplitState
 
 BASE = "s3://bucket/jobs/run-1/checkpoints/plane-stats"
@@ -49,10 +51,15 @@ def test_pack_is_smaller_and_unpacks_to_the_same_checkpoint() -> None:
     d = cp.to_dict()
     packed = pack(d, BASE)
     seg = packed["tasks"][0]["changelog"][0]["segments"][0]
-    assert seg == [f"./changelog/ab/{0:032x}.dstl", 0, 100, 0, 1, 7, [[0, 32], [40, 42]]]
-    assert packed["tasks"][0]["changelog"][0]["segments"][-1][0] == "s3://other/n1/x.dstl"
+    assert seg == [1, 0, 100, 0, 1, 7, [[0, 32], [40, 42]]]  # path 1: after the snapshot
+    assert packed["paths"][1] == f"./changelog/ab/{0:032x}.dstl"
+    assert packed["paths"][seg[0]] == f"./changelog/ab/{0:032x}.dstl"
+    last = packed["tasks"][0]["changelog"][0]["segments"][-1]
+    assert packed["paths"][last[0]] == "s3://other/n1/x.dstl"
+    mat = packed["tasks"][0]["materialized"]
+    assert mat["path"] == mat["parts"][0]["path"] == 0  # one entry for both
     lean = packed["tasks"][0]["committables"][0]
-    assert "final" not in lean and "staged" in lean
+    assert lean[:3] == [7, 0, 0] and lean[4:] == ["parquet", 3, 99]
     enum = packed["enumerator"]
     assert enum["pending_prefix"] == "s3://in/landing/"
     assert enum["pending"][0][:2] == ["f-1.parquet", None]
@@ -76,3 +83,25 @@ def test_key_group_runs() -> None:
     for hostile in ([[3, 2]], [[1, 4], [2, 6]], [[0, 1 << 30]], [[True, 2]], "x", [[1]]):
         with pytest.raises((ValueError, TypeError)):
             expand(hostile)
+
+
+def test_a_multipart_committable_stays_a_dict_and_round_trips() -> None:
+    staged = staged_name(7, 0, 0, "parquet")
+    c = Committable(
+        7,
+        0,
+        0,
+        staged,
+        final_name(7, 0, 0, "parquet"),
+        3,
+        99,
+        "up-1",
+        (UploadPart(1, '"etag"', 99),),
+    )
+    cp = _checkpoint()
+    tc = replace(cp.tasks[0], committables=(c,))
+    cp = replace(cp, tasks={0: tc})
+    packed = pack(cp.to_dict(), BASE)
+    lean = packed["tasks"][0]["committables"][0]
+    assert isinstance(lean, dict) and "final" not in lean and lean["upload_id"] == "up-1"
+    assert CompletedCheckpoint.from_dict(unpack(json.loads(json.dumps(packed)), BASE)) == cp
