@@ -11,7 +11,8 @@ Layout (format version 3)::
 The metadata in a record is compact (coordinator/compact.py): object paths below the
 job's folder are relative to it and a segment's key groups are runs.
 
-**The commit point of a checkpoint is one request**: the conditional create (S3
+**The commit point of a checkpoint is one request** (a second, identical one when the
+first is slow: coordinator/hedged_create.py): the conditional create (S3
 ``If-None-Match: *``, POSIX ``link``, see :meth:`ObjectStore.put` ``exclusive``) of the
 next commit record, which carries the checkpoint's metadata *and* the retained set
 (what a pointer used to say). The newest record (highest sequence number) names the
@@ -61,11 +62,13 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from dstltree.coordinator.checkpoint import CompletedCheckpoint
 from dstltree.coordinator.compact import pack, unpack
 from dstltree.coordinator.errors import CoordinatorError, CorruptCheckpointError
+from dstltree.coordinator.hedged_create import HedgedCreate
 from dstltree.coordinator.splitlog import decode_split_log
 from dstltree.storage.errors import StorageError
 from dstltree.storage.store import CHECKPOINT_DIR, ObjectExistsError, ObjectStore
@@ -144,6 +147,7 @@ class CheckpointStore:
         self._placed: dict[int, int | None] = {}  # every id whose record may still exist
         self._claims: tuple[int, ...] = ()
         self._records: dict[int, dict[str, Any]] = {}  # decoded records (immutable), by seq
+        self._hedged = HedgedCreate()
 
     # -- paths -------------------------------------------------------------------------
     def record_path(self, seq: int) -> str:
@@ -403,10 +407,9 @@ class CheckpointStore:
             pairs = [(i, seq if i in batch else where[i]) for i in keep]
             body = self._body("checkpoint", seq, pairs, claims, [dicts[i] for i in sorted(dicts)])
             path = self.record_path(seq)
-            requests += 1
-            try:
-                self.store.put(path, body, exclusive=True)
-            except ObjectExistsError:
+            created, attempts = self._hedged.run(partial(self._put_new, path, body))
+            requests += attempts
+            if not created:
                 requests += 1
                 other = self._read_quietly(path)
                 if other == body:
@@ -423,6 +426,9 @@ class CheckpointStore:
             self._where = {i: s for i, s in pairs}
             self._placed.update((i, seq) for i in batch)
         return Committed(path, seq, requests, sizes)
+
+    def _put_new(self, url: str, data: bytes) -> None:
+        self.store.put(url, data, exclusive=True)
 
     def _read_quietly(self, url: str) -> bytes | None:
         try:
