@@ -9,8 +9,9 @@ as they are everywhere else:
   marked by a leading ``./`` (``./changelog/57/f656...dstl``); a path elsewhere (a
   node writing outside the job) stays as it is;
 - a segment is an array ``[path, offset, length, sqn_from, sqn_to, crc32, runs]``, its
-  key groups as runs ``[[start, stop], ...]`` (a task's key groups are one contiguous
-  range: one run);
+  key groups as runs ``[[start, stop], ...]``, or ``null`` when they are its task's
+  whole key-group range (as they mostly are);
+- a snapshot part is an array ``[path, first key group, end key group, size, delta]``;
 - object paths are written once per checkpoint, in a table (``paths``), and named by
   their index there (the tasks' segments share the few objects of a checkpoint);
 - a committable staged as the layout names it is an array ``[checkpoint, task,
@@ -53,9 +54,13 @@ def pack(d: dict[str, Any], base: str) -> dict[str, Any]:
 
     out = _map_paths(d, intern)
     for t in out["tasks"]:
+        own = [list(t.get("key_groups", (0, 0)))]
         for h in t.get("changelog", ()):
-            h["segments"] = [_segment_row(s) for s in h["segments"]]
+            h["segments"] = [_segment_row(s, own) for s in h["segments"]]
         t["committables"] = [_lean_committable(c) for c in t.get("committables", ())]
+        mat = t.get("materialized")
+        if mat is not None and "parts" in mat:
+            t["materialized"] = {**mat, "parts": [_part_row(p) for p in mat["parts"]]}
     if out.get("enumerator"):
         out["enumerator"] = _pack_pending(out["enumerator"])
     out["paths"] = list(table)
@@ -83,9 +88,13 @@ def unpack(d: dict[str, Any], base: str) -> dict[str, Any]:
         return prefix + p[2:] if p.startswith("./") else p
 
     for t in d["tasks"]:
+        own = list(t.get("key_groups", (0, 0)))
         for h in t.get("changelog", ()):
-            h["segments"] = [_segment_dict(s) for s in h["segments"]]
+            h["segments"] = [_segment_dict(s, own) for s in h["segments"]]
         t["committables"] = [_full_committable(c) for c in t.get("committables", ())]
+        mat = t.get("materialized")
+        if isinstance(mat, dict) and "parts" in mat:
+            t["materialized"] = {**mat, "parts": [_part_dict(p) for p in mat["parts"]]}
     if d.get("enumerator"):
         d["enumerator"] = _unpack_pending(d["enumerator"])
     return _map_paths(d, absolute)
@@ -94,17 +103,31 @@ def unpack(d: dict[str, Any], base: str) -> dict[str, Any]:
 _SEGMENT_FIELDS = ("path", "offset", "length", "sqn_from", "sqn_to", "crc32")
 
 
-def _segment_row(s: dict[str, Any]) -> list[Any]:
-    return [s["path"], s["offset"], s["length"], *s["sqn"], s["crc32"], runs(s["key_groups"])]
+def _segment_row(s: dict[str, Any], own: list[list[int]]) -> list[Any]:
+    kg: list[list[int]] | None = runs(s["key_groups"])
+    if kg == own and own[0][0] < own[0][1]:
+        kg = None  # the task's whole range
+    return [s["path"], s["offset"], s["length"], *s["sqn"], s["crc32"], kg]
 
 
-def _segment_dict(row: Any) -> dict[str, Any]:
+def _segment_dict(row: Any, own: list[Any]) -> dict[str, Any]:
     if not isinstance(row, list) or len(row) != 7:
         raise ValueError(f"a segment row of 7 fields, got {str(row)[:80]}")
     path, offset, length, lo, hi, crc, kg = row
     d = {"path": path, "offset": offset, "length": length, "sqn": [lo, hi], "crc32": crc}
-    d["key_groups"] = expand(kg)
+    d["key_groups"] = expand([own] if kg is None else kg)
     return d
+
+
+def _part_row(p: dict[str, Any]) -> list[Any]:
+    return [p["path"], *p["key_groups"], p["size_bytes"], p["delta"]]
+
+
+def _part_dict(row: Any) -> dict[str, Any]:
+    if not isinstance(row, list) or len(row) != 5:
+        raise ValueError(f"a snapshot part row of 5 fields, got {str(row)[:80]}")
+    path, start, stop, size, delta = row
+    return {"path": path, "key_groups": [start, stop], "size_bytes": size, "delta": delta}
 
 
 _COMMITTABLE_KEYS = {"checkpoint_id", "task", "attempt", "staged", "final", "rows", "bytes"}

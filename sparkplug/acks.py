@@ -94,6 +94,8 @@ class PendingAcks:
         self._pending.popleft()
         started = p.deadline - self.timeout  # the barrier's synchronous phase ended
         changelog = p.state.changelog if handle is None else (*p.state.changelog, handle)
-        state = replace(p.state, changelog=changelog, async_s=max(0.0, self._clock() - started))
+        state = replace(
+            p.state, changelog=changelog, async_s=round(max(0.0, self._clock() - started), 6)
+        )
         self._ack(p.checkpoint_id, state)
         return True

@@ -255,7 +255,7 @@ class TaskLoop:
             (kgs.start, kgs.stop),
             self.barrier_states.pop(cp, ()),
             tuple(self.uncommitted),
-            sync_s=time.monotonic() - t0,
+            sync_s=round(time.monotonic() - t0, 6),  # microseconds: short metadata
         )
         self.acks.add(cp, state, future)
 

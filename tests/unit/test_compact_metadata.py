@@ -57,7 +57,8 @@ def test_pack_is_smaller_and_unpacks_to_the_same_checkpoint() -> None:
     last = packed["tasks"][0]["changelog"][0]["segments"][-1]
     assert packed["paths"][last[0]] == "s3://other/n1/x.dstl"
     mat = packed["tasks"][0]["materialized"]
-    assert mat["path"] == mat["parts"][0]["path"] == 0  # one entry for both
+    assert mat["path"] == mat["parts"][0][0] == 0  # one entry for both
+    assert mat["parts"][0] == [0, 0, 32, 1000, False]
     lean = packed["tasks"][0]["committables"][0]
     assert lean[:3] == [7, 0, 0] and lean[4:] == ["parquet", 3, 99]
     enum = packed["enumerator"]
@@ -104,4 +105,15 @@ def test_a_multipart_committable_stays_a_dict_and_round_trips() -> None:
     packed = pack(cp.to_dict(), BASE)
     lean = packed["tasks"][0]["committables"][0]
     assert isinstance(lean, dict) and "final" not in lean and lean["upload_id"] == "up-1"
+    assert CompletedCheckpoint.from_dict(unpack(json.loads(json.dumps(packed)), BASE)) == cp
+
+
+def test_a_segment_of_its_task_s_whole_range_names_no_key_groups() -> None:
+    cp = _checkpoint()
+    tc = replace(cp.tasks[0], key_groups=(0, 32))
+    seg = SegmentRef(SegmentMeta("log-0", 0, 1, tuple(range(32)), 10, 1), f"{BASE}/x.dstl", 0)
+    tc = replace(tc, changelog=(ChangelogHandle("log-0", (0, 1), (seg,)),))
+    cp = replace(cp, tasks={0: tc})
+    packed = pack(cp.to_dict(), BASE)
+    assert packed["tasks"][0]["changelog"][0]["segments"][0][-1] is None
     assert CompletedCheckpoint.from_dict(unpack(json.loads(json.dumps(packed)), BASE)) == cp
