@@ -372,8 +372,14 @@ class CoordinatorState:
         file can no longer become referenced: the trigger of the latest checkpoint
         (a live task's files written before it are named by it or garbage), or that
         of a pending materialization epoch if earlier. The time is None (any age) once
-        the run is finished and every task was sent Finish. None when no sweep is
-        safe: no checkpoint or wall clock yet, or an applied epoch no checkpoint names."""
+        the run is finished and every task was sent Finish; then only what a retained
+        checkpoint references is spared (a materialization left pending at the end is
+        never applied). None when no sweep is safe: no checkpoint or wall clock yet, or
+        an applied epoch no checkpoint names."""
+        peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
+        done = self.finished is not None and self.all_connected()
+        if done and all(i in self._finish_sent for i in peers.values()):
+            return frozenset(self.registry.referenced()), None
         keep = set(self.registry.referenced())
         if self._split_log is not None:
             keep.add(self._split_log.path)
@@ -381,10 +387,6 @@ class CoordinatorState:
             keep.update(p for tc in pending.acks.values() for p in tc.referenced_paths())
         if self._epoch is not None:
             keep.update(p for r in self._epoch.reports.values() for p in r.paths())
-        peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
-        done = self.finished is not None and self.all_connected()
-        if done and all(i in self._finish_sent for i in peers.values()):
-            return frozenset(keep), None
         last = self.latest
         if last is None or self.wall is None or self.applied_epoch > last.materialization_epoch:
             return None
@@ -521,8 +523,8 @@ class CoordinatorState:
     def _maybe_compact(self, cp: CompletedCheckpoint) -> list[Instruction]:
         """A new split log of ``cp``'s finished splits when it names
         ``COMPACT_AFTER`` or more beyond the current one and none is being written."""
-        if cp.enumerator is None or self._split_log_asked is not None:
-            return []
+        if cp.enumerator is None or cp.final or self._split_log_asked is not None:
+            return []  # after the final checkpoint no checkpoint would reference it
         ids = cp.enumerator.finished
         base = self._split_log.ids if self._split_log is not None else None
         if len(ids - (base or frozenset())) < COMPACT_AFTER:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from dstltree.coordinator import protocol
+from dstltree.coordinator.checkpoint import MaterializedRef
 from dstltree.coordinator.cleanup import job_prefixes, normalize, scan_orphans, within_job
 from dstltree.coordinator.events import (
     AttemptStarted,
@@ -163,4 +164,29 @@ def test_sweeper_sweeps_every_interval_and_once_at_the_end() -> None:
     feed(s, CheckpointWritten(32.0, 2))
     final = sweeper.next(s, 32.0, final_only=True)
     assert final is not None and final.final and final.cutoff is None
-    assert sweeper.next(s, 100.0) is None  # the final sweep is issued once
+    assert sweeper.next(s, 100.0) is None  # the final sweep is issued once in the run
+    # and once more when the coordinator stops (what tasks wrote after it), then never
+    closing = sweeper.next(s, 101.0, final_only=True)
+    assert closing is not None and closing.final and closing.cutoff is None
+    assert sweeper.next(s, 102.0, final_only=True) is None
+
+
+def test_the_final_sweep_spares_no_report_of_an_epoch_left_pending() -> None:
+    s = CoordinatorState(CFG, validate=True)
+    feed(s, Started(0.0), AttemptStarted(0.0, 0, 1), hello(0.0, 0, 0))
+    feed(s, Tick(1.0, 1001.0))
+    s.handle(_ack(1.5, 1, ["o/a"]))  # type: ignore[arg-type]
+    feed(s, CheckpointWritten(2.0, 1), Tick(CFG.materialization_interval + 1.0, 1100.0))
+    epoch = s.next_epoch - 1
+    ref = MaterializedRef("o/snap", 5, 10)  # beyond what the task acknowledged: waits
+    feed(s, message(CFG.materialization_interval + 1.1, 0, 0, protocol.Report(0, 0, epoch, ref)))
+    scope = s.sweep_scope()
+    assert scope is not None and "o/snap" in scope[0]  # reported: spared during the run
+    feed(s, StopRequested(200.0))
+    for now in (201.0, 202.0, 203.0):  # the checkpoint in flight, then the final one
+        if s.finished is None and s.in_flight():
+            cid = s.in_flight()[-1]
+            s.handle(_ack(now, cid, ["o/a"]))  # type: ignore[arg-type]
+            feed(s, CheckpointWritten(now + 0.1, cid), Tick(now + 0.2, 1100.0 + now))
+    assert s.finished is not None
+    assert s.sweep_scope() == (frozenset({"o/a"}), None)  # the epoch is never applied
