@@ -295,16 +295,17 @@ class Coordinator:
         if self.metrics is not None:
             self.metrics.close()
 
-    def _settle(self, deadline: float) -> bool:
+    def _settle(self, deadline: float, critical_only: bool = False) -> bool:
         """Carry queued storage work (and what its results start) to its end, waiting
         at most until ``deadline`` (monotonic s); True if nothing is left. Listings
-        are not waited for."""
-        while self._storage.wait_idle(deadline - time.monotonic()):
+        are not waited for; with ``critical_only`` only commit records and sink work
+        are (StorageWorker.busy)."""
+        while self._storage.wait_idle(deadline - time.monotonic(), critical_only):
             with self._lock:
                 results = self._storage.results()
                 for event in results:
                     self._on_result(event)
-            if not results and not self._storage.busy():
+            if not results and not self._storage.busy(critical_only):
                 return True
         return False
 
@@ -322,8 +323,9 @@ class Coordinator:
         """Start task-stage attempt ``attempt`` of ``num_tasks`` tasks (default: as
         before; strictly increasing attempts, older ones are fenced from now on);
         returns the latest completed checkpoint to restore from. Blocking, at most
-        ``timeout`` s (default ``call_timeout``): storage work under way finishes first
-        (a checkpoint being written becomes the latest, or fails), the enumerator is
+        ``timeout`` s (default ``call_timeout``): commit records and sink work under way
+        finish first (a checkpoint being written becomes the latest, or fails;
+        deletions and sweeps go on beside the new attempt), the enumerator is
         rebuilt from the latest checkpoint, and with a sink the sink is recovered:
         every retained checkpoint's committables are committed again, oldest first
         (idempotent), then every other staged file is deleted (call this before the
@@ -338,7 +340,7 @@ class Coordinator:
         deadline = time.monotonic() + limit
 
         def call() -> CompletedCheckpoint | None:
-            if not self._settle(deadline):
+            if not self._settle(deadline, critical_only=True):
                 raise CoordinatorError(f"storage work did not finish within {limit} s")
             self._tick()
             out = self._state.handle(ev.AttemptStarted(time.monotonic(), attempt, n))

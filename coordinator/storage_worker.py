@@ -184,6 +184,7 @@ class StorageWorker:
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._outstanding: set[Future[None]] = set()
+        self._critical: set[Future[None]] = set()  # commit records and sink work
 
     # -- asynchronous (the loop) -------------------------------------------------------
     def submit(self, instruction: WorkerInstruction) -> None:
@@ -197,6 +198,8 @@ class StorageWorker:
         fut = self._pool(instruction).submit(self._work, instruction)
         with self._lock:
             self._outstanding.add(fut)
+            if isinstance(instruction, PersistCheckpoint | CommitSink | RecoverSink):
+                self._critical.add(fut)
         fut.add_done_callback(self._done)
 
     def results(self) -> list[Event]:
@@ -208,15 +211,18 @@ class StorageWorker:
             except queue.Empty:
                 return out
 
-    def busy(self) -> bool:
-        """Instructions (other than listings) are queued or running."""
+    def busy(self, critical_only: bool = False) -> bool:
+        """Instructions (other than listings) are queued or running; with
+        ``critical_only`` only commit records and sink work count (a new attempt
+        waits for those; deletions, split logs and sweeps may go on beside it)."""
         with self._lock:
-            return bool(self._outstanding)
+            return bool(self._critical if critical_only else self._outstanding)
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait at most ``timeout`` seconds for what is queued now; True if it finished."""
+    def wait_idle(self, timeout: float, critical_only: bool = False) -> bool:
+        """Wait at most ``timeout`` seconds for what is queued now (``critical_only``:
+        see :meth:`busy`); True if it finished."""
         with self._lock:
-            pending = set(self._outstanding)
+            pending = set(self._critical if critical_only else self._outstanding)
         return not wait(pending, timeout=max(0.0, timeout)).not_done
 
     def shutdown(self) -> None:
@@ -243,6 +249,7 @@ class StorageWorker:
     def _done(self, fut: Future[None]) -> None:
         with self._lock:
             self._outstanding.discard(fut)
+            self._critical.discard(fut)
 
     # -- synchronous (start) -----------------------------------------------------------
     def call(self, instruction: WorkerInstruction, *, safely: bool = True) -> Event:

@@ -20,16 +20,23 @@ changes applied.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from dstltree.client.collector import bulk_load_collector
-from dstltree.client.handle import ChangelogHandle
+from dstltree.client.handle import ChangelogHandle, SegmentRef
 from dstltree.client.reader import read_segment
 from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef, TaskCheckpoint
 from dstltree.sparkplug.replay import BulkReplay
 from dstltree.sparkplug.state_backend import KeyedStateBackend
 from dstltree.storage.store import ObjectStore
+
+#: Snapshot files and segments a restore reads ahead of the one it applies.
+READ_AHEAD = 8
 
 
 class RescaleError(ValueError):
@@ -133,20 +140,52 @@ def _restore_task(
     squash: bool,
 ) -> None:
     """Restore one old task: its snapshot, then its handles' changes (squashed first
-    when ``squash``) of ``into.key_groups``."""
-    if tc.materialized is not None:
-        for path in _snapshot_files(tc.materialized, into.key_groups):
-            data = store.read(path)
-            stats.snapshots += 1
-            stats.bytes_read += len(data)
-            try:
-                into.restore_snapshot(data)
-            except ValueError as e:
-                raise ValueError(f"snapshot {path} of task {tc.task}: {e}") from e
+    when ``squash``) of ``into.key_groups``. Files and segments are read ahead, up to
+    :data:`READ_AHEAD` at once (on an object store each read is a round trip), and
+    applied in order."""
+    paths = [] if tc.materialized is None else _snapshot_files(tc.materialized, into.key_groups)
+    segments = [(h, ref) for h in tc.changelog for ref in _wanted_segments(h, into.key_groups)]
+    reads: list[Callable[[], Any]] = [partial(store.read, p) for p in paths]
+    reads += [partial(read_segment, store, ref, h.log_id) for h, ref in segments]
+    with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="dstl-restore") as pool:
+        ahead = _read_ahead(pool, reads)
+        _apply_task(tc, into, stats, squash, paths, segments, ahead)
+
+
+def _read_ahead(pool: ThreadPoolExecutor, reads: list[Callable[[], Any]]) -> Iterator[Any]:
+    """The results of ``reads`` in order, at most :data:`READ_AHEAD` running ahead."""
+    queued: deque[Future[Any]] = deque(pool.submit(r) for r in reads[:READ_AHEAD])
+    rest = iter(reads[READ_AHEAD:])
+    while queued:
+        result = queued.popleft().result()
+        following = next(rest, None)
+        if following is not None:
+            queued.append(pool.submit(following))
+        yield result
+
+
+def _apply_task(
+    tc: TaskCheckpoint,
+    into: KeyedStateBackend,
+    stats: RestoreStats,
+    squash: bool,
+    paths: list[str],
+    segments: list[tuple[ChangelogHandle, SegmentRef]],
+    ahead: Iterator[Any],
+) -> None:
+    """Apply what ``ahead`` yields: the snapshot files ``paths``, then ``segments``."""
+    for path in paths:
+        data = next(ahead)
+        stats.snapshots += 1
+        stats.bytes_read += len(data)
+        try:
+            into.restore_snapshot(data)
+        except ValueError as e:
+            raise ValueError(f"snapshot {path} of task {tc.task}: {e}") from e
     squasher = BulkReplay(into) if squash else None
     where: list[str] = []  # origin of a squashed change -> its segment
-    for handle in tc.changelog:
-        _replay_handle(store, handle, into, stats, squasher, where)
+    for handle, ref in segments:
+        _replay_segment(next(ahead), handle, ref, into, stats, squasher, where)
     if squasher is not None:
         stats.changes_applied += squasher.apply(where)
         stats.changes += squasher.read
@@ -164,40 +203,49 @@ def _snapshot_files(ref: MaterializedRef, wanted: range) -> list[str]:
     ]
 
 
-def _replay_handle(
-    store: ObjectStore,
-    handle: ChangelogHandle,
-    into: KeyedStateBackend,
-    stats: RestoreStats,
-    squasher: BulkReplay | None,
-    where: list[str],
-) -> None:
-    """Replay the changes of ``into.key_groups`` in the handle's SQN range, reading only
-    segments that overlap the range and hold one of those key groups; with a
-    ``squasher``, feed them to it instead (``where`` gains each segment's location)."""
+def _wanted_segments(handle: ChangelogHandle, wanted: range) -> list[SegmentRef]:
+    """The segments of ``handle`` to read: those overlapping its SQN range and holding
+    one of the ``wanted`` key groups."""
     lo, hi = handle.sqn_range
-    wanted = into.key_groups
+    out = []
     for ref in handle.segments:
         if ref.sqn_to <= lo or ref.sqn_from >= hi or ref.meta.is_marker:
             continue
         if ref.key_groups and not any(kg in wanted for kg in ref.key_groups):
             continue
-        seg = read_segment(store, ref, handle.log_id)
-        stats.segments += 1
-        stats.bytes_read += ref.length
-        location = f"{ref.path}@{ref.offset}"
-        where.append(location)
-        for (sqn, kg), changes in sorted(seg.entries.items()):
-            if not lo <= sqn < hi or kg not in wanted:
-                continue
-            if squasher is not None:  # counted once applied (_restore_task)
-                squasher.feed(kg, changes, len(where) - 1)
-                continue
-            applied = 0
-            try:
-                for change in changes:
-                    applied += into.apply_change(kg, change)
-            except ValueError as e:
-                raise ValueError(f"segment at {location}: {e}") from e
-            stats.changes += applied
-            stats.changes_applied += applied
+        out.append(ref)
+    return out
+
+
+def _replay_segment(
+    seg: Any,
+    handle: ChangelogHandle,
+    ref: SegmentRef,
+    into: KeyedStateBackend,
+    stats: RestoreStats,
+    squasher: BulkReplay | None,
+    where: list[str],
+) -> None:
+    """Replay the changes of ``into.key_groups`` in the handle's SQN range from segment
+    ``seg`` (read from ``ref``); with a ``squasher``, feed them to it instead
+    (``where`` gains the segment's location)."""
+    lo, hi = handle.sqn_range
+    wanted = into.key_groups
+    stats.segments += 1
+    stats.bytes_read += ref.length
+    location = f"{ref.path}@{ref.offset}"
+    where.append(location)
+    for (sqn, kg), changes in sorted(seg.entries.items()):
+        if not lo <= sqn < hi or kg not in wanted:
+            continue
+        if squasher is not None:  # counted once applied (_restore_task)
+            squasher.feed(kg, changes, len(where) - 1)
+            continue
+        applied = 0
+        try:
+            for change in changes:
+                applied += into.apply_change(kg, change)
+        except ValueError as e:
+            raise ValueError(f"segment at {location}: {e}") from e
+        stats.changes += applied
+        stats.changes_applied += applied
