@@ -354,6 +354,16 @@ class FaultyFileSystem(ChainedFileSystem):
         return fn()
 
     # -- requests ------------------------------------------------------------------------
+    def request(self, op: str, path: str, size: int, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` as one request of kind ``op`` (``put``, ``get``, ``meta`` or
+        ``delete``; ``size`` bytes) with this wrapper's latency, faults and stalls: for
+        a request the wrapper cannot express as a filesystem call of its own (a
+        conditional create done on the inner filesystem). Returns what ``fn`` returns;
+        raises the injected error or ``fn``'s."""
+        if op not in OPS:
+            raise ValueError(f"request kind {op!r} not one of {OPS}")
+        return self._run(op, path, size, fn)
+
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         data = bytes(value)
         self._run("put", path, len(data), lambda: self._inner_put(path, data, **kwargs))

@@ -56,6 +56,7 @@ from tenacity import (
 )
 
 from dstltree.storage.errors import RetryableStorageError, StorageError
+from dstltree.storage.faults import FaultyFileSystem
 from dstltree.storage.reserve import ObjectReservations
 
 Buffer = bytes | bytearray | memoryview
@@ -656,7 +657,8 @@ class ObjectStore:
         bytes and then its directory entry are fsynced before this returns (and the
         entries of directories this store creates for it). ``exclusive``: create only
         if absent, else raise :class:`ObjectExistsError` (see the module docstring for
-        which stores guarantee it; a fault-injection wrapper is bypassed for it).
+        which stores guarantee it; through a fault-injection wrapper it is one request
+        of the wrapper's model, done on the inner filesystem).
         A retried exclusive write whose first attempt landed also raises
         ObjectExistsError: callers tell it apart by reading the object back.
         Raises StorageError."""
@@ -664,7 +666,7 @@ class ObjectStore:
         path = self._path(url)
         in_place = not exclusive and self._reserved is not None and self._reserved.claim(path)
 
-        def once() -> int:
+        def write() -> int:
             if in_place and (size := _put_in_place(path, chunks)) is not None:
                 return size
             if self.writes_parts(exclusive):
@@ -675,6 +677,12 @@ class ObjectStore:
             else:
                 self.fs.pipe_file(path, data)
             return len(data)
+
+        def once() -> int:
+            if exclusive and isinstance(self.fs, FaultyFileSystem):  # done on the inner fs
+                size = sum(memoryview(c).nbytes for c in chunks)
+                return int(self.fs.request("put", path, size, write))
+            return write()
 
         return self._call("put", url, once, on_retry)
 

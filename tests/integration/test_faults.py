@@ -11,10 +11,11 @@ from typing import Any
 import fsspec
 import pytest
 from botocore.exceptions import ClientError
+from fsspec.implementations.local import LocalFileSystem
 
-from dstltree.storage.errors import RetryableStorageError
+from dstltree.storage.errors import RetryableStorageError, StorageError
 from dstltree.storage.faults import FAULT_KINDS, FaultSpec, FaultyFileSystem
-from dstltree.storage.store import NO_RETRY, ObjectStore, RetryPolicy
+from dstltree.storage.store import NO_RETRY, ObjectExistsError, ObjectStore, RetryPolicy
 from tests.support.s3_server import S3Target
 
 pytestmark = pytest.mark.timeout(60)
@@ -252,3 +253,22 @@ def test_faults_over_s3(s3: S3Target) -> None:
     assert store.size(url) == 7
     assert ObjectStore(s3.base_url, s3.storage_options).read(url) == b"payload"
     assert store.stats.snapshot()["retries"] == {"put": 1, "stat": 1}
+
+
+def test_a_conditional_create_through_the_wrapper_is_one_request_of_its_model(
+    tmp_path: Path,
+) -> None:
+    """Exclusive creates (commit records) pay the model's latency and faults too."""
+    waits: list[float] = []
+    fs = FaultyFileSystem(LocalFileSystem(), "flip158-s3,error500=1.0,ops=put", sleep=waits.append)
+    store = ObjectStore(str(tmp_path), fs=fs)
+    with pytest.raises(StorageError):
+        store.put(store.join("checkpoints", "c"), b"x", exclusive=True)
+    assert not (tmp_path / "checkpoints" / "c").exists() and fs.counts["put"] >= 1
+    ok = FaultyFileSystem(LocalFileSystem(), "flip158-s3,ops=put", sleep=waits.append)
+    store = ObjectStore(str(tmp_path), fs=ok)
+    before = len(waits)
+    store.put(store.join("checkpoints", "c"), b"x", exclusive=True)
+    assert len(waits) > before and min(waits[before:]) > 0  # the model's latency
+    with pytest.raises(ObjectExistsError):
+        store.put(store.join("checkpoints", "c"), b"y", exclusive=True)
