@@ -26,8 +26,9 @@ DEFAULT_TOPOLOGY = Path("deploy/bench.yaml")
 
 def register(app: typer.Typer) -> None:
     """``dstl bench`` (the designs, as before) with the sub-commands ``hotpath``,
-    ``chaos`` and ``materialization``."""
+    ``chaos``, ``materialization`` and ``commit-floor``."""
     from dstltree.cli.commands._chaos import chaos
+    from dstltree.cli.commands._commit_floor import commit_floor
     from dstltree.cli.commands._hotpath import hotpath
     from dstltree.cli.commands._materialization import materialization
 
@@ -36,6 +37,7 @@ def register(app: typer.Typer) -> None:
     group.command("hotpath")(hotpath)
     group.command("chaos")(chaos)
     group.command("materialization")(materialization)
+    group.command("commit-floor")(commit_floor)
     app.add_typer(group, name="bench")
 
 
