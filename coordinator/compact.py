@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dstltree.sparkplug.sinks.layout import final_name
+from dstltree.sparkplug.sinks.layout import final_name, staged_name
 
 #: Most key group runs of one segment, and the largest key group, accepted on reading.
 MAX_RUNS = 1 << 16
@@ -159,13 +159,13 @@ def _full_committable(c: Any) -> Any:
 
 
 def _staged_of(row: list[Any]) -> str:
-    """The staged name of a committable row (sinks/layout.py's staged names)."""
+    """The staged name of a committable row."""
     cid, task, attempt, uid, ext = row[:5]
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (cid, task, attempt)):
         raise TypeError(f"committable row {str(row)[:80]}")
     if not (isinstance(uid, str) and isinstance(ext, str)):
         raise TypeError(f"committable row {str(row)[:80]}")
-    return f"_staging/attempt-{attempt:06d}/cp-{cid:012d}-task-{task:05d}-{uid}.{ext}"
+    return staged_name(cid, task, attempt, ext, uid)
 
 
 def _final_of(c: dict[str, Any]) -> str | None:

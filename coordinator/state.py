@@ -291,7 +291,6 @@ class CoordinatorState:
         self._restored = frozenset(c.checkpoint_id for c in self.retained)
         self._released: set[str] | None = set() if validate else None
         self._inflight: dict[int, _Pending] = {}  # triggered, not written or aborted
-        self._writing: tuple[int, ...] = ()  # ids of the record being written
         self._last_trigger: float | None = None
         # the split log checkpoints reference (coordinator/splitlog.py), and the wall
         # clock (epoch s) when a new one was asked for, while it is written
@@ -349,6 +348,11 @@ class CoordinatorState:
         if self.attempt is None:
             return 0
         return len(self._without_node.get(self.attempt, set()))
+
+    @property
+    def _writing(self) -> tuple[int, ...]:
+        """Ids of the checkpoints whose commit record is being written (ascending)."""
+        return tuple(c for c, p in self._inflight.items() if p.persisting)
 
     def in_flight(self) -> list[int]:
         """Ids of the checkpoints in flight (triggered, not written or aborted), ascending."""
@@ -485,7 +489,6 @@ class CoordinatorState:
         batch = self._writing
         if not batch or batch[-1] != ev.checkpoint_id:
             return [MessageIgnored(-1, f"checkpoint {ev.checkpoint_id} was not being written")]
-        self._writing = ()
         done: list[CompletedCheckpoint] = []
         out: list[Instruction] = []
         for cid in batch:
@@ -537,7 +540,6 @@ class CoordinatorState:
         batch = self._writing
         if not batch or batch[-1] != ev.checkpoint_id:
             return [MessageIgnored(-1, f"checkpoint {ev.checkpoint_id} was not being written")]
-        self._writing = ()
         out: list[Instruction] = []
         for cid in batch:
             self._inflight[cid].completed = None
@@ -911,8 +913,7 @@ class CoordinatorState:
         if not batch:
             return []
         cps = [self._complete(p) for p in batch]
-        self._writing = tuple(p.checkpoint_id for p in batch)
-        ids = [c.checkpoint_id for c in self.retained] + list(self._writing)
+        ids = [c.checkpoint_id for c in self.retained] + [c.checkpoint_id for c in cps]
         keep = ids[max(0, len(ids) - self.config.retained_checkpoints) :]
         return [PersistCheckpoint(cps[-1], tuple(keep), tuple(cps[:-1]))]
 
@@ -1049,10 +1050,6 @@ class CoordinatorState:
         _require(
             p.persisting or p.attempt == self.attempt,
             "stale acks never counted: an unwritten pending checkpoint is of the current attempt",
-        )
-        _require(
-            p.persisting == (p.checkpoint_id in self._writing),
-            "a checkpoint is being written exactly when its record is",
         )
         if p.completed is not None:
             self._check_complete(p.completed)

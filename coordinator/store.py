@@ -193,16 +193,15 @@ class CheckpointStore:
             pointer = versions[-1] if versions else None
             if not seqs and pointer is None:
                 return Head()
+            path = self.record_path(seqs[-1]) if seqs else self.pointer_path(pointer or 0)
             try:
                 if seqs:
-                    record = self._record(seqs[-1])
-                    return _head_of(record, pointer)
-                path = self.pointer_path(pointer)  # type: ignore[arg-type]
-                latest, retained = _decode_pointer(path, self.store.read(path))
+                    return _head_of(self._record(seqs[-1]), pointer)
+                _, retained = _decode_pointer(path, self.store.read(path))
                 return Head(None, tuple((i, None) for i in retained), (), pointer)
             except StorageError:
-                gone = seqs and not self.store.exists(self.record_path(seqs[-1]))
-                if attempt + 1 == _READ_ATTEMPTS or not gone:
+                # deleted after the listing (an old layout's pointer): list again
+                if attempt + 1 == _READ_ATTEMPTS or self.store.exists(path):
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -230,16 +229,10 @@ class CheckpointStore:
         """Read one retained checkpoint's metadata (``head``: from :meth:`head`, read
         when not given). Raises CorruptCheckpointError naming the file, StorageError
         (also for an id no retained checkpoint has)."""
-        h = self.head() if head is None else head
-        where = dict(h.retained)
+        where = dict((self.head() if head is None else head).retained)
         if checkpoint_id not in where:
-            with self._lock:
-                known = checkpoint_id in self._where
-                seq = self._where.get(checkpoint_id)
-            if not known:
-                raise StorageError("read", self.root, f"checkpoint {checkpoint_id} is not retained")
-        else:
-            seq = where[checkpoint_id]
+            raise StorageError("read", self.root, f"checkpoint {checkpoint_id} is not retained")
+        seq = where[checkpoint_id]
         if seq is None:
             return self._load_old(checkpoint_id)
         path = self.record_path(seq)

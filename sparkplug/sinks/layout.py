@@ -51,9 +51,13 @@ def attempt_dir(attempt: int) -> str:
     return f"{STAGING_DIR}/attempt-{attempt:06d}"
 
 
-def staged_name(checkpoint_id: int, task: int, attempt: int, ext: str) -> str:
-    """A fresh staged file name (relative), unique by a random id."""
-    name = f"cp-{checkpoint_id:012d}-task-{task:05d}-{uuid.uuid4().hex}.{ext}"
+def staged_name(
+    checkpoint_id: int, task: int, attempt: int, ext: str, uid: str | None = None
+) -> str:
+    """A fresh staged file name (relative), unique by a random id (``uid``: the id of an
+    existing name, to write it again)."""
+    uid = uuid.uuid4().hex if uid is None else uid
+    name = f"cp-{checkpoint_id:012d}-task-{task:05d}-{uid}.{ext}"
     return f"{attempt_dir(attempt)}/{name}"
 
 
