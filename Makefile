@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint java venv clean
+.PHONY: demo test lint java jar venv clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; dstltree needs Python 3.11" >&2; exit 1; }
@@ -20,10 +20,24 @@ java:
 	@command -v java >/dev/null || { echo "error: Spark needs Java 17: no 'java' on PATH (install openjdk-17-jre-headless)" >&2; exit 1; }
 	@java -version 2>&1 | head -n1 | grep -Eq '"(17|21)[."]' || { echo "error: Spark needs Java 17; found: $$(java -version 2>&1 | head -n1)" >&2; exit 1; }
 
+# The checkpoint file manager for Structured Streaming (jvm/), compiled against the
+# installed pyspark's jars; dstltree.structured_streaming.jar builds the same on first use.
+JAR := build/jvm/dstltree-spark.jar
+JAVA_SRC := $(wildcard jvm/src/main/java/io/dstltree/spark/*.java)
+
+jar: $(JAR)
+
+$(JAR): $(STAMP) $(JAVA_SRC)
+	@command -v javac >/dev/null || { echo "error: building $(JAR) needs a JDK 17: no 'javac' on PATH (install openjdk-17-jdk-headless)" >&2; exit 1; }
+	@rm -rf build/jvm/classes && mkdir -p build/jvm/classes
+	javac --release 17 -Xlint:all,-path -cp "$$($(BIN)/python -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*" -d build/jvm/classes $(JAVA_SRC)
+	jar --create --file $(JAR).tmp -C build/jvm/classes .
+	@mv $(JAR).tmp $(JAR)
+
 demo: $(STAMP) java
 	$(BIN)/dstl demo $(DEMO_ARGS)
 
-test: $(STAMP) java
+test: $(STAMP) java jar
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)

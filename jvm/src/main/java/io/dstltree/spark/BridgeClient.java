@@ -1,0 +1,177 @@
+package io.dstltree.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ConcurrentLinkedDeque;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * One connection to the bridge over a Unix domain socket (protocol version 1, see
+ * docs/structured-streaming.md). Frames: u32 header length (big-endian), UTF-8 JSON header,
+ * u32 payload length, payload. Idle connections are kept in a small pool per socket path, so
+ * a request costs no new connection; a connection that saw any error is closed, never reused.
+ * Every wait for a reply is bounded: the connection is closed when its deadline passes.
+ */
+final class BridgeClient implements AutoCloseable {
+  static final int MAX_PAYLOAD = 8 << 20;
+  static final int MAX_HEADER = 64 << 10;
+  static final ObjectMapper JSON = new ObjectMapper();
+
+  private static final int POOL_SIZE = 8;
+  private static final Map<String, ConcurrentLinkedDeque<BridgeClient>> POOLS =
+      new ConcurrentHashMap<>();
+  private static final ScheduledExecutorService WATCHDOG =
+      Executors.newSingleThreadScheduledExecutor(
+          r -> {
+            Thread t = new Thread(r, "dstltree-bridge-deadlines");
+            t.setDaemon(true);
+            return t;
+          });
+
+  /** A reply: its JSON header and its payload (empty for most replies). */
+  record Reply(JsonNode header, byte[] payload) {}
+
+  private final String socket;
+  private final SocketChannel channel;
+
+  private BridgeClient(String socket, SocketChannel channel) {
+    this.socket = socket;
+    this.channel = channel;
+  }
+
+  /**
+   * An idle pooled connection to {@code socket}, or a new one after its {@code hello}.
+   *
+   * @throws BridgeException code {@code unavailable} when the socket is missing or refuses
+   */
+  static BridgeClient connect(String socket, long timeoutMillis) throws BridgeException {
+    BridgeClient idle = POOLS.computeIfAbsent(socket, s -> new ConcurrentLinkedDeque<>()).poll();
+    if (idle != null && idle.channel.isOpen()) {
+      return idle;
+    }
+    SocketChannel ch;
+    try {
+      ch = SocketChannel.open(StandardProtocolFamily.UNIX);
+    } catch (IOException e) {
+      throw new BridgeException("unavailable", "cannot open a Unix domain socket", e);
+    }
+    try {
+      ch.connect(UnixDomainSocketAddress.of(socket));
+    } catch (IOException e) {
+      closeQuietly(ch);
+      throw new BridgeException("unavailable", "no bridge on " + socket + ": " + e, e);
+    }
+    BridgeClient c = new BridgeClient(socket, ch);
+    ObjectNode hello = JSON.createObjectNode().put("op", "hello");
+    hello.putArray("versions").add(1);
+    c.call(hello, null, timeoutMillis);
+    return c;
+  }
+
+  /** Returns this connection to its pool (after a complete request and reply). */
+  void release() {
+    ConcurrentLinkedDeque<BridgeClient> pool = POOLS.get(socket);
+    if (!channel.isOpen() || pool.size() >= POOL_SIZE) {
+      close();
+    } else {
+      pool.push(this);
+    }
+  }
+
+  /**
+   * Sends one request and waits at most {@code timeoutMillis} for its reply.
+   *
+   * @throws BridgeException with the reply's code when it says {@code "ok": false} (the
+   *     connection is closed), or code {@code unavailable} when the connection broke or the
+   *     deadline passed
+   */
+  Reply call(ObjectNode header, byte[] payload, long timeoutMillis) throws BridgeException {
+    ScheduledFuture<?> deadline =
+        WATCHDOG.schedule(this::close, timeoutMillis, TimeUnit.MILLISECONDS);
+    try {
+      send(header, payload, payload == null ? 0 : payload.length);
+      return receive();
+    } catch (BridgeException e) {
+      close();
+      throw e;
+    } catch (IOException e) {
+      close();
+      String why = deadline.isDone() ? "no reply within " + timeoutMillis + " ms" : e.toString();
+      throw new BridgeException("unavailable", "bridge " + socket + ": " + why, e);
+    } finally {
+      deadline.cancel(false);
+    }
+  }
+
+  /** Sends one frame that gets no reply (a {@code put} with {@code "last": false}). */
+  void send(ObjectNode header, byte[] payload, int length) throws BridgeException {
+    try {
+      byte[] h = JSON.writeValueAsBytes(header);
+      ByteBuffer head = ByteBuffer.allocate(4 + h.length + 4);
+      head.putInt(h.length).put(h).putInt(length).flip();
+      ByteBuffer body = ByteBuffer.wrap(payload == null ? new byte[0] : payload, 0, length);
+      while (head.hasRemaining() || body.hasRemaining()) {
+        channel.write(new ByteBuffer[] {head, body});
+      }
+    } catch (IOException e) {
+      close();
+      throw new BridgeException("unavailable", "bridge " + socket + ": " + e, e);
+    }
+  }
+
+  private Reply receive() throws IOException {
+    byte[] h = readBlock(MAX_HEADER);
+    JsonNode header = JSON.readTree(new String(h, StandardCharsets.UTF_8));
+    byte[] payload = readBlock(MAX_PAYLOAD);
+    if (!header.path("ok").asBoolean(false)) {
+      throw new BridgeException(
+          header.path("code").asText("internal"),
+          "bridge " + socket + ": " + header.path("error").asText("error without a message"),
+          null);
+    }
+    return new Reply(header, payload);
+  }
+
+  private byte[] readBlock(int max) throws IOException {
+    ByteBuffer len = readFully(ByteBuffer.allocate(4));
+    int n = len.getInt(0);
+    if (n < 0 || n > max) {
+      throw new BridgeException("malformed", "bridge " + socket + ": frame of " + n, null);
+    }
+    return readFully(ByteBuffer.allocate(n)).array();
+  }
+
+  private ByteBuffer readFully(ByteBuffer buf) throws IOException {
+    while (buf.hasRemaining()) {
+      if (channel.read(buf) < 0) {
+        throw new IOException("connection closed by the bridge");
+      }
+    }
+    return buf;
+  }
+
+  @Override
+  public void close() {
+    closeQuietly(channel);
+  }
+
+  private static void closeQuietly(SocketChannel ch) {
+    try {
+      ch.close();
+    } catch (IOException ignored) {
+      // closing a broken connection: nothing left to do
+    }
+  }
+}

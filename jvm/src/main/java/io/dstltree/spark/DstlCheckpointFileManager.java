@@ -1,0 +1,403 @@
+package io.dstltree.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.ByteArrayOutputStream;
+import java.io.FileNotFoundException;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FSDataInputStream;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.PathFilter;
+import org.apache.hadoop.fs.UnsupportedFileSystemException;
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager;
+import org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager;
+import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Spark's checkpoint file manager with state files in the dstltree tree
+ * ({@code spark.sql.streaming.checkpointFileManagerClass=io.dstltree.spark.DstlCheckpointFileManager}).
+ *
+ * <p>A state file is a path {@code <root>/state/<operator>/<partition>/...}: it is written to
+ * the bridge on this host (socket from the Hadoop key {@value #SOCKET_KEY}, default {@code
+ * /tmp/dstltree-<uid>/bridge.sock}); {@code open}, {@code exists} and {@code list} show the
+ * bridge's files merged with plain files (the bridge's copy wins), {@code delete} removes
+ * both. Every other path goes to Spark's default manager. Before the driver writes {@code
+ * <root>/commits/<N>}, the bridge must confirm that every state file it accepted for {@code
+ * <root>} is durable, else the write fails (and with it the batch).
+ *
+ * <p>When no bridge answers, a state file is written as a plain file through the default
+ * manager (logged once per manager at WARN, counted in {@link #plainStateFiles()}), so a query
+ * never fails because of the tree, and reads find plain files as before.
+ */
+public final class DstlCheckpointFileManager implements CheckpointFileManager {
+  public static final String SOCKET_KEY = "dstltree.bridge.socket";
+  /** Seconds the driver waits at a commit for the state files to become durable. */
+  public static final String COMMIT_TIMEOUT_KEY = "dstltree.bridge.commitTimeout";
+  /** Seconds any other request waits for its reply. */
+  public static final String TIMEOUT_KEY = "dstltree.bridge.timeout";
+
+  private static final Logger LOG = LoggerFactory.getLogger(DstlCheckpointFileManager.class);
+  /** {@code <root>/state/<operator>/<partition>[/<rest>]}, the root as long as possible. */
+  private static final Pattern STATE = Pattern.compile("^(.+)/(state/\\d+/\\d+(?:/.*)?)$");
+  /** {@code <root>/commits/<batch id>}. */
+  private static final Pattern COMMIT = Pattern.compile("^(.+)/commits/\\d+$");
+  private static final AtomicLong PLAIN_STATE_FILES = new AtomicLong();
+  /** Roots with files accepted by a bridge in this JVM since their last commit. */
+  private static final Set<String> PENDING_ROOTS = ConcurrentHashMap.newKeySet();
+
+  private final CheckpointFileManager plain;
+  private final Configuration conf;
+  private final String socket;
+  private final long timeoutMillis;
+  private final long commitTimeoutSeconds;
+  private final AtomicBoolean warned = new AtomicBoolean();
+
+  public DstlCheckpointFileManager(Path path, Configuration conf) throws IOException {
+    this.conf = conf;
+    this.plain = defaultManager(path, conf);
+    this.socket = conf.get(SOCKET_KEY, defaultSocket());
+    this.timeoutMillis = (long) (conf.getDouble(TIMEOUT_KEY, 60.0) * 1000);
+    this.commitTimeoutSeconds = conf.getLong(COMMIT_TIMEOUT_KEY, 120);
+  }
+
+  /** State files written as plain files in this JVM because no bridge answered. */
+  public static long plainStateFiles() {
+    return PLAIN_STATE_FILES.get();
+  }
+
+  /** The bridge socket of this manager. */
+  public String socket() {
+    return socket;
+  }
+
+  /** Spark's own choice: FileContext where the file system supports it, else FileSystem. */
+  static CheckpointFileManager defaultManager(Path path, Configuration conf) throws IOException {
+    try {
+      return new FileContextBasedCheckpointFileManager(path, conf);
+    } catch (RuntimeException e) {
+      throw e;
+    } catch (Exception e) { // Scala declares no checked exceptions
+      if (e instanceof UnsupportedFileSystemException) {
+        return new FileSystemBasedCheckpointFileManager(path, conf);
+      }
+      throw e instanceof IOException io ? io : new IOException(e);
+    }
+  }
+
+  static String defaultSocket() {
+    String uid;
+    try {
+      uid = String.valueOf(new com.sun.security.auth.module.UnixSystem().getUid());
+    } catch (Throwable e) { // not a Unix JVM
+      uid = System.getProperty("user.name");
+    }
+    return "/tmp/dstltree-" + uid + "/bridge.sock";
+  }
+
+  /** A state path split into its query root URI and its path below the root. */
+  record StateFile(String root, String path) {}
+
+  /** The state file {@code p} names, or null when {@code p} is not below a state directory. */
+  StateFile stateFile(Path p) {
+    Matcher m = STATE.matcher(qualified(p));
+    return m.matches() ? new StateFile(m.group(1), m.group(2)) : null;
+  }
+
+  private String qualified(Path p) {
+    if (p.toUri().getScheme() != null) {
+      return p.toString();
+    }
+    try {
+      return p.getFileSystem(conf).makeQualified(p).toString();
+    } catch (IOException e) {
+      return p.toString();
+    }
+  }
+
+  private ObjectNode request(String op, StateFile f) {
+    return BridgeClient.JSON.createObjectNode().put("op", op).put("root", f.root());
+  }
+
+  private BridgeClient.Reply call(ObjectNode header, long timeout) throws BridgeException {
+    BridgeClient c = BridgeClient.connect(socket, timeout);
+    BridgeClient.Reply r = c.call(header, null, timeout);
+    c.release();
+    return r;
+  }
+
+  private void noBridge(BridgeException why, Path p) {
+    if (warned.compareAndSet(false, true)) {
+      LOG.warn(
+          "dstltree: no bridge answers ({}); state files such as {} are written as plain"
+              + " files (this warning once per manager)",
+          why.getMessage(),
+          p);
+    }
+  }
+
+  private CancellableFSDataOutputStream ioCreateAtomic(Path p, boolean overwriteIfPossible)
+      throws IOException {
+    StateFile f = stateFile(p);
+    if (f == null) {
+      Matcher m = COMMIT.matcher(qualified(p));
+      if (m.matches()) {
+        commit(m.group(1), p);
+      }
+      return plain.createAtomic(p, overwriteIfPossible);
+    }
+    PENDING_ROOTS.add(f.root());
+    return new BridgeOutputStream(
+        socket,
+        f.root(),
+        f.path(),
+        timeoutMillis,
+        (bytes, length, why) -> {
+          noBridge(why, p);
+          try (CancellableFSDataOutputStream out = plain.createAtomic(p, overwriteIfPossible)) {
+            out.write(bytes, 0, length);
+          }
+          PLAIN_STATE_FILES.incrementAndGet();
+        });
+  }
+
+  /**
+   * Waits until every state file the bridge accepted for {@code root} is durable. No bridge:
+   * fine unless this JVM handed files of {@code root} to a bridge since the last commit (they
+   * may be lost); otherwise, and when the bridge says a file is not durable, throws.
+   */
+  private void commit(String root, Path commitFile) throws IOException {
+    ObjectNode h =
+        BridgeClient.JSON
+            .createObjectNode()
+            .put("op", "commit")
+            .put("root", root)
+            .put("timeout", commitTimeoutSeconds);
+    try {
+      call(h, (commitTimeoutSeconds + 10) * 1000);
+      PENDING_ROOTS.remove(root);
+    } catch (BridgeException e) {
+      boolean connected = !e.getMessage().contains("no bridge on ");
+      if (e.unavailable() && !connected && !PENDING_ROOTS.contains(root)) {
+        noBridge(e, commitFile);
+        return;
+      }
+      throw new IOException(
+          "dstltree: state files of " + root + " are not durable, not writing " + commitFile, e);
+    }
+  }
+
+  private FSDataInputStream ioOpen(Path p) throws IOException {
+    StateFile f = stateFile(p);
+    if (f != null) {
+      try {
+        byte[] bytes = readBridge(f);
+        if (bytes != null) {
+          return new FSDataInputStream(new BytesInputStream(bytes));
+        }
+      } catch (BridgeException e) {
+        if (!e.unavailable()) {
+          throw e;
+        }
+        noBridge(e, p);
+      }
+    }
+    return plain.open(p);
+  }
+
+  /** The whole file from the bridge, or null when the bridge does not hold it. */
+  private byte[] readBridge(StateFile f) throws BridgeException {
+    BridgeClient c = BridgeClient.connect(socket, timeoutMillis);
+    JsonNode stat = c.call(request("stat", f).put("path", f.path()), null, timeoutMillis).header();
+    if (!stat.path("exists").asBoolean(false)) {
+      c.release();
+      return null;
+    }
+    ByteArrayOutputStream out = new ByteArrayOutputStream((int) stat.path("length").asLong(0));
+    while (true) {
+      ObjectNode read =
+          request("read", f)
+              .put("path", f.path())
+              .put("offset", out.size())
+              .put("length", BridgeClient.MAX_PAYLOAD);
+      byte[] chunk = c.call(read, null, timeoutMillis).payload();
+      if (chunk.length == 0) {
+        break;
+      }
+      out.write(chunk, 0, chunk.length);
+    }
+    c.release();
+    return out.toByteArray();
+  }
+
+  private boolean ioExists(Path p) throws IOException {
+    StateFile f = stateFile(p);
+    if (f != null) {
+      try {
+        if (call(request("stat", f).put("path", f.path()), timeoutMillis)
+            .header()
+            .path("exists")
+            .asBoolean(false)) {
+          return true;
+        }
+      } catch (BridgeException e) {
+        if (!e.unavailable()) {
+          throw e;
+        }
+        noBridge(e, p);
+      }
+    }
+    return plain.exists(p);
+  }
+
+  private FileStatus[] ioList(Path dir, PathFilter filter) throws IOException {
+    StateFile f = stateFile(dir);
+    if (f == null) {
+      return plain.list(dir, filter);
+    }
+    Map<String, FileStatus> found = new LinkedHashMap<>();
+    boolean plainDir = true;
+    try {
+      for (FileStatus s : plain.list(dir, filter)) {
+        found.put(s.getPath().getName(), s);
+      }
+    } catch (RuntimeException e) {
+      throw e;
+    } catch (Exception e) { // Scala declares none: FileNotFoundException when no such dir
+      if (!(e instanceof FileNotFoundException)) {
+        throw e instanceof IOException io ? io : new IOException(e);
+      }
+      plainDir = false;
+    }
+    try {
+      JsonNode r = call(request("list", f).put("dir", f.path()), timeoutMillis).header();
+      long now = System.currentTimeMillis();
+      for (JsonNode file : r.path("files")) {
+        Path child = new Path(dir, file.path("name").asText());
+        long mtime = file.path("mtime").asLong(now);
+        FileStatus s = new FileStatus(file.path("length").asLong(), false, 1, 1, mtime, child);
+        if (filter.accept(child)) {
+          found.put(child.getName(), s);
+        }
+      }
+      for (JsonNode d : r.path("dirs")) {
+        Path child = new Path(dir, d.asText());
+        if (filter.accept(child)) {
+          found.putIfAbsent(child.getName(), new FileStatus(0, true, 1, 1, now, child));
+        }
+      }
+      plainDir = plainDir || !r.path("files").isEmpty() || !r.path("dirs").isEmpty();
+    } catch (BridgeException e) {
+      if (!e.unavailable()) {
+        throw e;
+      }
+      noBridge(e, dir);
+    }
+    if (!plainDir) {
+      throw new FileNotFoundException(dir.toString());
+    }
+    List<FileStatus> all = new ArrayList<>(found.values());
+    return all.toArray(new FileStatus[0]);
+  }
+
+  private void ioDelete(Path p) throws IOException {
+    StateFile f = stateFile(p);
+    if (f != null) {
+      try {
+        call(request("delete", f).put("path", f.path()), timeoutMillis);
+      } catch (BridgeException e) {
+        if (!e.unavailable() && !"not-found".equals(e.code())) {
+          throw e;
+        }
+      }
+    }
+    plain.delete(p);
+  }
+
+  @Override
+  public CancellableFSDataOutputStream createAtomic(Path p, boolean overwriteIfPossible) {
+    try {
+      return ioCreateAtomic(p, overwriteIfPossible);
+    } catch (IOException e) {
+      throw sneaky(e);
+    }
+  }
+
+  @Override
+  public FSDataInputStream open(Path p) {
+    try {
+      return ioOpen(p);
+    } catch (IOException e) {
+      throw sneaky(e);
+    }
+  }
+
+  @Override
+  public boolean exists(Path p) {
+    try {
+      return ioExists(p);
+    } catch (IOException e) {
+      throw sneaky(e);
+    }
+  }
+
+  @Override
+  public FileStatus[] list(Path dir, PathFilter filter) {
+    try {
+      return ioList(dir, filter);
+    } catch (IOException e) {
+      throw sneaky(e);
+    }
+  }
+
+  @Override
+  public void delete(Path p) {
+    try {
+      ioDelete(p);
+    } catch (IOException e) {
+      throw sneaky(e);
+    }
+  }
+
+  @Override
+  public void mkdirs(Path p) {
+    plain.mkdirs(p);
+  }
+
+  @Override
+  public boolean isLocal() {
+    return plain.isLocal();
+  }
+
+  @Override
+  public Path createCheckpointDirectory() {
+    return plain.createCheckpointDirectory();
+  }
+
+  @Override
+  public void close() {
+    plain.close();
+  }
+
+  /**
+   * Throws {@code e} unchanged although the Scala trait declares no checked exceptions: Spark
+   * catches {@code IOException} and {@code FileNotFoundException} from its managers by type.
+   */
+  @SuppressWarnings("unchecked")
+  private static <E extends Throwable> RuntimeException sneaky(Throwable e) throws E {
+    throw (E) e;
+  }
+}
