@@ -8,8 +8,9 @@ dask/distributed's ``worker_state_machine``). Behaviour:
 - Overlapping checkpoints (Flink's ``maxConcurrentCheckpoints``): a checkpoint is
   triggered ``checkpoint_interval`` seconds after the previous trigger while fewer than
   ``max_concurrent_checkpoints`` are in flight (triggered, not yet written or aborted),
-  and only once every task of the current attempt has said hello; after an abort the
-  next waits an interval from the abort.
+  and only once every task of the current attempt has said hello (the first one an
+  interval after the last hello: a task says hello once it takes barriers); after an
+  abort the next waits an interval from the abort.
 - Completion in checkpoint order, one request on the completion path: when every task
   of the current attempt acknowledged a checkpoint and every older one in flight is
   written or aborted, :class:`PersistCheckpoint` (one commit record,
@@ -636,7 +637,17 @@ class CoordinatorState:
         stale = self._stale(task, attempt, identity)
         if stale is not None:
             return stale
-        return self._bind(message, identity) or self._on_connected()
+        was_running = self.all_connected()
+        rejected = self._bind(message, identity)
+        if rejected is not None:
+            return rejected
+        if not was_running and self.all_connected():
+            # the first checkpoint of an attempt one interval after its last task runs
+            # (Flink's initial delay): a checkpoint at once would hold no changes
+            self._checkpoint_due = max(
+                self._checkpoint_due, self.now + self.config.checkpoint_interval
+            )
+        return self._on_connected()
 
     def _bind(self, message: protocol.Hello, identity: bytes) -> list[Instruction] | None:
         """Bind the task of ``message`` to ``identity`` (None), or refuse a second

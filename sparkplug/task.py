@@ -129,9 +129,10 @@ def run_task(
             if restored.rescaled_from is not None:
                 restored.materialized = snapshot_now(store, backend)
         loop = TaskLoop(cfg, task, store, backend, restored, executor_host(executor))
+        loop.connect(gather)
         link = TaskLink(cfg.coordinator, task, cfg.attempt, node=node or "", security=sec.job)
         with link:
-            records = loop.run(link, gather)
+            records = loop.run(link)
     finally:
         client.close()
     last = None if loop.materializer is None else loop.materializer.last

@@ -132,15 +132,22 @@ class TaskLoop:
         self._first_batch: float | None = None
 
     # -- driving -----------------------------------------------------------------------
-    def run(self, link: TaskLink, gather: Any) -> int:
-        """Connect the exchange (``gather``), open the function, loop until Finish."""
+    def connect(self, gather: Any) -> None:
+        """Connect the exchange to every task's (``gather``: Spark's barrier allGather
+        of the addresses) and open the function: after it the task takes barriers at
+        once, so it says hello to the coordinator only then (a checkpoint triggered
+        during the gather would count the tasks' start-up as its duration; Flink, too,
+        triggers only when every task runs)."""
         import json
 
-        self._link = link
         addresses = [json.loads(a) for a in gather(json.dumps(self.exchange.addresses))]
         self.exchange.connect(addresses)
         assert self._fn is not None
         self._fn.open(_Context(self.backend, self.task, self.cfg.parallelism, self.cfg.attempt))
+
+    def run(self, link: TaskLink) -> int:
+        """Loop until Finish, taking commands from ``link`` (after :meth:`connect`)."""
+        self._link = link
         # what exists now (the restored state's containers, Spark's worker, the
         # libraries) lives as long as the task: the collector's full collections leave
         # it unscanned, so one does not stall the loop for tens of milliseconds, and

@@ -14,6 +14,8 @@ from dstltree.client.segment import CODECS
 from dstltree.coordinator.state import DEFAULT_MAX_CONCURRENT_CHECKPOINTS
 
 DEFAULT_TOPOLOGY = Path("deploy/local.yaml")
+#: The demo's topology on object stores: the same tree, uploads hedged for S3 tails.
+OBJECT_STORE_TOPOLOGY = Path("deploy/s3.yaml")
 
 
 def register(app: typer.Typer) -> None:
@@ -65,8 +67,11 @@ def demo(
         "per run). A run id that holds files is refused unless --fresh.",
     ),
     storage_options: str = typer.Option("{}", help="fsspec storage options as JSON."),
-    topology: Path = typer.Option(
-        DEFAULT_TOPOLOGY, help="Topology YAML (local mode: its nodes run here)."
+    topology: Path | None = typer.Option(
+        None,
+        help="Topology YAML (local mode: its nodes run here). Default: "
+        "deploy/local.yaml, on object stores deploy/s3.yaml (uploads hedged).",
+        show_default=False,
     ),
     master: str = typer.Option(
         "local[4]",
@@ -126,6 +131,7 @@ def demo(
 
     run_id = _checked_names(run_id, compression)
     console = Console(stderr=True)
+    topology = topology or default_topology(base_path, dfs_faults, s3_local)
     if not topology.exists():
         raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")
     check_topology(topology)
@@ -337,3 +343,12 @@ def _node_kill(k: dict[str, Any] | None) -> str:
 
 def _verdict(ok: bool, r: dict[str, Any]) -> str:
     return "[green]yes" if ok else f"[red]no ({len(r['mismatched_keys'])} keys differ)"
+
+
+def default_topology(base_path: str, dfs_faults: str, s3_local: bool) -> Path:
+    """deploy/s3.yaml when the checkpoints go to an object store (``--s3-local``, an
+    ``s3://`` base path, or ``--dfs-faults`` with an S3 latency model): a second upload
+    attempt after the 75th percentile of recent latencies (docs/tuning.md); else
+    deploy/local.yaml."""
+    on_s3 = s3_local or base_path.startswith(("s3://", "s3a://")) or "s3" in dfs_faults
+    return OBJECT_STORE_TOPOLOGY if on_s3 else DEFAULT_TOPOLOGY

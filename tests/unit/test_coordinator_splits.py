@@ -100,7 +100,8 @@ def test_splits_are_assigned_once_every_task_said_hello() -> None:
     out = feed(s, hello(0.9, 1, 0))
     assert assigned(out) == {0: [("a", 0), ("c", 0)], 1: [("b", 0)]}
     assert s.splits is not None and s.splits.splits_discovered == 3
-    assert feed(s, Tick(1.0)) == triggers(1, 0, 2)  # the listing was complete: no more
+    assert feed(s, Tick(1.8)) == []  # the first checkpoint an interval after the last hello
+    assert feed(s, Tick(1.9)) == triggers(1, 0, 2)  # the listing was complete: no more
     assert not of_type(feed(s, Tick(9.0)), ListSplits)
 
 
