@@ -1,0 +1,357 @@
+"""The tree side of the bridge: state files written as segments through one
+:class:`~dstltree.client.api.ChangelogClient`, read back by range reads, views rebuilt
+from manifests and object indexes, manifests written and released objects deleted off
+the critical path. The pure bookkeeping is :class:`~.view.View`; this module does the
+I/O and the locking around it (one condition variable for the view).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from dstltree.client.api import ChangelogClient
+from dstltree.client.errors import CorruptObjectError
+from dstltree.client.handle import ChangelogHandle, SegmentRef
+from dstltree.client.reader import read_index, read_segment
+from dstltree.client.writer import ChangelogWriter
+from dstltree.storage.errors import DstlError
+from dstltree.structured_streaming.view import (
+    DATA_KEY_GROUP,
+    KEY_GROUPS,
+    MAX_LOG_ID,
+    TOMBSTONE_KEY_GROUP,
+    DeleteObject,
+    Entry,
+    Instruction,
+    ReadIndex,
+    View,
+    log_id,
+    query_key,
+)
+from dstltree.structured_streaming.wire import WireError
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1024 * 1024  # bytes per change
+NEVER_PREEMPT = 1 << 62  # a write is one segment: no pre-emptive upload inside it
+RESCAN_MARGIN = 60.0  # s: objects this much older than the manifest are read again
+MANIFESTS_KEPT = 2
+_VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip)$")
+_MANIFEST = re.compile(r"/manifest-(\d{1,18})\.json$")
+
+
+def checkpoint_id(path: str) -> int:
+    """The state version named by a file (``12.changelog``, ``12_<uuid>.zip``, ...),
+    0 for names without one (SST files)."""
+    m = _VERSION.match(path.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else 0
+
+
+class TreeFiles:
+    """State files of many query roots in the tree. Thread-safe.
+
+    ``max_pending_bytes``: bytes of accepted files not yet durable beyond which
+    :meth:`reserve` blocks. ``cache_bytes``: durable files' bytes kept for reads.
+    """
+
+    def __init__(
+        self,
+        client: ChangelogClient,
+        *,
+        max_pending_bytes: int = 256 * 1024 * 1024,
+        cache_bytes: int = 64 * 1024 * 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.store = client.store
+        self.view = View()
+        self.cond = threading.Condition()
+        self.max_pending_bytes = max_pending_bytes
+        self.pending_bytes = 0  # accepted or buffered, not yet durable
+        self.in_flight_bytes = 0  # accepted, not yet durable
+        self._clock = clock
+        self._load_lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
+        self._cache_bytes, self._cache_max = 0, cache_bytes
+        self._todo: deque[Instruction] = deque()
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("puts", "deletes", "durable", "failed", "manifests", "objects_deleted"), 0
+        )
+
+    # -- roots -------------------------------------------------------------------------
+    def manifest_dir(self, root: str) -> str:
+        return self.store.join("ss", query_key(root))
+
+    def ensure(self, root: str) -> None:
+        """Load ``root``'s view (newest manifest plus newer objects' indexes) unless
+        known. Raises WireError(``unavailable``) when the store cannot be read."""
+        if self.view.root(root) is not None:
+            return
+        with self._load_lock:
+            if self.view.root(root) is not None:
+                return
+            try:
+                manifest, since = self._newest_manifest(root)
+                refs = self._indexes_since(since)
+            except (DstlError, OSError, ValueError) as e:
+                raise WireError("unavailable", f"cannot rebuild {root}: {e}") from e
+            with self.cond:
+                self._todo.extend(self.view.on_loaded(root, manifest, refs))
+            self._fill_lengths(root)
+
+    def _newest_manifest(self, root: str) -> tuple[dict[str, Any] | None, float | None]:
+        infos = self.store.list_info(self.manifest_dir(root))
+        found = [(int(m.group(1)), i) for i in infos if (m := _MANIFEST.search(i.url))]
+        if not found:
+            return None, None
+        _, info = max(found, key=lambda t: t[0])
+        doc = json.loads(self.store.read(info.url))
+        return doc, info.mtime
+
+    def _indexes_since(self, since: float | None) -> list[SegmentRef]:
+        """Index rows of every object modified after ``since - RESCAN_MARGIN`` (all
+        when None); unreadable objects are skipped (logged)."""
+        out: list[SegmentRef] = []
+        for info in self.store.list_info(self.store.changelog_root()):
+            if not info.url.endswith(".dstl") or info.size == 0:
+                continue
+            if since is not None and info.mtime is not None and info.mtime < since - RESCAN_MARGIN:
+                continue
+            try:
+                out += read_index(self.store, info.url, verify=False)
+            except (CorruptObjectError, DstlError) as e:
+                log.warning("skipping object %s: %s", info.url, e)
+        return out
+
+    def _fill_lengths(self, root: str) -> None:
+        """Lengths of files rebuilt from indexes (read once, at load)."""
+        rv = self.view.root(root)
+        assert rv is not None
+        for path, e in list(rv.files.items()):
+            if e.length < 0 and not e.deleted:
+                data = self._read_durable(root, path, e)
+                with self.cond:
+                    self.view.set_length(root, path, e.sqn, len(data))
+
+    # -- writes ------------------------------------------------------------------------
+    def reserve(self, n: int) -> None:
+        """Count ``n`` more bytes held in memory; blocks while over the limit and some
+        accepted file is still to become durable (which frees bytes)."""
+        with self.cond:
+            self.cond.wait_for(
+                lambda: (
+                    self.pending_bytes + n <= self.max_pending_bytes or self.in_flight_bytes == 0
+                )
+            )
+            self.pending_bytes += n
+
+    def unreserve(self, n: int) -> None:
+        """Give back ``n`` bytes of a put that was abandoned."""
+        with self.cond:
+            self.pending_bytes -= n
+            self.cond.notify_all()
+
+    def put(self, root: str, path: str, data: bytes) -> None:
+        """Accept a whole file (its bytes already reserved) and start its persist.
+        Raises WireError(``path``) for a path too long for a log id."""
+        name = log_id(query_key(root), path)
+        if len(name) > MAX_LOG_ID:
+            raise WireError("path", f"path of {len(path)} characters is too long")
+        self.ensure(root)
+        with self.cond:
+            sqn = self.view.new_sqn(int(self._clock() * 1e6))
+            self.view.on_accepted(root, path, data, sqn)
+            self.in_flight_bytes += len(data)
+            self.counts["puts"] += 1
+        chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+        self._persist(root, path, sqn, DATA_KEY_GROUP, chunks, len(data))
+
+    def delete(self, root: str, path: str) -> bool:
+        """Delete a file (a tombstone segment is written); whether it existed."""
+        self.ensure(root)
+        with self.cond:
+            sqn = self.view.new_sqn(int(self._clock() * 1e6))
+            if not self.view.on_delete(root, path, sqn):
+                return False
+            self.counts["deletes"] += 1
+        self._persist(root, path, sqn, TOMBSTONE_KEY_GROUP, [b""], 0)
+        return True
+
+    def _persist(
+        self, root: str, path: str, sqn: int, kg: int, chunks: list[bytes], size: int
+    ) -> None:
+        c = self.client
+        w = ChangelogWriter(
+            log_id(query_key(root), path), KEY_GROUPS, c.uploader, sqn, NEVER_PREEMPT,
+            c.in_flight, squash_entries=0,
+        )  # fmt: skip
+        w.compression = c.compression
+        try:
+            for chunk in chunks:
+                w.append(kg, chunk)
+            fut = w.persist_durably(sqn, checkpoint_id=checkpoint_id(path))
+        except Exception as e:  # noqa: BLE001 - a refused persist is a failed write
+            fut = Future()
+            fut.set_exception(e)
+        fut.add_done_callback(lambda f: self._persisted(root, path, sqn, size, w, f))
+
+    def _persisted(
+        self,
+        root: str,
+        path: str,
+        sqn: int,
+        size: int,
+        w: ChangelogWriter,
+        fut: Future[ChangelogHandle],
+    ) -> None:
+        """Upload callback (an uploader thread): record the outcome, queue the work."""
+        err = fut.exception()
+        refs = () if err is not None else fut.result().segments
+        with self.cond:
+            if err is not None or len(refs) != 1:
+                log.warning("write of %s (sqn %d) failed: %s", path, sqn, err or refs)
+                self.view.on_failed(root, path, sqn)
+                self.counts["failed"] += 1
+            else:
+                self._todo.extend(self.view.on_durable(root, path, sqn, refs[0]))
+                self.counts["durable"] += 1
+            self.pending_bytes -= size
+            self.in_flight_bytes -= size
+            self.cond.notify_all()
+        with contextlib.suppress(DstlError):  # the client is closing
+            w.close()
+
+    def wait_durable(self, root: str, timeout: float) -> int:
+        """Wait until every file accepted for ``root`` is durable; the number waited
+        for. Raises WireError(``unavailable``) on a failed write or a timeout."""
+        self.ensure(root)
+        with self.cond:
+            targets = self.view.pending(root)
+            done = self.cond.wait_for(
+                lambda: not targets & self.view.pending(root), timeout=timeout
+            )
+            failed = self.view.take_failures(root)
+        if failed:
+            raise WireError("unavailable", f"{len(failed)} files failed: {sorted(failed)[:5]}")
+        if not done:
+            raise WireError("unavailable", f"not durable within {timeout} s")
+        return len(targets)
+
+    # -- reads -------------------------------------------------------------------------
+    def stat(self, root: str, path: str) -> int | None:
+        """The file's length in bytes, None if absent."""
+        self.ensure(root)
+        with self.cond:
+            e = self.view.get(root, path)
+            return None if e is None else e.length
+
+    def read(self, root: str, path: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (b"" past the end). Raises
+        WireError(``not-found``; ``unavailable`` when the store fails)."""
+        self.ensure(root)
+        with self.cond:
+            e = self.view.get(root, path)
+            data = None if e is None else e.data
+        if e is None:
+            raise WireError("not-found", f"no file {path}")
+        if data is None:
+            data = self._read_durable(root, path, e)
+        return data[offset : offset + length]
+
+    def _read_durable(self, root: str, path: str, e: Entry) -> bytes:
+        key = (root, path, e.sqn)
+        with self.cond:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        assert e.ref is not None
+        try:
+            seg = read_segment(self.store, e.ref, e.ref.log_id)
+        except DstlError as err:
+            raise WireError("unavailable", f"cannot read {path}: {err}") from err
+        data = b"".join(seg.changes(DATA_KEY_GROUP, e.sqn, e.sqn + 1))
+        with self.cond:
+            self._cache[key] = data
+            self._cache_bytes += len(data)
+            while self._cache_bytes > self._cache_max and self._cache:
+                self._cache_bytes -= len(self._cache.popitem(last=False)[1])
+        return data
+
+    def listing(self, root: str, d: str) -> tuple[list[tuple[str, int]], list[str]]:
+        self.ensure(root)
+        with self.cond:
+            return self.view.listing(root, d)
+
+    # -- housekeeping ------------------------------------------------------------------
+    def housekeep(self) -> None:
+        """Write the manifests of changed roots, then release objects whose every
+        segment is dead (read their index, delete them). Storage errors are logged."""
+        with self.cond:
+            docs = [(r, m) for r in list(self.view.roots) if (m := self.view.manifest(r))]
+        for root, doc in docs:
+            self._write_manifest(root, doc)
+        self._run_todo()
+
+    def _write_manifest(self, root: str, doc: dict[str, Any]) -> None:
+        folder = self.manifest_dir(root)
+        url = f"{folder}/manifest-{doc['seq']}.json"
+        try:
+            self.store.put(url, json.dumps(doc, separators=(",", ":")).encode())
+        except DstlError as e:
+            log.warning("manifest %s not written: %s", url, e)
+            with self.cond:
+                self.view.roots[root].dirty = True
+            return
+        with self.cond:
+            self._todo.extend(self.view.on_manifest_written(root, doc["seq"]))
+            self.counts["manifests"] += 1
+        old = sorted(
+            (int(m.group(1)), u)
+            for u in self.store.list_files(folder)
+            if (m := _MANIFEST.search(u))
+        )
+        try:
+            self.store.delete(u for _, u in old[:-MANIFESTS_KEPT])
+        except DstlError as e:
+            log.warning("old manifests of %s not deleted: %s", root, e)
+
+    def _run_todo(self) -> None:
+        while True:
+            with self.cond:
+                if not self._todo:
+                    return
+                ins = self._todo.popleft()
+            out = self._release(ins) if isinstance(ins, ReadIndex) else self._delete(ins)
+            with self.cond:
+                self._todo.extend(out)
+
+    def _release(self, ins: ReadIndex) -> list[Instruction]:
+        try:
+            refs = read_index(self.store, ins.url, verify=False)
+        except (CorruptObjectError, DstlError) as e:
+            log.warning("index of %s not read: %s", ins.url, e)
+            with self.cond:
+                self.view.on_index_failed(ins.url)
+            return []
+        with self.cond:
+            return self.view.on_index(ins.url, refs)
+
+    def _delete(self, ins: DeleteObject) -> list[Instruction]:
+        try:
+            self.store.delete([ins.url])
+        except DstlError as e:
+            log.warning("object %s not deleted: %s", ins.url, e)
+            return []
+        with self.cond:
+            self.counts["objects_deleted"] += 1
+            return self.view.on_object_deleted(ins.url)

@@ -1,0 +1,406 @@
+"""The bridge's pure state (no I/O): which tree segment holds which state file.
+
+Events in, instructions out (the dask worker state machine's style): the bridge shell
+calls the ``on_*`` methods as things happen and carries out the instructions they
+return; :meth:`View.validate` checks every invariant.
+
+Per query root (:class:`RootView`): files by relative path, each an :class:`Entry`
+holding its bytes until they are durable and the :class:`SegmentRef` after; a deleted
+file leaves a *tombstone* entry (written as a segment too, so that a rebuild from
+object indexes does not bring the file back) until every object holding an older
+version of it is gone. Every write has an SQN of its own, increasing with time
+(microseconds since the epoch, at least one above the previous write of this view),
+so "newest SQN wins" orders writes across bridge restarts.
+
+Per object (:class:`ObjectState`): the segments of this view's files it holds, live or
+dead. An object with no live segment is a release candidate (:class:`ReadIndex`); the
+shell reads its index and the view asks to delete it (:class:`DeleteObject`) only when
+every segment in it is one this view knows to be dead, and a manifest written after
+the last death is durable (a rebuild from an older manifest would otherwise point into
+a deleted object).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dstltree.client.handle import SegmentRef
+
+MANIFEST_FORMAT = 1
+LOG_PREFIX = "ss"
+DATA_KEY_GROUP = 0  # a file's bytes: one change per chunk
+TOMBSTONE_KEY_GROUP = 1  # a deletion: one empty change
+KEY_GROUPS = range(0, 2)
+MAX_LOG_ID = 256  # ChangelogWriter's bound
+
+
+def query_key(root: str) -> str:
+    """The first 16 hex digits of sha256(root URI): the query's name in log ids."""
+    return hashlib.sha256(root.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def log_id(root_key: str, path: str) -> str:
+    """``ss/<query key>/<path>``: the writer (and segment) name of one file."""
+    return f"{LOG_PREFIX}/{root_key}/{path}"
+
+
+def parse_log_id(name: str) -> tuple[str, str] | None:
+    """(query key, path) of a bridge log id, None for any other writer's log id."""
+    parts = name.split("/", 2)
+    if len(parts) != 3 or parts[0] != LOG_PREFIX or len(parts[1]) != 16:
+        return None
+    return parts[1], parts[2]
+
+
+@dataclass
+class Entry:
+    """One version of a file. ``data``: its bytes while not yet durable (None after);
+    ``ref``: its segment once durable; ``deleted``: a tombstone; ``older``: objects
+    holding older versions of a deleted file (the tombstone goes once they are gone)."""
+
+    sqn: int
+    length: int
+    data: bytes | None = None
+    ref: SegmentRef | None = None
+    deleted: bool = False
+    failed: bool = False
+    older: set[str] = field(default_factory=set)
+
+    @property
+    def durable(self) -> bool:
+        return self.ref is not None
+
+
+@dataclass
+class RootView:
+    """The files of one query root. ``manifest_seq``: snapshots taken for manifests
+    (the next one gets this number); ``manifest_written``: the newest durable one
+    (-1: none); ``dirty``: changed since the last snapshot."""
+
+    root: str
+    key: str
+    files: dict[str, Entry] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    manifest_seq: int = 0
+    manifest_written: int = -1
+    dirty: bool = False
+
+
+@dataclass
+class ObjectState:
+    """This view's segments in one object: ``live`` (root key, path, sqn) still
+    referenced; ``dead`` (log id, sqn) replaced or deleted, with the manifest number of
+    their root after which the death is recorded (root key -> seq)."""
+
+    live: set[tuple[str, str, int]] = field(default_factory=set)
+    dead: set[tuple[str, int]] = field(default_factory=set)
+    deaths: dict[str, int] = field(default_factory=dict)
+    asked: bool = False  # a ReadIndex is out for it
+
+
+@dataclass(frozen=True)
+class ReadIndex:
+    """Instruction: read object ``url``'s index and call :meth:`View.on_index`."""
+
+    url: str
+
+
+@dataclass(frozen=True)
+class DeleteObject:
+    """Instruction: delete object ``url`` then call :meth:`View.on_object_deleted`."""
+
+    url: str
+
+
+Instruction = ReadIndex | DeleteObject
+
+
+class View:
+    """Every root this bridge knows, and the objects holding their files."""
+
+    def __init__(self) -> None:
+        self.roots: dict[str, RootView] = {}  # by root URI
+        self.objects: dict[str, ObjectState] = {}
+        self._last_sqn = 0
+
+    # -- roots ---------------------------------------------------------------------------
+    def root(self, root: str) -> RootView | None:
+        return self.roots.get(root)
+
+    def new_sqn(self, now_us: int) -> int:
+        """An SQN for a new write: ``now_us`` (microseconds), at least one above the last."""
+        self._last_sqn = max(now_us, self._last_sqn + 1)
+        return self._last_sqn
+
+    def on_loaded(
+        self, root: str, manifest: Mapping[str, Any] | None, segments: Iterable[SegmentRef]
+    ) -> list[Instruction]:
+        """Rebuild ``root`` from its newest manifest (:meth:`manifest`'s form, or None)
+        and the ``segments`` of the objects newer than it (index rows of any writer: the
+        root's are picked by log id); newest SQN wins. Tombstones with no older object
+        left go at once (their segments die). Raises ValueError for a manifest of
+        another format or root."""
+        key = query_key(root)
+        rv = RootView(root, key)
+        self.roots[root] = rv
+        if manifest is not None:
+            self._load_manifest(rv, manifest)
+        for ref in segments:
+            parsed = parse_log_id(ref.log_id)
+            if parsed is None or parsed[0] != key or ref.meta.is_marker:
+                continue
+            self._take(rv, parsed[1], ref)
+        for path, e in rv.files.items():
+            if e.ref is not None:
+                self._obj(e.ref.path).live.add((key, path, e.sqn))
+        self._last_sqn = max([self._last_sqn, *(e.sqn for e in rv.files.values())])
+        out: list[Instruction] = []
+        for path in [p for p, e in rv.files.items() if e.deleted]:
+            out += self._prune_tombstone(rv, path)
+        return out
+
+    def _load_manifest(self, rv: RootView, m: Mapping[str, Any]) -> None:
+        if m.get("format") != MANIFEST_FORMAT or m.get("root") != rv.root:
+            raise ValueError(f"manifest of format {m.get('format')!r} for {m.get('root')!r}")
+        for path, d in m["files"].items():
+            ref = SegmentRef.from_dict(d["segment"], log_id(rv.key, path))
+            e = Entry(int(d["sqn"]), int(d["length"]), ref=ref, deleted=bool(d["deleted"]))
+            e.older = set(d.get("older", []))
+            rv.files[path] = e
+        rv.manifest_seq = int(m["seq"]) + 1
+        rv.manifest_written = int(m["seq"])
+
+    def _take(self, rv: RootView, path: str, ref: SegmentRef) -> None:
+        """Index row ``ref`` of ``path`` during a rebuild: newest SQN wins; an older
+        version of a deleted file keeps its tombstone."""
+        cur = rv.files.get(path)
+        deleted = TOMBSTONE_KEY_GROUP in ref.key_groups
+        if cur is not None and cur.sqn >= ref.sqn_from:
+            older = cur.deleted and cur.ref is not None and cur.ref.path != ref.path
+            if older and cur.sqn > ref.sqn_from:
+                cur.older.add(ref.path)
+            return
+        e = Entry(ref.sqn_from, 0 if deleted else -1, ref=ref, deleted=deleted)
+        if cur is not None and deleted and cur.ref is not None and cur.ref.path != ref.path:
+            e.older = {cur.ref.path, *cur.older}
+        rv.files[path] = e
+
+    # -- writes --------------------------------------------------------------------------
+    def on_accepted(self, root: str, path: str, data: bytes, sqn: int) -> None:
+        """A whole file was accepted (its bytes in memory, handed to the writer)."""
+        rv = self.roots[root]
+        self._supersede(rv, path)
+        rv.files[path] = Entry(sqn, len(data), data=data)
+        rv.dirty = True
+
+    def on_delete(self, root: str, path: str, sqn: int) -> bool:
+        """Delete ``path``; returns whether it existed (then the shell writes a
+        tombstone segment with ``sqn``)."""
+        rv = self.roots[root]
+        cur = rv.files.get(path)
+        if cur is None or cur.deleted:
+            return False
+        older = self._supersede(rv, path)
+        rv.files[path] = Entry(sqn, 0, data=b"", deleted=True, older=older)
+        rv.dirty = True
+        return True
+
+    def _supersede(self, rv: RootView, path: str) -> set[str]:
+        """The current entry of ``path`` is replaced: its segment dies. Returns the
+        objects still holding older versions (for a tombstone)."""
+        cur = rv.files.get(path)
+        if cur is None:
+            return set()
+        older = set(cur.older)
+        if cur.ref is not None:
+            self._kill(rv, path, cur.sqn, cur.ref.path)
+            older.add(cur.ref.path)
+        return older
+
+    def _kill(self, rv: RootView, path: str, sqn: int, url: str) -> list[Instruction]:
+        obj = self._obj(url)
+        obj.live.discard((rv.key, path, sqn))
+        obj.dead.add((log_id(rv.key, path), sqn))
+        obj.deaths[rv.key] = max(obj.deaths.get(rv.key, -1), rv.manifest_seq)
+        rv.dirty = True
+        return self._maybe_release(url)
+
+    def on_durable(self, root: str, path: str, sqn: int, ref: SegmentRef) -> list[Instruction]:
+        """The write ``sqn`` of ``path`` is durable in segment ``ref``. A write already
+        replaced dies at once."""
+        rv = self.roots[root]
+        cur = rv.files.get(path)
+        if cur is None or cur.sqn != sqn:
+            self._obj(ref.path)
+            return self._kill(rv, path, sqn, ref.path)
+        cur.ref, cur.data = ref, None
+        cur.older.discard(ref.path)
+        self._obj(ref.path).live.add((rv.key, path, sqn))
+        rv.dirty = True
+        return self._prune_tombstone(rv, path)
+
+    def on_failed(self, root: str, path: str, sqn: int) -> None:
+        """The write ``sqn`` of ``path`` failed: the file is lost (a tombstone that
+        failed leaves the file deleted in this view); the next commit of the root fails."""
+        rv = self.roots[root]
+        cur = rv.files.get(path)
+        if cur is None or cur.sqn != sqn:
+            return
+        rv.failed.add(path)
+        if cur.deleted and cur.older:
+            cur.failed, cur.data = True, None
+        else:
+            del rv.files[path]
+        rv.dirty = True
+
+    def pending(self, root: str) -> set[tuple[str, int]]:
+        """(path, sqn) of the root's writes not yet durable (nor failed)."""
+        rv = self.roots.get(root)
+        if rv is None:
+            return set()
+        return {(p, e.sqn) for p, e in rv.files.items() if e.data is not None}
+
+    def take_failures(self, root: str) -> set[str]:
+        """Paths whose write failed since the last call (for a commit's reply)."""
+        rv = self.roots[root]
+        out, rv.failed = rv.failed, set()
+        return out
+
+    # -- reads ---------------------------------------------------------------------------
+    def get(self, root: str, path: str) -> Entry | None:
+        """The live entry of a file (None: absent or deleted)."""
+        rv = self.roots.get(root)
+        e = None if rv is None else rv.files.get(path)
+        return None if e is None or e.deleted else e
+
+    def listing(self, root: str, d: str) -> tuple[list[tuple[str, int]], list[str]]:
+        """Direct children of directory ``d``: ([(file name, length)], [dir names]),
+        each sorted."""
+        rv = self.roots.get(root)
+        files: dict[str, int] = {}
+        dirs: set[str] = set()
+        prefix = d + "/"
+        for path, e in rv.files.items() if rv else ():
+            if e.deleted or not path.startswith(prefix):
+                continue
+            head, sep, _ = path[len(prefix) :].partition("/")
+            if sep:
+                dirs.add(head)
+            else:
+                files[head] = e.length
+        return sorted(files.items()), sorted(dirs)
+
+    def set_length(self, root: str, path: str, sqn: int, length: int) -> None:
+        """The length of a file rebuilt from an index (learnt when first read)."""
+        e = self.get(root, path)
+        if e is not None and e.sqn == sqn:
+            e.length = length
+
+    # -- manifests -----------------------------------------------------------------------
+    def manifest(self, root: str) -> dict[str, Any] | None:
+        """A snapshot of the root's durable files (None when nothing changed since the
+        last one): ``{"format", "root", "seq", "files": {path: {sqn, length, deleted,
+        segment, older}}}``; the shell writes it as ``manifest-<seq>.json``. Files not
+        yet durable keep their previous durable version out of it: a rebuild finds them
+        in the indexes of newer objects."""
+        rv = self.roots[root]
+        if not rv.dirty:
+            return None
+        files = {
+            p: {
+                "sqn": e.sqn,
+                "length": e.length,
+                "deleted": e.deleted,
+                "segment": e.ref.to_dict(),
+                "older": sorted(e.older),
+            }
+            for p, e in rv.files.items()
+            if e.ref is not None and (e.length >= 0 or e.deleted)
+        }
+        seq = rv.manifest_seq
+        rv.manifest_seq += 1
+        rv.dirty = False
+        return {"format": MANIFEST_FORMAT, "root": rv.root, "seq": seq, "files": files}
+
+    def on_manifest_written(self, root: str, seq: int) -> list[Instruction]:
+        """Manifest ``seq`` of ``root`` is durable: objects waiting for it may go."""
+        rv = self.roots[root]
+        rv.manifest_written = max(rv.manifest_written, seq)
+        out: list[Instruction] = []
+        for url in list(self.objects):
+            out += self._maybe_release(url)
+        return out
+
+    # -- objects -------------------------------------------------------------------------
+    def _obj(self, url: str) -> ObjectState:
+        return self.objects.setdefault(url, ObjectState())
+
+    def _covered(self, obj: ObjectState) -> bool:
+        keys = {rv.key: rv for rv in self.roots.values()}
+        return all(k in keys and keys[k].manifest_written >= s for k, s in obj.deaths.items())
+
+    def _maybe_release(self, url: str) -> list[Instruction]:
+        obj = self.objects.get(url)
+        if obj is None or obj.live or obj.asked or not obj.dead or not self._covered(obj):
+            return []
+        obj.asked = True
+        return [ReadIndex(url)]
+
+    def on_index(self, url: str, refs: Iterable[SegmentRef]) -> list[Instruction]:
+        """Object ``url``'s index, read for a release: delete it when every segment in
+        it is dead here (any other writer's segment keeps it)."""
+        obj = self.objects.get(url)
+        if obj is None:
+            return []
+        obj.asked = False
+        rows = {(r.log_id, r.sqn_from) for r in refs if not r.meta.is_marker}
+        if obj.live or not rows <= obj.dead:
+            return []
+        return [DeleteObject(url)]
+
+    def on_index_failed(self, url: str) -> None:
+        """The index could not be read: the object stays (asked again on a later death)."""
+        obj = self.objects.get(url)
+        if obj is not None:
+            obj.asked = False
+
+    def on_object_deleted(self, url: str) -> list[Instruction]:
+        """Object ``url`` is gone: tombstones waiting for it may go too."""
+        self.objects.pop(url, None)
+        out: list[Instruction] = []
+        for rv in self.roots.values():
+            for path in [p for p, e in rv.files.items() if e.deleted and url in e.older]:
+                rv.files[path].older.discard(url)
+                rv.dirty = True
+                out += self._prune_tombstone(rv, path)
+        return out
+
+    def _prune_tombstone(self, rv: RootView, path: str) -> list[Instruction]:
+        e = rv.files.get(path)
+        if e is None or not e.deleted or e.ref is None or e.older:
+            return []
+        del rv.files[path]
+        return self._kill(rv, path, e.sqn, e.ref.path)
+
+    # -- checks --------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Assert every invariant (tests call it after each step)."""
+        for rv in self.roots.values():
+            assert rv.key == query_key(rv.root)
+            for path, e in rv.files.items():
+                assert path.startswith("state/"), path
+                assert (e.data is None) or e.ref is None, path
+                assert not e.deleted or e.length == 0, path
+                assert e.data is None or len(e.data) == e.length, path
+                assert e.sqn <= self._last_sqn, path
+                if e.ref is not None and not e.deleted or e.ref is not None and e.older:
+                    assert (rv.key, path, e.sqn) in self.objects[e.ref.path].live, path
+        for url, obj in self.objects.items():
+            for key, path, sqn in obj.live:
+                (rv,) = [r for r in self.roots.values() if r.key == key]
+                e = rv.files[path]
+                assert e.sqn == sqn and e.ref is not None and e.ref.path == url
+                assert (log_id(key, path), sqn) not in obj.dead
