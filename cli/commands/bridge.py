@@ -1,0 +1,41 @@
+"""``dstl bridge``: the structured-streaming bridge of this host (a Unix socket
+server between Spark's checkpoint file manager and the host's aggregator node)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bridge")(bridge)
+
+
+def bridge(
+    topology: Path = typer.Option(..., exists=True, dir_okay=False, help="Topology YAML."),
+    socket: Path | None = typer.Option(
+        None, help="Unix socket (default: /tmp/dstltree-UID/bridge.sock)."
+    ),
+    node: list[str] = typer.Option(
+        [], help="The host's node endpoint; repeat for fallbacks (none: write to DFS)."
+    ),
+    base_path: str = typer.Option("", help="Override the topology's base_path."),
+    ack_timeout: float = typer.Option(10.0, help="Seconds before a write goes to DFS."),
+) -> None:
+    """Serve Spark state files into the tree; prints 'bridge ready on SOCKET'."""
+    from dstltree.structured_streaming.bridge import (
+        BridgeInUse,
+        bridge_from_topology,
+        default_socket_path,
+        serve,
+    )
+
+    try:
+        b = bridge_from_topology(
+            topology, socket or default_socket_path(), node, base_path, ack_timeout
+        )
+        serve(b)
+    except BridgeInUse as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
