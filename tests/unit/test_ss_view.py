@@ -1,0 +1,189 @@
+"""The bridge's pure view: writes, durability, deletions, releases, rebuilds."""
+
+from __future__ import annotations
+
+import pytest
+
+from dstltree.client.handle import SegmentRef
+from dstltree.client.segment import SegmentMeta
+from dstltree.structured_streaming.view import (
+    DeleteObject,
+    ReadIndex,
+    View,
+    log_id,
+    parse_log_id,
+    query_key,
+)
+
+R = "file:/tmp/q"
+K = query_key(R)
+P = "state/0/1/1.changelog"
+
+
+def ref(path: str, sqn: int, url: str, kg: int = 0, offset: int = 0) -> SegmentRef:
+    return SegmentRef(SegmentMeta(log_id(K, path), sqn, sqn + 1, (kg,), 40, 1), url, offset)
+
+
+def loaded(manifest=None, segments=()) -> View:  # type: ignore[no-untyped-def]
+    v = View()
+    v.on_loaded(R, manifest, segments)
+    v.validate()
+    return v
+
+
+def test_query_key_and_log_ids() -> None:
+    assert len(K) == 16 and int(K, 16) >= 0
+    assert parse_log_id(log_id(K, P)) == (K, P)
+    assert parse_log_id("task3") is None and parse_log_id("ss/short/x") is None
+
+
+def test_sqns_rise_even_when_the_clock_does_not() -> None:
+    v = View()
+    assert [v.new_sqn(5), v.new_sqn(5), v.new_sqn(3), v.new_sqn(100)] == [5, 6, 7, 100]
+
+
+def test_write_pending_then_durable() -> None:
+    v = loaded()
+    v.on_accepted(R, P, b"abc", 10)
+    v.new_sqn(10)
+    assert v.get(R, P).data == b"abc" and v.pending(R) == {(P, 10)}
+    assert v.on_durable(R, P, 10, ref(P, 10, "o1")) == []
+    v.validate()
+    e = v.get(R, P)
+    assert e.data is None and e.ref.path == "o1" and e.length == 3 and v.pending(R) == set()
+    assert v.listing(R, "state/0/1") == ([("1.changelog", 3)], [])
+    assert v.listing(R, "state") == ([], ["0"])
+
+
+def test_failed_write_loses_the_file_and_fails_the_next_commit_once() -> None:
+    v = loaded()
+    v.new_sqn(1)
+    v.on_accepted(R, P, b"x", 1)
+    v.on_failed(R, P, 1)
+    v.validate()
+    assert v.get(R, P) is None and v.pending(R) == set()
+    assert v.take_failures(R) == {P} and v.take_failures(R) == set()
+
+
+def _durable(v: View, path: str, sqn: int, url: str, data: bytes = b"d") -> list:
+    v.new_sqn(sqn)
+    v.on_accepted(R, path, data, sqn)
+    return v.on_durable(R, path, sqn, ref(path, sqn, url))
+
+
+def _manifest(v: View) -> list:
+    m = v.manifest(R)
+    assert m is not None
+    return v.on_manifest_written(R, m["seq"])
+
+
+def test_replaced_file_releases_its_object_after_a_manifest() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1")
+    assert _durable(v, P, 2, "o2") == []  # o1 dead, but no manifest after the death yet
+    v.validate()
+    assert _manifest(v) == [ReadIndex("o1")]
+    # the index names a segment of another writer: the object stays
+    foreign = SegmentRef(SegmentMeta("task1", 0, 1, (0,), 9, 1), "o1", 40)
+    assert v.on_index("o1", [ref(P, 1, "o1"), foreign]) == []
+    assert v.on_index("o1", [ref(P, 1, "o1")]) == [DeleteObject("o1")]
+    assert v.on_object_deleted("o1") == []
+    v.validate()
+    assert "o1" not in v.objects and v.get(R, P).ref.path == "o2"
+
+
+def test_object_with_a_live_file_is_kept() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1")
+    _durable(v, "state/0/2/1.changelog", 2, "o1")
+    _durable(v, P, 3, "o2")
+    assert _manifest(v) == []  # o1 still holds a live file
+    v.validate()
+
+
+def test_delete_leaves_a_tombstone_until_older_objects_are_gone() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1")
+    v.new_sqn(2)
+    assert v.on_delete(R, P, 2) and not v.on_delete(R, P, 3)
+    assert v.get(R, P) is None and v.pending(R) == {(P, 2)}
+    assert v.on_durable(R, P, 2, ref(P, 2, "o2", kg=1)) == []
+    v.validate()
+    assert v.roots[R].files[P].older == {"o1"}
+    assert _manifest(v) == [ReadIndex("o1")]
+    assert v.on_index("o1", [ref(P, 1, "o1")]) == [DeleteObject("o1")]
+    assert v.on_object_deleted("o1") == []  # the tombstone dies; o2 awaits a manifest
+    v.validate()
+    assert P not in v.roots[R].files
+    assert _manifest(v) == [ReadIndex("o2")]
+    assert v.on_index("o2", [ref(P, 2, "o2", kg=1)]) == [DeleteObject("o2")]
+
+
+def test_write_and_delete_in_one_object_release_it() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1")
+    v.new_sqn(2)
+    v.on_delete(R, P, 2)
+    assert v.on_durable(R, P, 2, ref(P, 2, "o1", kg=1, offset=40)) == []
+    v.validate()
+    assert P not in v.roots[R].files  # no older object: the tombstone went at once
+    assert _manifest(v) == [ReadIndex("o1")]
+
+
+def test_a_write_replaced_before_it_was_durable_dies_on_arrival() -> None:
+    v = loaded()
+    v.new_sqn(2)
+    v.on_accepted(R, P, b"a", 1)
+    v.on_accepted(R, P, b"bb", 2)
+    v.on_durable(R, P, 1, ref(P, 1, "o1"))
+    v.on_durable(R, P, 2, ref(P, 2, "o2"))
+    v.validate()
+    assert v.get(R, P).length == 2 and _manifest(v) == [ReadIndex("o1")]
+
+
+def test_rebuild_from_indexes_newest_sqn_wins_and_tombstones_hide() -> None:
+    q = "state/0/2/1.changelog"
+    rows = [
+        ref(P, 1, "o1"),
+        ref(q, 2, "o1", offset=40),
+        ref(P, 5, "o2"),  # P rewritten: newest wins
+        ref(q, 6, "o2", kg=1, offset=40),  # q deleted
+        SegmentRef(SegmentMeta("task9", 0, 1, (0,), 5, 1), "o2", 80),
+        SegmentRef(SegmentMeta(log_id(query_key("file:/other"), P), 9, 10, (0,), 5, 1), "o3", 0),
+    ]
+    v = loaded(None, rows)
+    assert v.get(R, P).sqn == 5 and v.get(R, P).length == -1 and v.get(R, q) is None
+    assert v.roots[R].files[q].older == {"o1"}
+    assert v.new_sqn(0) == 6 + 1 and "o3" not in v.objects
+    v.set_length(R, P, 5, 12)
+    assert v.listing(R, "state/0") == ([], ["1"])
+
+
+def test_manifest_round_trip_and_newer_indexes() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1", b"hello")
+    m = v.manifest(R)
+    assert m is not None and m["format"] == 1 and m["root"] == R and m["seq"] == 0
+    assert v.manifest(R) is None  # nothing changed since
+    w = loaded(m, [ref(P, 7, "o9")])
+    assert w.get(R, P).sqn == 7 and w.roots[R].manifest_seq == 1
+    u = loaded(m, [ref(P, 1, "o1")])  # an object read again within the margin
+    assert u.get(R, P).length == 5
+
+
+def test_manifest_of_another_root_is_refused() -> None:
+    v = View()
+    with pytest.raises(ValueError):
+        v.on_loaded(R, {"format": 1, "root": "file:/x", "seq": 0, "files": {}}, [])
+    with pytest.raises(ValueError):
+        v.on_loaded(R, {"format": 99, "root": R, "seq": 0, "files": {}}, [])
+
+
+def test_unreadable_index_asks_again_later() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1")
+    _durable(v, P, 2, "o2")
+    assert _manifest(v) == [ReadIndex("o1")]
+    v.on_index_failed("o1")
+    _durable(v, P, 3, "o3")
+    assert ReadIndex("o1") in _manifest(v)
