@@ -20,9 +20,19 @@ final class BridgeOutputStream extends CancellableFSDataOutputStream {
 
   private final Chunks chunks;
 
+  /**
+   * A file {@code path} of query {@code root} for the bridge on {@code socket}; {@code
+   * accepted} runs once the bridge accepted the whole file, {@code fallback} when no bridge
+   * answered at close.
+   */
   BridgeOutputStream(
-      String socket, String root, String path, long timeoutMillis, Fallback fallback) {
-    this(new Chunks(socket, root, path, timeoutMillis, fallback));
+      String socket,
+      String root,
+      String path,
+      long timeoutMillis,
+      Runnable accepted,
+      Fallback fallback) {
+    this(new Chunks(socket, root, path, timeoutMillis, accepted, fallback));
   }
 
   private BridgeOutputStream(Chunks chunks) {
@@ -41,6 +51,7 @@ final class BridgeOutputStream extends CancellableFSDataOutputStream {
     private final String root;
     private final String path;
     private final long timeoutMillis;
+    private final Runnable accepted;
     private final Fallback fallback;
     private byte[] buf = new byte[64 << 10];
     private int len;
@@ -48,11 +59,18 @@ final class BridgeOutputStream extends CancellableFSDataOutputStream {
     private BridgeClient client;
     private boolean done;
 
-    Chunks(String socket, String root, String path, long timeoutMillis, Fallback fallback) {
+    Chunks(
+        String socket,
+        String root,
+        String path,
+        long timeoutMillis,
+        Runnable accepted,
+        Fallback fallback) {
       this.socket = socket;
       this.root = root;
       this.path = path;
       this.timeoutMillis = timeoutMillis;
+      this.accepted = accepted;
       this.fallback = fallback;
     }
 
@@ -99,6 +117,7 @@ final class BridgeOutputStream extends CancellableFSDataOutputStream {
         client.call(header, java.util.Arrays.copyOf(buf, len), timeoutMillis);
         client.release();
         client = null;
+        accepted.run();
       } else {
         client.send(header, buf, len);
       }

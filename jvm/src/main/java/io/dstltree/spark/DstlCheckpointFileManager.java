@@ -31,7 +31,8 @@ import org.slf4j.LoggerFactory;
  * Spark's checkpoint file manager with state files in the dstltree tree
  * ({@code spark.sql.streaming.checkpointFileManagerClass=io.dstltree.spark.DstlCheckpointFileManager}).
  *
- * <p>A state file is a path {@code <root>/state/<operator>/<partition>/...}: it is written to
+ * <p>A state file is a path {@code <root>/state/<operator>/<partition>/...} (none of whose
+ * further components starts with {@code _}, as Spark's {@code _metadata/schema}): it goes to
  * the bridge on this host (socket from the Hadoop key {@value #SOCKET_KEY}, default {@code
  * /tmp/dstltree-<uid>/bridge.sock}); {@code open}, {@code exists} and {@code list} show the
  * bridge's files merged with plain files (the bridge's copy wins), {@code delete} removes
@@ -114,7 +115,10 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   /** The state file {@code p} names, or null when {@code p} is not below a state directory. */
   StateFile stateFile(Path p) {
     Matcher m = STATE.matcher(qualified(p));
-    return m.matches() ? new StateFile(m.group(1), m.group(2)) : null;
+    if (!m.matches() || m.group(2).contains("/_")) {
+      return null; // Spark's own metadata below a partition (_metadata/schema) stays plain
+    }
+    return new StateFile(m.group(1), m.group(2));
   }
 
   private String qualified(Path p) {
@@ -142,8 +146,8 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   private void noBridge(BridgeException why, Path p) {
     if (warned.compareAndSet(false, true)) {
       LOG.warn(
-          "dstltree: no bridge answers ({}); state files such as {} are written as plain"
-              + " files (this warning once per manager)",
+          "dstltree: no bridge answers ({}); state files are written and read as plain files"
+              + " (first: {}; this warning once per manager)",
           why.getMessage(),
           p);
     }
@@ -159,12 +163,12 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
       }
       return plain.createAtomic(p, overwriteIfPossible);
     }
-    PENDING_ROOTS.add(f.root());
     return new BridgeOutputStream(
         socket,
         f.root(),
         f.path(),
         timeoutMillis,
+        () -> PENDING_ROOTS.add(f.root()),
         (bytes, length, why) -> {
           noBridge(why, p);
           try (CancellableFSDataOutputStream out = plain.createAtomic(p, overwriteIfPossible)) {
