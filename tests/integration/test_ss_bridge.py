@@ -1,0 +1,217 @@
+"""The structured-streaming bridge against a REAL aggregator node, over its Unix socket:
+files in and out, few objects, restarts, deletions, hostile frames, the node down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dstltree.client import ObjectStore
+from dstltree.structured_streaming import wire
+from dstltree.structured_streaming.bridge import Bridge, BridgeInUse
+from tests.support.ss_client import BridgeClient
+from tests.support.tree_fixtures import start
+from tests.support.waiting import wait_until
+
+ROOT = "file:/tmp/checkpoints/query-1"
+ONE_NODE = [{"id": "root", "bind": "auto"}]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    with start(tmp_path, ONE_NODE, security={"curve": False}) as t:
+        yield t
+
+
+def _bridge(tmp_path: Path, tree, **kw) -> Bridge:  # type: ignore[no-untyped-def]
+    node = None if tree is None else tree.address("root")
+    return Bridge.open(tmp_path / "run" / "bridge.sock", str(tmp_path / "dfs"), node, **kw)
+
+
+def _objects(tmp_path: Path) -> list[str]:
+    """Written objects (a node keeps empty object files created ahead)."""
+    store = ObjectStore(str(tmp_path / "dfs"))
+    return [i.url for i in store.list_info(store.changelog_root()) if i.size > 0]
+
+
+def test_files_in_and_out_through_the_node(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    big = os.urandom(3 * 1024 * 1024 + 17)  # four changes of at most 1 MiB
+    with _bridge(tmp_path, tree) as b, BridgeClient(b.socket_path) as c:
+        assert stat.S_IMODE(b.socket_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(b.socket_path.parent.stat().st_mode) == 0o700
+        assert c.put(ROOT, "state/0/0/1.changelog", b"one")["length"] == 3
+        assert c.read_all(ROOT, "state/0/0/1.changelog") == b"one"  # before durable
+        assert c.put(ROOT, "state/0/0/2.zip", big, chunk=wire.MAX_PAYLOAD)["length"] == len(big)
+        assert c.put(ROOT, "state/0/0/SSTs/000001-ab.sst", b"")["length"] == 0
+        assert c.commit(ROOT)["ok"]
+        assert c.read_all(ROOT, "state/0/0/2.zip") == big
+        h, part = c.call(
+            {"op": "read", "root": ROOT, "path": "state/0/0/2.zip", "offset": 5, "length": 7}
+        )
+        assert part == big[5:12] and h["length"] == 7
+        assert c.stat(ROOT, "state/0/0/2.zip") == {"ok": True, "exists": True, "length": len(big)}
+        assert c.stat(ROOT, "state/0/0/9.delta")["exists"] is False
+        listed = c.list(ROOT, "state/0/0")
+        names = [(f["name"], f["length"]) for f in listed["files"]]
+        assert names == [("1.changelog", 3), ("2.zip", len(big))] and listed["dirs"] == ["SSTs"]
+        assert c.list(ROOT, "state")["dirs"] == ["0"]
+        assert c.put(ROOT, "state/0/0/1.changelog", b"replaced")["length"] == 8
+        assert c.delete(ROOT, "state/0/0/SSTs/000001-ab.sst") is True
+        assert c.delete(ROOT, "state/0/0/SSTs/000001-ab.sst") is False
+        assert c.commit(ROOT)["ok"]
+        assert c.read_all(ROOT, "state/0/0/1.changelog") == b"replaced"
+        h, _ = c.call(
+            {"op": "read", "root": ROOT, "path": "state/0/0/7.delta", "offset": 0, "length": 1}
+        )
+        assert h["code"] == "not-found"
+
+
+def test_many_files_land_in_few_objects(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    with _bridge(tmp_path, tree) as b:
+        clients = [BridgeClient(b.socket_path) for _ in range(4)]
+
+        def write(i: int) -> None:
+            for p in range(50):
+                clients[i].put(ROOT, f"state/0/{i * 50 + p}/1.changelog", b"x" * 500)
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        h = clients[0].commit(ROOT)
+        assert h["ok"] and 0 <= h["files"] <= 200  # files it waited for
+        assert len(clients[1].list(ROOT, "state/0")["dirs"]) == 200
+        for c in clients:
+            c.close()
+    assert 1 <= len(_objects(tmp_path)) <= 20  # 200 files
+
+
+def _start_process(tmp_path: Path, tree, sock: Path) -> subprocess.Popen:  # type: ignore[no-untyped-def,type-arg]
+    topo = tmp_path / "topology.yaml"
+    cmd = [sys.executable, "-m", "dstltree.structured_streaming.bridge", "--topology", str(topo)]
+    cmd += ["--socket", str(sock), "--base-path", str(tmp_path / "dfs")]
+    cmd += ["--node", tree.address("root"), "--ack-timeout", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(60)
+    assert lines and lines[0].strip() == f"bridge ready on {sock}", lines
+    return proc
+
+
+def _manifests(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "dfs" / "ss").rglob("manifest-*.json"))
+
+
+def test_a_restarted_bridge_rebuilds_its_view_from_manifest_and_indexes(
+    tmp_path: Path, tree
+) -> None:  # type: ignore[no-untyped-def]
+    sock = tmp_path / "run" / "b.sock"
+    first = _start_process(tmp_path, tree, sock)
+    try:
+        with BridgeClient(sock) as c:
+            for v in range(1, 4):
+                c.put(ROOT, f"state/0/0/{v}.changelog", f"v{v}".encode())
+            c.delete(ROOT, "state/0/0/1.changelog")
+            assert c.commit(ROOT)["ok"]
+            wait_until(lambda: len(_manifests(tmp_path)) >= 1, timeout=20)
+            c.put(ROOT, "state/0/0/4.changelog", b"after the manifest")
+            c.put(ROOT, "state/0/0/2.changelog", b"v2 again")
+            c.delete(ROOT, "state/0/0/3.changelog")
+            assert c.commit(ROOT)["ok"]
+        other = Bridge.open(sock, str(tmp_path / "dfs"))
+        with pytest.raises(BridgeInUse):  # the path is taken by a live bridge
+            other.start()
+        other.files.client.close()
+    finally:
+        os.kill(first.pid, signal.SIGKILL)  # a crash: no last manifest
+        first.wait(30)
+    second = _start_process(tmp_path, tree, sock)  # stale socket replaced
+    try:
+        with BridgeClient(sock) as c:
+            names = [f["name"] for f in c.list(ROOT, "state/0/0")["files"]]
+            assert names == ["2.changelog", "4.changelog"]
+            assert c.read_all(ROOT, "state/0/0/2.changelog") == b"v2 again"
+            assert c.read_all(ROOT, "state/0/0/4.changelog") == b"after the manifest"
+            assert c.stat(ROOT, "state/0/0/4.changelog")["length"] == 18
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(30) == 0
+    assert not sock.exists()
+
+
+def test_deletion_releases_objects(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    with _bridge(tmp_path, tree, manifest_interval=3600) as b, BridgeClient(b.socket_path) as c:
+        paths = [f"state/1/{p}/5.delta" for p in range(20)]
+        for p in paths:
+            c.put(ROOT, p, b"data" * 100)
+        assert c.commit(ROOT)["ok"]
+        assert _objects(tmp_path)
+        for p in paths:
+            assert c.delete(ROOT, p)
+        assert c.commit(ROOT)["ok"]
+
+        def released() -> bool:
+            b.files.housekeep()
+            return not _objects(tmp_path)
+
+        wait_until(released, timeout=30, interval=0.1)
+        assert c.list(ROOT, "state/1")["dirs"] == []
+
+
+def _error(c: BridgeClient, raw: bytes) -> dict:  # type: ignore[type-arg]
+    c.send_raw(raw)
+    return c.recv()[0]
+
+
+def test_hostile_frames_get_errors_and_others_keep_working(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    with _bridge(tmp_path, tree) as b, BridgeClient(b.socket_path) as good:
+        good.put(ROOT, "state/0/0/1.changelog", b"ok")
+        with BridgeClient(b.socket_path, hello=False) as c:
+            assert c.call({"op": "stat", "root": ROOT, "path": "state/a"})[0]["code"] == "version"
+            h = c.call({"op": "hello", "versions": [7, 9]})[0]
+            assert h["code"] == "version" and h["versions"] == [1]
+            assert c.call({"op": "hello", "versions": [1]})[0] == {"ok": True, "version": 1}
+            for path in ("../x", "/etc/passwd", "state/../../x", "state/a\\b", "offsets/0"):
+                h = c.call({"op": "stat", "root": ROOT, "path": path})[0]
+                assert h["code"] == "path", path
+            assert _error(c, struct.pack("!I", 5) + b"nope!" + struct.pack("!I", 0))["code"] == (
+                "malformed"
+            )
+            assert c.call({"op": "stat", "root": ROOT, "path": 5})[0]["code"] == "malformed"
+            assert c.stat(ROOT, "state/0/0/1.changelog")["length"] == 2  # still served
+            assert _error(c, struct.pack("!I", 1 << 30))["code"] == "too-large"
+            assert c.sock.recv(1) == b""  # closed after a frame it cannot trust
+        with BridgeClient(b.socket_path) as c:
+            put = {"op": "put", "root": ROOT, "path": "state/../x", "offset": 0, "last": False}
+            c.send_raw(wire.encode(put, b"abc"))
+            assert c.recv()[0]["code"] == "path"
+            assert c.sock.recv(1) == b""
+        with BridgeClient(b.socket_path) as c:  # a connection closed mid-file writes nothing
+            put = {"op": "put", "root": ROOT, "path": "state/0/0/2.changelog", "offset": 0}
+            c.send_raw(wire.encode({**put, "last": False}, b"abc"))
+            c.send_raw(wire.encode({**put, "offset": 1, "last": True}, b"d")[:-1])
+        assert good.stat(ROOT, "state/0/0/2.changelog")["exists"] is False
+        assert good.commit(ROOT)["ok"]
+        assert good.read_all(ROOT, "state/0/0/1.changelog") == b"ok"
+
+
+def test_files_stay_durable_with_the_node_down(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    tree.nodes["root"].kill()
+    with _bridge(tmp_path, tree, ack_timeout=1.0) as b, BridgeClient(b.socket_path) as c:
+        c.put(ROOT, "state/0/3/8.changelog", b"through the DFS")
+        assert c.commit(ROOT, timeout=30) == {"ok": True, "files": 1}
+    assert _objects(tmp_path)  # written straight to the DFS
+    with _bridge(tmp_path, None) as b, BridgeClient(b.socket_path) as c:
+        assert c.read_all(ROOT, "state/0/3/8.changelog") == b"through the DFS"
