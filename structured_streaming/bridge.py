@@ -169,7 +169,10 @@ class Bridge:
             t.join(timeout)
         if self._owns_client:
             self.files.client.close()
-        self.files.housekeep()
+        try:
+            self.files.housekeep()
+        except Exception:  # noqa: BLE001 - the next start rebuilds from the indexes
+            log.exception("last housekeeping failed")
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 

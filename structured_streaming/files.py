@@ -80,6 +80,7 @@ class TreeFiles:
         self.in_flight_bytes = 0  # accepted, not yet durable
         self._clock = clock
         self._load_lock = threading.Lock()
+        self._ready: set[str] = set()  # roots loaded
         self._cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
         self._cache_bytes, self._cache_max = 0, cache_bytes
         self._todo: deque[Instruction] = deque()
@@ -94,10 +95,10 @@ class TreeFiles:
     def ensure(self, root: str) -> None:
         """Load ``root``'s view (newest manifest plus newer objects' indexes) unless
         known. Raises WireError(``unavailable``) when the store cannot be read."""
-        if self.view.root(root) is not None:
+        if root in self._ready:
             return
         with self._load_lock:
-            if self.view.root(root) is not None:
+            if root in self._ready:
                 return
             try:
                 manifest, since = self._newest_manifest(root)
@@ -106,7 +107,19 @@ class TreeFiles:
                 raise WireError("unavailable", f"cannot rebuild {root}: {e}") from e
             with self.cond:
                 self._todo.extend(self.view.on_loaded(root, manifest, refs))
+            self._forget_gone(root)
             self._fill_lengths(root)
+            self._ready.add(root)  # published once lengths are known
+
+    def _forget_gone(self, root: str) -> None:
+        """Objects a loaded manifest's tombstones wait for that were deleted since."""
+        rv = self.view.root(root)
+        assert rv is not None
+        urls = {u for e in list(rv.files.values()) if e.deleted for u in e.older}
+        gone = [u for u in urls if not self.store.exists(u)]
+        with self.cond:
+            for u in gone:
+                self._todo.extend(self.view.on_object_deleted(u))
 
     def _newest_manifest(self, root: str) -> tuple[dict[str, Any] | None, float | None]:
         infos = self.store.list_info(self.manifest_dir(root))
