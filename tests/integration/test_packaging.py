@@ -21,6 +21,7 @@ PARTS = {
     "simulations",
     "sparkplug",
     "storage",
+    "structured_streaming",
     "topology",
 }
 
