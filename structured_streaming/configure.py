@@ -155,7 +155,28 @@ def configure(
         socket = services.socket
     if socket is not None:
         builder = builder.config(f"spark.hadoop.{SOCKET_KEY}", str(socket))
+    add_to_running_driver(jar)
     return builder
+
+
+def add_to_running_driver(jar: str) -> bool:
+    """When this Python process already runs a Spark JVM (an earlier session, stopped
+    or not), add ``jar`` to its driver class loader: ``spark.jars`` reaches the driver's
+    class path only when the JVM starts (executors fetch it with every new context), and
+    the driver loads the manager when a query starts. Returns True when it was added."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return False
+    jvm = gateway.jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    if loader.getClass().getName() != "org.apache.spark.util.MutableURLClassLoader":
+        return False
+    url = jvm.java.io.File(jar).toURI().toURL()
+    if url.toString() not in [u.toString() for u in loader.getURLs()]:
+        loader.addURL(url)
+    return True
 
 
 def start_local(

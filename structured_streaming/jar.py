@@ -53,8 +53,9 @@ def java_sources() -> list[Path]:
     return found
 
 
-def is_stale(jar: Path = JAR) -> bool:
-    """True when ``jar`` is missing or older than any Java source."""
+def is_stale(jar: Path | None = None) -> bool:
+    """True when ``jar`` (None: :data:`JAR`) is missing or older than any Java source."""
+    jar = JAR if jar is None else jar
     if not jar.exists():
         return True
     built = jar.stat().st_mtime
@@ -71,17 +72,19 @@ def jar_path(build: bool = True) -> Path:
         if not JAR.exists():
             raise JarBuildError(f"{JAR} is missing: run `make jar` (needs a JDK 17 javac)")
         return JAR
-    if not is_stale():
+    if not is_stale(JAR):
         return JAR
     JAR.parent.mkdir(parents=True, exist_ok=True)
     with open(JAR.parent / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if is_stale():  # another process may have built it while we waited
-            _build(JAR)
+        if is_stale(JAR):  # another process may have built it while we waited
+            build_jar(JAR)
     return JAR
 
 
-def _build(jar: Path) -> None:
+def build_jar(jar: Path) -> None:
+    """Compile the sources into ``jar`` (replaced atomically), unconditionally. Raises
+    JarBuildError."""
     javac = shutil.which("javac")
     jar_tool = shutil.which("jar")
     if javac is None or jar_tool is None:

@@ -57,9 +57,13 @@ final class BridgeClient implements AutoCloseable {
    * @throws BridgeException code {@code unavailable} when the socket is missing or refuses
    */
   static BridgeClient connect(String socket, long timeoutMillis) throws BridgeException {
-    BridgeClient idle = POOLS.computeIfAbsent(socket, s -> new ConcurrentLinkedDeque<>()).poll();
-    if (idle != null && idle.channel.isOpen()) {
-      return idle;
+    ConcurrentLinkedDeque<BridgeClient> pool =
+        POOLS.computeIfAbsent(socket, s -> new ConcurrentLinkedDeque<>());
+    for (BridgeClient idle = pool.poll(); idle != null; idle = pool.poll()) {
+      if (idle.alive()) {
+        return idle;
+      }
+      idle.close(); // the bridge closed it (restarted, or gone)
     }
     SocketChannel ch;
     try {
@@ -78,6 +82,18 @@ final class BridgeClient implements AutoCloseable {
     hello.putArray("versions").add(1);
     c.call(hello, null, timeoutMillis);
     return c;
+  }
+
+  /** True unless the bridge closed this idle connection (a read would see its end). */
+  private boolean alive() {
+    try {
+      channel.configureBlocking(false);
+      int n = channel.read(ByteBuffer.allocate(1));
+      channel.configureBlocking(true);
+      return n == 0; // -1: closed; > 0: a byte nobody asked for, out of step
+    } catch (IOException e) {
+      return false;
+    }
   }
 
   /** Returns this connection to its pool (after a complete request and reply). */

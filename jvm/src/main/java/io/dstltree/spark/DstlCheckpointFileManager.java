@@ -70,7 +70,8 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   public DstlCheckpointFileManager(Path path, Configuration conf) throws IOException {
     this.conf = conf;
     this.plain = defaultManager(path, conf);
-    this.socket = conf.get(SOCKET_KEY, defaultSocket());
+    // spark.hadoop.* set at runtime on an existing session reaches the conf unstripped
+    this.socket = conf.get(SOCKET_KEY, conf.get("spark.hadoop." + SOCKET_KEY, defaultSocket()));
     this.timeoutMillis = (long) (conf.getDouble(TIMEOUT_KEY, 60.0) * 1000);
     this.commitTimeoutSeconds = conf.getLong(COMMIT_TIMEOUT_KEY, 120);
   }
