@@ -4,7 +4,10 @@
 
 - the manager's jar (:func:`dstltree.structured_streaming.jar.jar_path`, built with
   ``javac`` on first use) added to ``spark.jars``; that is enough for the class to load
-  when a query starts, on the driver and on the executors (tested with ``local[N]``);
+  when a query starts, on the driver and on the executors (tested with ``local[N]``), if
+  the driver JVM starts with this builder. ``spark.jars`` reaches the driver's class path
+  only at JVM start, so when this Python process already runs a Spark JVM (an earlier,
+  stopped session) the jar is also added to that driver's class loader;
 - ``spark.sql.streaming.checkpointFileManagerClass`` =
   ``io.dstltree.spark.DstlCheckpointFileManager``;
 - ``spark.hadoop.dstltree.bridge.socket`` = the bridge's Unix socket (when known: given,
