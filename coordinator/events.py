@@ -267,11 +267,13 @@ class PersistCheckpoint:
     """Complete ``earlier`` (older checkpoints, ascending) and ``checkpoint`` with one
     commit record naming ``retained`` (the ids retained afterwards): the commit point,
     one conditional create (coordinator/store.py); answered by CheckpointWritten or
-    WriteFailed for ``checkpoint``'s id."""
+    WriteFailed for ``checkpoint``'s id. ``seq``: None from the state machine; the
+    shell reserves it when it queues the write (records complete in that order)."""
 
     checkpoint: CompletedCheckpoint
     retained: tuple[int, ...]
     earlier: tuple[CompletedCheckpoint, ...] = ()
+    seq: int | None = None  # the record's sequence number, reserved by the shell
 
     @property
     def checkpoints(self) -> tuple[CompletedCheckpoint, ...]:

@@ -39,7 +39,7 @@ from dstltree.coordinator.checkpoint import CompletedCheckpoint, job_object_pref
 from dstltree.coordinator.errors import CoordinatorError
 from dstltree.coordinator.metrics import CoordinatorMetrics
 from dstltree.coordinator.storage_worker import StorageWorker
-from dstltree.coordinator.store import CheckpointStore, JobFencedError
+from dstltree.coordinator.store import MAX_RECORDS_IN_FLIGHT, CheckpointStore, JobFencedError
 from dstltree.coordinator.sweep import OrphanSweeper, SweepPolicy
 from dstltree.security.curve import Curve, configure_server, register_refusal_metrics
 from dstltree.sparkplug.sinks.sink import FileSink
@@ -205,6 +205,7 @@ class Coordinator:
             commit_retry_interval=commit_retry_interval,
             object_prefixes=job_object_prefixes(store, extra_object_prefixes),
             max_concurrent_checkpoints=max_concurrent_checkpoints,
+            max_records_in_flight=MAX_RECORDS_IN_FLIGHT,
         )
         self._tick_ms = max(1, int(tick * 1000))
         self._call_timeout = call_timeout

@@ -14,8 +14,11 @@ dask/distributed's ``worker_state_machine``). Behaviour:
 - Completion in checkpoint order, one request on the completion path: when every task
   of the current attempt acknowledged a checkpoint and every older one in flight is
   written or aborted, :class:`PersistCheckpoint` (one commit record,
-  coordinator/store.py); checkpoints that became ready while a record was being
-  written complete together in the next record (one write at a time). When it is
+  coordinator/store.py); checkpoints that became ready together complete in one
+  record; up to ``max_records_in_flight`` records are created at once (pipelined),
+  each carrying the checkpoints of the records before it still in flight, confirmed
+  in creation order (a failed record's checkpoints complete with a later one, and are
+  aborted only when no later record carries them). When it is
   written, each is registered in the :class:`SharedStateRegistry` and the oldest beyond
   ``retained_checkpoints`` are subsumed (:class:`DeleteCheckpoint`, then
   :class:`DeleteObjects` for the paths whose count dropped to zero): off the completion
@@ -144,6 +147,7 @@ from dstltree.coordinator.events import (
 from dstltree.coordinator.registry import SharedStateRegistry
 from dstltree.coordinator.splitlog import COMPACT_AFTER
 from dstltree.coordinator.splits import SourceSplits
+from dstltree.coordinator.store import MAX_RECORDS_IN_FLIGHT
 from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.sources.base import EnumeratorState, Source
 
@@ -167,7 +171,9 @@ class CoordinatorConfig:
     ``commit_retry_interval``: seconds before a failed sink commit is tried again;
     ``max_concurrent_checkpoints``: checkpoints in flight at most (Flink's
     ``maxConcurrentCheckpoints``; 1 here, the service and jobs default to
-    :data:`DEFAULT_MAX_CONCURRENT_CHECKPOINTS`). ``object_prefixes``: the only places
+    :data:`DEFAULT_MAX_CONCURRENT_CHECKPOINTS`); ``max_records_in_flight``: commit
+    records created at once (pipelined; 1 here, the service uses
+    ``store.MAX_RECORDS_IN_FLIGHT``). ``object_prefixes``: the only places
     paths of acknowledgements and reports may name, canonical URLs ending in ``/``
     (``checkpoint.job_object_prefixes``: the job's ``<base>/changelog/`` and
     ``<base>/materialized/``, plus those of nodes writing elsewhere); empty: no path
@@ -186,10 +192,13 @@ class CoordinatorConfig:
     commit_retry_interval: float = 1.0
     object_prefixes: tuple[str, ...] = ()
     max_concurrent_checkpoints: int = 1
+    max_records_in_flight: int = 1
 
     def __post_init__(self) -> None:
         if self.max_concurrent_checkpoints < 1:
             raise ValueError("max_concurrent_checkpoints must be >= 1")
+        if not 1 <= self.max_records_in_flight <= MAX_RECORDS_IN_FLIGHT:
+            raise ValueError(f"max_records_in_flight must be in 1..{MAX_RECORDS_IN_FLIGHT}")
         for prefix in self.object_prefixes:
             problem = prefix_problem(prefix)
             if problem is not None:
@@ -230,6 +239,20 @@ class _Pending:
     @property
     def ready(self) -> bool:
         return self.ready_at is not None
+
+
+@dataclass
+class _Record:
+    """A commit record being created: ``ids``, every checkpoint it completes (those of
+    the records before it still in flight, then its own); ``outcome``: None while in
+    flight, then the CheckpointWritten or WriteFailed that answered it."""
+
+    ids: tuple[int, ...]
+    outcome: CheckpointWritten | WriteFailed | None = None
+
+    @property
+    def newest(self) -> int:
+        return self.ids[-1]
 
 
 @dataclass
@@ -292,6 +315,7 @@ class CoordinatorState:
         self._restored = frozenset(c.checkpoint_id for c in self.retained)
         self._released: set[str] | None = set() if validate else None
         self._inflight: dict[int, _Pending] = {}  # triggered, not written or aborted
+        self._records: list[_Record] = []  # commit records in flight, in creation order
         self._last_trigger: float | None = None
         # the split log checkpoints reference (coordinator/splitlog.py), and the wall
         # clock (epoch s) when a new one was asked for, while it is written
@@ -487,9 +511,38 @@ class CoordinatorState:
 
     @_handle_event.register
     def _(self, ev: CheckpointWritten) -> list[Instruction]:
-        batch = self._writing
-        if not batch or batch[-1] != ev.checkpoint_id:
+        return self._answered(ev)
+
+    def _answered(self, ev: CheckpointWritten | WriteFailed) -> list[Instruction]:
+        """A commit record was created or failed: confirm the records in creation
+        order (a record answered before an older one waits for it)."""
+        record = next(
+            (r for r in self._records if r.newest == ev.checkpoint_id and r.outcome is None),
+            None,
+        )
+        if record is None:
             return [MessageIgnored(-1, f"checkpoint {ev.checkpoint_id} was not being written")]
+        record.outcome = ev
+        out: list[Instruction] = []
+        while self._records and self._records[0].outcome is not None:
+            r = self._records.pop(0)
+            if isinstance(r.outcome, CheckpointWritten):
+                out += self._written(r.outcome, [i for i in r.ids if i in self._inflight])
+            elif not self._records:  # failed, and no later record carries its checkpoints
+                assert r.outcome is not None
+                out += self._write_failed(r.outcome.reason)
+        return out + self._maybe_persist()
+
+    def _write_failed(self, reason: str) -> list[Instruction]:
+        """The last record in flight failed: abort every checkpoint being written."""
+        out: list[Instruction] = []
+        for cid in self._writing:
+            self._inflight[cid].completed = None
+            out += self._abort(cid, f"write failed: {reason}")
+        return out
+
+    def _written(self, ev: CheckpointWritten, batch: list[int]) -> list[Instruction]:
+        """The checkpoints ``batch`` (ascending) are durable with ``ev``'s record."""
         done: list[CompletedCheckpoint] = []
         out: list[Instruction] = []
         for cid in batch:
@@ -509,9 +562,11 @@ class CoordinatorState:
                 self.final_written = cp
             done.append(cp)
             out.append(CheckpointCompleted(cp, duration, ev.requests, size))
+        if not done:
+            return out
         out += self._subsume()
         out += self._committed(done) if self.commits is None else self.commits.durable(*done)
-        return out + self._maybe_compact(done[-1]) + self._maybe_persist()
+        return out + self._maybe_compact(done[-1])
 
     def _without_unstarted(self, e: EnumeratorState) -> EnumeratorState:
         """``e`` without the pending splits no reader started (offset 0), marked not
@@ -538,14 +593,7 @@ class CoordinatorState:
 
     @_handle_event.register
     def _(self, ev: WriteFailed) -> list[Instruction]:
-        batch = self._writing
-        if not batch or batch[-1] != ev.checkpoint_id:
-            return [MessageIgnored(-1, f"checkpoint {ev.checkpoint_id} was not being written")]
-        out: list[Instruction] = []
-        for cid in batch:
-            self._inflight[cid].completed = None
-            out += self._abort(cid, f"write failed: {ev.reason}")
-        return out + self._maybe_persist()
+        return self._answered(ev)
 
     @_handle_event.register
     def _(self, ev: SplitLogWritten) -> list[Instruction]:
@@ -911,21 +959,28 @@ class CoordinatorState:
         return [notice, *self._send_each(protocol.TriggerCheckpoint(cid, final))]
 
     def _maybe_persist(self) -> list[Instruction]:
-        """Write the oldest checkpoints in flight that every task acknowledged, in one
-        record, when no record is being written: completion stays in checkpoint order
-        (a ready checkpoint waits for every older one in flight)."""
-        if self._writing:
+        """Write the oldest checkpoints in flight that every task acknowledged and no
+        record holds yet, in one record, while fewer than ``max_records_in_flight``
+        are being created (pipelined): the record carries the checkpoints of the
+        records before it in flight too, so it stands alone if they fail. Completion
+        stays in checkpoint order (a ready checkpoint waits for every older one)."""
+        if len(self._records) >= self.config.max_records_in_flight:
             return []
+        carried: list[CompletedCheckpoint] = []
         batch: list[_Pending] = []
         for p in self._inflight.values():  # ascending ids: inserted in trigger order
+            if p.completed is not None:  # in a record in flight: carried along
+                carried.append(p.completed)
+                continue
             if not p.ready:
                 break
             batch.append(p)
         if not batch:
             return []
-        cps = [self._complete(p) for p in batch]
+        cps = [*carried, *(self._complete(p) for p in batch)]
         ids = [c.checkpoint_id for c in self.retained] + [c.checkpoint_id for c in cps]
         keep = ids[max(0, len(ids) - self.config.retained_checkpoints) :]
+        self._records.append(_Record(tuple(c.checkpoint_id for c in cps)))
         return [PersistCheckpoint(cps[-1], tuple(keep), tuple(cps[:-1]))]
 
     def _complete(self, p: _Pending) -> CompletedCheckpoint:
@@ -1039,7 +1094,12 @@ class CoordinatorState:
         )
         _require(
             list(self._writing) == ids[: len(self._writing)],
-            "completion in order: the record being written holds the oldest in flight",
+            "completion in order: the records being written hold the oldest in flight",
+        )
+        held = {i for r in self._records for i in r.ids if i in self._inflight}
+        _require(
+            held == set(self._writing) and len(self._records) <= self.config.max_records_in_flight,
+            "every checkpoint being written is in a record in flight, within the bound",
         )
         for p in self._inflight.values():
             self._check_one_pending(p)

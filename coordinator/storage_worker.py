@@ -3,9 +3,11 @@
 Thread pools (``concurrent.futures.ThreadPoolExecutor``), each carrying out its share
 of the storage instructions of coordinator/events.py:
 
-- **the completion path**, one thread: commit records (``PersistCheckpoint``), one
-  conditional create each (coordinator/store.py), and nothing else, so no cleanup,
-  sink commit or listing ever queues in front of a checkpoint's commit point;
+- **the completion path**, :data:`~dstltree.coordinator.store.MAX_RECORDS_IN_FLIGHT`
+  threads: commit records (``PersistCheckpoint``), one conditional create each
+  (coordinator/store.py), created at once (their sequence numbers reserved in the
+  order the loop queues them), and nothing else, so no cleanup, sink commit or
+  listing ever queues in front of a checkpoint's commit point;
 - **deletions**, :data:`DELETE_THREADS` threads: subsumed records
   (``DeleteCheckpoint``), released objects (``DeleteObjects``) and split logs
   (``WriteSplitLog``, coordinator/splitlog.py), in parallel: on an object store every
@@ -44,7 +46,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import singledispatchmethod
 
 from dstltree.coordinator.cleanup import OrphanScan, scan_orphans, within_job
@@ -77,7 +79,7 @@ from dstltree.coordinator.events import (
 )
 from dstltree.coordinator.shared import SharedOrphans, object_log_ids
 from dstltree.coordinator.splitlog import SPLIT_LOG_SUFFIX, encode_split_log
-from dstltree.coordinator.store import CheckpointStore, JobFencedError
+from dstltree.coordinator.store import MAX_RECORDS_IN_FLIGHT, CheckpointStore, JobFencedError
 from dstltree.sparkplug.sinks.committer import SinkCommitter
 from dstltree.sparkplug.sinks.sink import FileSink
 from dstltree.storage.store import SNAPSHOT_DIR, ObjectStore
@@ -171,7 +173,9 @@ class StorageWorker:
         self._wall = wall
         self._committer: SinkCommitter | None = None
         self._clock = clock
-        self._committing = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-commit")
+        self._committing = ThreadPoolExecutor(
+            MAX_RECORDS_IN_FLIGHT, thread_name_prefix="dstl-coordinator-commit"
+        )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dstl-coordinator-sweep")
         self._deleting = ThreadPoolExecutor(
             DELETE_THREADS, thread_name_prefix="dstl-coordinator-delete"
@@ -195,6 +199,15 @@ class StorageWorker:
         if isinstance(instruction, ListSplits):
             self._lister.submit(self._work, instruction)
             return
+        if isinstance(instruction, PersistCheckpoint) and instruction.seq is None:
+            try:  # reserved here, in the order the loop queues records
+                instruction = replace(instruction, seq=self.checkpoints.reserve())
+            except Exception as e:  # noqa: BLE001 - answered as a failed write
+                reason = f"{type(e).__name__}: {e}"
+                self._results.put(
+                    WriteFailed(self._clock(), instruction.checkpoint.checkpoint_id, reason)
+                )
+                return
         fut = self._pool(instruction).submit(self._work, instruction)
         with self._lock:
             self._outstanding.add(fut)
@@ -289,7 +302,9 @@ class StorageWorker:
 
     @run.register
     def _(self, instruction: PersistCheckpoint) -> Event:
-        done = self.checkpoints.commit(instruction.checkpoints, instruction.retained)
+        done = self.checkpoints.commit(
+            instruction.checkpoints, instruction.retained, instruction.seq
+        )
         sizes = tuple(sorted(done.metadata_bytes.items()))
         cid = instruction.checkpoint.checkpoint_id
         return CheckpointWritten(self._clock(), cid, done.requests, sizes)

@@ -31,18 +31,32 @@ checkpoint, or it is a claim).
 Fencing (one driver per job), without a listing after the create: record sequence
 numbers are contiguous per driver. A driver creates record ``s + 1`` over its own last
 record ``s`` and nothing else, except when it starts: then it **claims** the job by
-creating a claim record at ``max + 1`` over the highest record it lists (carrying the
-retained set over). So the record after any driver's last one is either its own next
-commit or another driver's claim, and claim records are never deleted (one small
+creating a claim record above the highest record it lists (carrying the retained set
+over; "Pipelined records" below). So the record after any driver's last one is either
+its own next commit or another driver's claim, and claim records are never deleted (one small
 object per driver start; :attr:`Head.claims` lists them): a driver that was taken over
 finds its next record taken at its next commit, is fenced (:class:`JobFencedError`)
 and never writes or deletes through this store again. The newest driver wins (a
 restarted driver must be able to take over from a dead one). A create that finds the
 record there already compares it with what it wrote: the same bytes are its own
-retried write; a checkpoint record of its own with other bytes is a write it took for
-failed (it moves past it); anything else fences it. Only stores with a conditional
+retried write; anything else fences it (a sequence number whose create failed is
+never used again, so no other bytes of its own can be there). Only stores with a conditional
 create fence reliably (local POSIX, S3, memory); on others two simultaneous claims may
 both succeed.
+
+Pipelined records: a driver creates up to ``MAX_RECORDS_IN_FLIGHT`` records at once
+(sequence numbers reserved in completion order, :meth:`CheckpointStore.reserve`); each
+carries the metadata of the checkpoints of the records before it still in flight, so
+it stands alone if they fail, and the coordinator confirms them in order. A claim
+leaves ``CLAIM_GAP`` sequence numbers free: a driver that claims at ``c`` writes its
+first record at ``c + CLAIM_GAP``, and claims at ``max(highest + 1, newest claim +
+CLAIM_GAP)`` (so it also collides with the first record of a driver that has just
+claimed). A driver taken over loses the create that collides with the claim and
+confirms nothing after it; its other records in flight (strays) land within the gap
+above the claim, since a driver reserves at most ``MAX_RECORDS_IN_FLIGHT`` beyond its
+newest created record. Readers skip them: the head is the newest record with no
+other driver's claim among the ``CLAIM_GAP - 1`` sequence numbers below it (above its
+writer's own claim); the sweeps delete them.
 
 Older layouts stay readable: ``chk-<id>.json`` metadata with ``LATEST-<n>`` pointer
 versions (and the single ``LATEST`` of before) are read while no commit record exists;
@@ -81,8 +95,13 @@ _RECORD = re.compile(r"/commit-(\d{10,})\.json$")
 _POINTER = re.compile(r"/LATEST-(\d{10,})$")
 _CLAIM_ATTEMPTS = 5
 _READ_ATTEMPTS = 3
-#: Most records a create moves past because they are this driver's own earlier writes.
-_OWN_SKIPS = 8
+#: Sequence numbers between a claim and the claimer's first checkpoint record: the
+#: records of the driver it took over that were in flight at the claim land there
+#: (module docstring, "Pipelined records").
+CLAIM_GAP = 8
+#: Most commit records a driver has in flight beyond its newest created one (fewer
+#: than the gap).
+MAX_RECORDS_IN_FLIGHT = 4
 
 
 class JobFencedError(CoordinatorError):
@@ -99,12 +118,14 @@ class Head:
     """The newest commit record (or the old layout's newest pointer): ``seq`` None
     when there is no record; ``retained``: (checkpoint id, record seq or None for an
     old ``chk-<id>.json``), ascending ids; ``claims``: sequence numbers of every claim
-    record; ``pointer``: the highest old ``LATEST-<n>`` version present (None: none)."""
+    record; ``pointer``: the highest old ``LATEST-<n>`` version present (None: none);
+    ``highest``: the highest record present, a fenced driver's stray included."""
 
     seq: int | None = None
     retained: tuple[tuple[int, int | None], ...] = ()
     claims: tuple[int, ...] = ()
     pointer: int | None = None
+    highest: int | None = None  # the highest record present (a stray included)
 
     @property
     def latest_id(self) -> int | None:
@@ -139,12 +160,15 @@ class CheckpointStore:
         self.store = store
         self.root = store.join(CHECKPOINT_DIR)
         self.owner = owner or uuid.uuid4().hex
-        self.seq: int | None = None  # the record this store created last
+        self.seq: int | None = None  # the newest record this store created
+        self._claim: int | None = None  # this store's claim record
+        self._next: int | None = None  # the next sequence number to reserve
+        self._mine: set[int] = set()  # sequence numbers reserved since the claim
         self.fenced: JobFencedError | None = None
         self.pointers_deleted = 0  # records and old pointer versions deleted
         self._lock = threading.Lock()
         self._where: dict[int, int | None] = {}  # retained id -> record seq (None: old file)
-        self._placed: dict[int, int | None] = {}  # every id whose record may still exist
+        self._placed: dict[int, set[int | None]] = {}  # id -> records that may hold it
         self._claims: tuple[int, ...] = ()
         self._records: dict[int, dict[str, Any]] = {}  # decoded records (immutable), by seq
         self._hedged = HedgedCreate()
@@ -196,7 +220,7 @@ class CheckpointStore:
             path = self.record_path(seqs[-1]) if seqs else self.pointer_path(pointer or 0)
             try:
                 if seqs:
-                    return _head_of(self._record(seqs[-1]), pointer)
+                    return _head_of(self._newest_valid(seqs), pointer, seqs[-1])
                 _, retained = _decode_pointer(path, self.store.read(path))
                 return Head(None, tuple((i, None) for i in retained), (), pointer)
             except StorageError:
@@ -204,6 +228,31 @@ class CheckpointStore:
                 if attempt + 1 == _READ_ATTEMPTS or self.store.exists(path):
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _newest_valid(self, seqs: list[int]) -> dict[str, Any]:
+        """The newest record that is not a stray. A checkpoint record ``h`` is a stray
+        when another driver's claim lies in ``(h - CLAIM_GAP, h)`` above the claim of
+        ``h``'s writer: that driver was taken over while ``h`` was in flight. Reads the
+        records present in that window (few: subsumed records are deleted; records are
+        cached). Raises StorageError, CorruptCheckpointError."""
+        present = set(seqs)
+        for h in reversed(seqs):
+            record = self._record(h)
+            if record["kind"] == "claim":
+                return record
+            own = max((int(c) for c in record["claims"]), default=0)
+            window = range(max(own + 1, h - CLAIM_GAP + 1), h)
+            if not any(self._foreign_claim(s, record["owner"]) for s in window if s in present):
+                return record
+        raise CorruptCheckpointError(self.root, "every commit record is a fenced driver's")
+
+    def _foreign_claim(self, seq: int, owner: str) -> bool:
+        """Record ``seq`` is another driver's claim (False when it vanished)."""
+        try:
+            record = self._record(seq)
+        except StorageError:
+            return False
+        return bool(record["kind"] == "claim" and record["owner"] != owner)
 
     def _record(self, seq: int) -> dict[str, Any]:
         """Commit record ``seq``, decoded and checked (cached: records never change)."""
@@ -280,7 +329,9 @@ class CheckpointStore:
         new = 1
         for _ in range(_CLAIM_ATTEMPTS):
             h = self.head()
-            new = (h.seq or 0) + 1
+            # above every record, and at the first record of the newest claimer (it
+            # collides with that driver's next create when none of its records landed)
+            new = max((h.highest or 0) + 1, max(h.claims, default=-CLAIM_GAP) + CLAIM_GAP)
             claims = (*h.claims, new)
             body = self._body("claim", new, h.retained, claims, [])
             if not self._create(self.record_path(new), body):
@@ -289,8 +340,10 @@ class CheckpointStore:
                 self._fence_old_layout(h)
             with self._lock:
                 self.seq, self.fenced, self._claims = new, None, claims
+                self._claim, self._next, self._mine = new, new + CLAIM_GAP, set()
                 self._where = dict(h.retained)
-                self._placed.update(self._where)
+                for i, s in self._where.items():
+                    self._placed.setdefault(i, set()).add(s)
             return new
         raise self._fence(self.record_path(new), "other drivers keep claiming the job")
 
@@ -309,21 +362,18 @@ class CheckpointStore:
         this driver's own create under way; no-op before its claim). Raises
         StorageError."""
         self._check_not_fenced()
-        if self.seq is None:
+        claim = self._claim
+        if claim is None:
             return
         seqs, _ = self._listing()
-        if not seqs or seqs[-1] <= self.seq:
-            return
-        # A newer record: this driver's own create under way on the commit thread, or
-        # another driver's claim.
-        path = self.record_path(seqs[-1])
-        raw = self._read_quietly(path)
-        try:
-            owner = None if raw is None else _decode_record(path, raw, seqs[-1])["owner"]
-        except CorruptCheckpointError:
-            owner = None
-        if owner != self.owner:
-            raise self._fence(path, "a newer commit record")
+        with self._lock:
+            mine = set(self._mine)
+        # Records above this driver's claim it did not reserve: another driver's claim
+        # or records (fenced), or strays of the driver it took over (checkpoint records
+        # within the gap above its claim).
+        for seq in (s for s in seqs if s > claim and s not in mine):
+            if seq >= claim + CLAIM_GAP or self._foreign_claim(seq, self.owner):
+                raise self._fence(self.record_path(seq), "a newer commit record")
 
     def _fence(self, path: str, reason: str) -> JobFencedError:
         self.fenced = JobFencedError(path, reason)
@@ -365,26 +415,66 @@ class CheckpointStore:
                 return False
 
     # -- writes ------------------------------------------------------------------------
-    def commit(
-        self, checkpoints: Sequence[CompletedCheckpoint], retained: Sequence[int]
-    ) -> Committed:
-        """Complete ``checkpoints`` (ascending ids, newer than every retained one) with
-        one record: the commit point. ``retained``: the ids retained afterwards (the
-        newest of ``checkpoints`` among them; the others retained before, or in
-        ``checkpoints``); only the metadata of retained ones is written. Claims the
-        job first if this store has not. Returns :class:`Committed`. Raises
-        JobFencedError, StorageError (nothing committed; call again), ValueError for
-        a retained id this store does not know."""
+    def reserve(self) -> int:
+        """The sequence number of the next commit record (claims the job first if this
+        store has not). Reserve in the order the records complete checkpoints; the
+        records are then created concurrently (pipelined). At most
+        ``MAX_RECORDS_IN_FLIGHT`` beyond the newest record created (so that a driver
+        taken over has its strays within the gap above the claim that fenced it):
+        the caller keeps fewer in flight; when failed creates used them up, the store
+        claims the job again. Raises JobFencedError, StorageError."""
         self._check_not_fenced()
-        if self.seq is None:
+        if self._claim is None:
             self.claim()
+        if self._next_beyond_bound():
+            # creates failed MAX_RECORDS_IN_FLIGHT times in a row: claim again under a
+            # new owner token, so that any of them landing late is a stray of another
+            # driver's for readers (one listing, one read, one create)
+            log.warning(
+                "commit records failed %d times in a row: claiming again", MAX_RECORDS_IN_FLIGHT
+            )
+            self.owner = uuid.uuid4().hex
+            self.claim()
+        with self._lock:
+            assert self._next is not None
+            seq, self._next = self._next, self._next + 1
+            self._mine.add(seq)
+        return seq
+
+    def _next_beyond_bound(self) -> bool:
+        """The next sequence number is ``MAX_RECORDS_IN_FLIGHT`` or more beyond the
+        newest record created (or the first one after the claim)."""
+        with self._lock:
+            assert self._next is not None and self._claim is not None
+            base = max(self.seq or 0, self._claim + CLAIM_GAP - 1)
+            return self._next > base + MAX_RECORDS_IN_FLIGHT
+
+    def commit(
+        self,
+        checkpoints: Sequence[CompletedCheckpoint],
+        retained: Sequence[int],
+        seq: int | None = None,
+    ) -> Committed:
+        """Complete ``checkpoints`` (ascending ids, newer than every checkpoint
+        completed before) with one record, the commit point, at ``seq`` (from
+        :meth:`reserve`; None: reserve now). ``retained``: the ids retained afterwards
+        (the newest of ``checkpoints`` among them; the others completed before, or in
+        ``checkpoints``); only the metadata of retained ones is written. A record
+        created while earlier ones are in flight must carry their checkpoints, so that
+        it stands alone when they fail. A sequence number is used once: a create that
+        failed burns it. Returns :class:`Committed`. Raises JobFencedError,
+        StorageError (nothing committed), ValueError for a retained id this store does
+        not know."""
+        seq = self.reserve() if seq is None else seq
+        self._check_not_fenced()
         batch = {c.checkpoint_id: c for c in checkpoints}
         keep = sorted(set(retained))
         if not batch or max(batch) not in keep:
             raise ValueError("the newest checkpoint of a commit must be retained")
         with self._lock:
-            unknown = [i for i in keep if i not in batch and i not in self._where]
-            where = dict(self._where)
+            older = [i for i in keep if i not in batch]
+            unknown = [i for i in older if i not in self._where]
+            where = {i: self._where.get(i) for i in older}
             claims = self._claims
         if unknown:
             raise ValueError(f"retained checkpoints {unknown} are not known to this store")
@@ -393,31 +483,20 @@ class CheckpointStore:
         sizes = {
             i: len(json.dumps(dicts[i], separators=(",", ":"))) if i in dicts else 0 for i in batch
         }
-        requests = 0
-        assert self.seq is not None
-        seq = self.seq + 1
-        for _ in range(_OWN_SKIPS):
-            pairs = [(i, seq if i in batch else where[i]) for i in keep]
-            body = self._body("checkpoint", seq, pairs, claims, [dicts[i] for i in sorted(dicts)])
-            path = self.record_path(seq)
-            created, attempts = self._hedged.run(partial(self._put_new, path, body))
-            requests += attempts
-            if not created:
-                requests += 1
-                other = self._read_quietly(path)
-                if other == body:
-                    break
-                if not self._own_record(path, other, seq):
-                    raise self._fence(path, "this commit record exists") from None
-                seq += 1  # a write of ours taken for failed: move past it
-                continue
-            break
-        else:
-            raise self._fence(self.record_path(seq), "too many records of this driver exist")
+        pairs = [(i, seq if i in batch else where[i]) for i in keep]
+        body = self._body("checkpoint", seq, pairs, claims, [dicts[i] for i in sorted(dicts)])
+        path = self.record_path(seq)
+        created, requests = self._hedged.run(partial(self._put_new, path, body))
+        if not created:
+            requests += 1
+            if self._read_quietly(path) != body:  # our own landed create reads the same
+                raise self._fence(path, "this commit record exists")
         with self._lock:
-            self.seq = seq
-            self._where = {i: s for i, s in pairs}
-            self._placed.update((i, seq) for i in batch)
+            for i in batch:
+                self._placed.setdefault(i, set()).add(seq)
+            if self.seq is None or seq > self.seq:
+                self.seq = seq
+                self._where = dict(pairs)
         return Committed(path, seq, requests, sizes)
 
     def _put_new(self, url: str, data: bytes) -> None:
@@ -428,17 +507,6 @@ class CheckpointStore:
             return self.store.read(url)
         except StorageError:
             return None
-
-    def _own_record(self, path: str, raw: bytes | None, seq: int) -> bool:
-        """Whether ``raw`` is a checkpoint record of this driver's (an earlier write
-        whose answer was lost)."""
-        if raw is None:
-            return False
-        try:
-            record = _decode_record(path, raw, seq)
-        except CorruptCheckpointError:
-            return False
-        return bool(record["owner"] == self.owner and record["kind"] == "checkpoint")
 
     def add(self, checkpoint: CompletedCheckpoint, retained: Sequence[int] | None = None) -> str:
         """Commit one checkpoint (:meth:`commit`); ``retained``: ids of the older
@@ -462,14 +530,16 @@ class CheckpointStore:
         with self._lock:
             if checkpoint_id in self._where or checkpoint_id not in self._placed:
                 return []
-            seq = self._placed.pop(checkpoint_id)
-            needed = seq in self._where.values() or seq in self._claims or seq == self.seq
-        if seq is None:
-            doomed = [self.metadata_path(checkpoint_id)]
-        elif needed:
+            held = self._placed.pop(checkpoint_id)
+            needed = {*self._where.values(), *self._claims, self.seq}
+            needed |= {s for ss in self._placed.values() for s in ss}  # other checkpoints
+        doomed = [
+            self.metadata_path(checkpoint_id) if s is None else self.record_path(s)
+            for s in sorted(held, key=lambda s: -1 if s is None else s)
+            if s not in needed
+        ]
+        if not doomed:
             return []
-        else:
-            doomed = [self.record_path(seq)]
         deleted = self.store.delete(doomed)
         with self._lock:
             self.pointers_deleted += len(deleted)
@@ -496,9 +566,10 @@ class CheckpointStore:
         ]
 
 
-def _head_of(record: dict[str, Any], pointer: int | None) -> Head:
+def _head_of(record: dict[str, Any], pointer: int | None, highest: int) -> Head:
     retained = tuple((int(i), None if s is None else int(s)) for i, s in record["retained"])
-    return Head(int(record["seq"]), retained, tuple(int(c) for c in record["claims"]), pointer)
+    claims = tuple(int(c) for c in record["claims"])
+    return Head(int(record["seq"]), retained, claims, pointer, highest)
 
 
 def _decode_record(path: str, raw: bytes, seq: int) -> dict[str, Any]:

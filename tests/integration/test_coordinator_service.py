@@ -306,27 +306,26 @@ def test_checkpoints_overlap_and_complete_in_order_in_one_record(tmp_path: Path)
             store.gate.set()
             wait_until(lambda: coord.statistics().checkpoints_completed == 3)
             s = coord.statistics()
-            # 1 alone, then 2 and 3 in one record; one request each on its path.
+            # Pipelined: one record per checkpoint, created at once (record 10 carries
+            # 1 as well, record 11 carries 1 and 2), confirmed in order; one request
+            # each on its path.
             assert s.completion_requests == (1, 1, 1)
             assert s.checkpoints_in_flight_max == 3 and s.max_concurrent_checkpoints == 3
             assert len(s.checkpoint_intervals_s) >= 2
-            # 1 is subsumed (retention 2): its record 2 goes, off the completion path;
-            # the claim (record 1) and record 3 stay.
+            # 1 is subsumed (retention 2): record 9, which held only 1, goes, off the
+            # completion path; the claim (record 1) and records 10 and 11 stay.
             records = tmp_path / "checkpoints"
             wait_until(
                 lambda: (
                     sorted(p.name[7:17] for p in records.glob("commit-*"))
-                    == [
-                        "0000000001",
-                        "0000000003",
-                    ]
+                    == ["0000000001", "0000000010", "0000000011"]
                 )
             )
     finally:
         store.gate.set()
         coord.stop()
     cs = CheckpointStore(store)
-    assert cs.retained_ids()[-2:] == [2, 3] and cs.head().seq == 3
+    assert cs.retained_ids()[-2:] == [2, 3] and cs.head().seq == 11
 
 
 def test_failed_metadata_write_aborts_and_the_next_checkpoint_completes(tmp_path: Path) -> None:

@@ -133,3 +133,79 @@ def test_a_new_attempt_aborts_what_is_in_flight_but_the_record_being_written() -
 def test_max_concurrent_checkpoints_is_validated() -> None:
     with pytest.raises(ValueError, match="max_concurrent_checkpoints"):
         CoordinatorConfig(max_concurrent_checkpoints=0)
+
+
+PIPE = CoordinatorConfig(
+    checkpoint_interval=0.3,
+    materialization_interval=100.0,
+    checkpoint_timeout=5.0,
+    retained_checkpoints=2,
+    object_prefixes=("o/",),
+    max_concurrent_checkpoints=5,
+    max_records_in_flight=3,
+)
+
+
+def _three_records(s: CoordinatorState) -> list[PersistCheckpoint]:
+    """Checkpoints 1, 2, 3 ready one after the other, each while the records before
+    it are in flight: three records, each carrying the ones before it."""
+    for now in (0.3, 0.6, 0.9):
+        feed(s, Tick(now))
+    records = []
+    for cid in (1, 2, 3):
+        (persist,) = feed(s, *_ack(1.0 + cid, 0, cid), *_ack(1.0 + cid, 1, cid))
+        assert isinstance(persist, PersistCheckpoint)
+        records.append(persist)
+    return records
+
+
+def test_pipelined_records_carry_the_ones_in_flight_and_confirm_in_order() -> None:
+    s = _running(cfg=PIPE)
+    r1, r2, r3 = _three_records(s)
+    assert [[c.checkpoint_id for c in r.checkpoints] for r in (r1, r2, r3)] == [
+        [1],
+        [1, 2],
+        [1, 2, 3],
+    ]
+    assert (r1.retained, r2.retained, r3.retained) == ((1,), (1, 2), (2, 3))
+    feed(s, Tick(5.0))
+    assert s.in_flight() == [1, 2, 3, 4]  # triggers go on; a fourth record would wait
+    # record 3 and 2 are answered before record 1: nothing completes yet
+    assert of_type(feed(s, CheckpointWritten(5.1, 3)), CheckpointCompleted) == []
+    assert of_type(feed(s, CheckpointWritten(5.1, 2)), CheckpointCompleted) == []
+    out = feed(s, CheckpointWritten(5.2, 1))
+    done = of_type(out, CheckpointCompleted)
+    assert [d.checkpoint.checkpoint_id for d in done] == [1, 2, 3]
+    assert s.checkpoints_completed == 3 and [c.checkpoint_id for c in s.retained] == [2, 3]
+
+
+def test_a_failed_record_s_checkpoints_complete_with_a_later_one() -> None:
+    s = _running(cfg=PIPE)
+    _three_records(s)
+    out = feed(s, WriteFailed(5.0, 1, "boom"))
+    assert of_type(out, CheckpointAborted) == [] and of_type(out, CheckpointCompleted) == []
+    feed(s, WriteFailed(5.1, 2, "boom"))
+    out = feed(s, CheckpointWritten(5.2, 3))
+    assert [d.checkpoint.checkpoint_id for d in of_type(out, CheckpointCompleted)] == [1, 2, 3]
+    assert s.checkpoints_aborted == 0
+
+
+def test_when_the_last_record_fails_every_checkpoint_being_written_is_aborted() -> None:
+    s = _running(cfg=PIPE)
+    _three_records(s)
+    feed(s, CheckpointWritten(5.0, 1))
+    feed(s, WriteFailed(5.1, 3, "boom"))  # waits for record 2
+    out = feed(s, WriteFailed(5.2, 2, "boom"))
+    assert [a.checkpoint_id for a in of_type(out, CheckpointAborted)] == [2, 3]
+    assert s.checkpoints_completed == 1 and s.in_flight() == []
+    # the next ready checkpoint gets a record of its own
+    feed(s, Tick(5.6))
+    (persist,) = feed(s, *_ack(5.7, 0, 4), *_ack(5.7, 1, 4))
+    assert [c.checkpoint_id for c in persist.checkpoints] == [4]
+
+
+def test_max_records_in_flight_is_validated() -> None:
+    with pytest.raises(ValueError, match="max_records_in_flight"):
+        CoordinatorConfig(max_records_in_flight=0)
+    with pytest.raises(ValueError, match="max_records_in_flight"):
+        CoordinatorConfig(max_records_in_flight=99)
