@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +350,7 @@ class _Attempts:
             base_path=o.base_path,
             coordinator=self.coord.address,
             restore_id=None if restored is None else restored.checkpoint_id,
+            restore_from=_for_tasks(restored),
             storage_options=o.storage_options,
             node_for_task=self.nodes.node_for_task,
             node_for_executor=self.nodes.node_for_executor,
@@ -397,6 +398,13 @@ def _collect(sc: Any, cfg: TaskConfig, box: dict[str, Any]) -> None:
 
 
 _INPUT_ERROR = re.compile(r"(?:RecordError|SourceError|RescaleError): ([^\n]+)")
+
+
+def _for_tasks(cp: CompletedCheckpoint | None) -> CompletedCheckpoint | None:
+    """``cp`` as the tasks restore it: without the enumerator's snapshot and split log
+    (the coordinator keeps the splits; a long job's finished ids stay out of the
+    closure)."""
+    return None if cp is None else replace(cp, enumerator=None, finished_log=None)
 
 
 def _raise_if_input_error(error: BaseException) -> None:

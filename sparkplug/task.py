@@ -52,6 +52,11 @@ class TaskConfig:
     base_path: str
     coordinator: str
     restore_id: int | None = None
+    # the metadata of checkpoint restore_id as the driver read it, without the
+    # enumerator (tasks carry no splits): the task does not read it again from the DFS
+    # (a listing and one or two reads on the recovery's critical path, about 1.9 s on
+    # the FLIP-158 S3 model); None: read it
+    restore_from: CompletedCheckpoint | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
     node_for_task: dict[int, str] = field(default_factory=dict)  # local mode
     node_for_executor: dict[str, str] = field(default_factory=dict)  # one node per executor
@@ -122,7 +127,7 @@ def run_task(
     kgs = key_group_range(task, cfg.parallelism, cfg.max_parallelism)
     backend = KeyedStateBackend(kgs, None, cfg.max_parallelism)
     try:
-        latest = None if cfg.restore_id is None else CheckpointStore(store).load(cfg.restore_id)
+        latest = _restore_point(cfg, store)
         restored = restore(store, latest, task, cfg.parallelism, backend)
         if cfg.persist_changelog:
             backend.writer = client.create_writer(f"{cfg.job_id}-t{task}-a{cfg.attempt}", kgs)
@@ -183,6 +188,17 @@ def _with_neighbour(placement: dict[Any, str], key: Any) -> tuple[str, ...]:
         if placement[k] != own:
             return (own, placement[k])
     return (own,)
+
+
+def _restore_point(cfg: TaskConfig, store: ObjectStore) -> CompletedCheckpoint | None:
+    """The checkpoint to restore: the driver's copy when it shipped one for
+    ``restore_id``, else read from the DFS (None: a fresh start)."""
+    if cfg.restore_id is None:
+        return None
+    shipped = cfg.restore_from
+    if shipped is not None and shipped.checkpoint_id == cfg.restore_id:
+        return shipped
+    return CheckpointStore(store).load(cfg.restore_id)
 
 
 def restore(
