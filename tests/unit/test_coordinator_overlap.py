@@ -6,6 +6,8 @@ state validates its invariants after every event."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dstltree.coordinator import protocol
@@ -135,15 +137,7 @@ def test_max_concurrent_checkpoints_is_validated() -> None:
         CoordinatorConfig(max_concurrent_checkpoints=0)
 
 
-PIPE = CoordinatorConfig(
-    checkpoint_interval=0.3,
-    materialization_interval=100.0,
-    checkpoint_timeout=5.0,
-    retained_checkpoints=2,
-    object_prefixes=("o/",),
-    max_concurrent_checkpoints=5,
-    max_records_in_flight=3,
-)
+PIPE = replace(CFG, max_concurrent_checkpoints=5, max_records_in_flight=3)
 
 
 def _three_records(s: CoordinatorState) -> list[PersistCheckpoint]:
