@@ -26,11 +26,12 @@ DEFAULT_TOPOLOGY = Path("deploy/bench.yaml")
 
 def register(app: typer.Typer) -> None:
     """``dstl bench`` (the designs, as before) with the sub-commands ``hotpath``,
-    ``chaos``, ``materialization`` and ``commit-floor``."""
+    ``chaos``, ``materialization``, ``commit-floor`` and ``structured-streaming``."""
     from dstltree.cli.commands._chaos import chaos
     from dstltree.cli.commands._commit_floor import commit_floor
     from dstltree.cli.commands._hotpath import hotpath
     from dstltree.cli.commands._materialization import materialization
+    from dstltree.cli.commands._structured_streaming import structured_streaming
 
     group = typer.Typer(invoke_without_command=True, no_args_is_help=False)
     group.callback()(bench)
@@ -38,6 +39,7 @@ def register(app: typer.Typer) -> None:
     group.command("chaos")(chaos)
     group.command("materialization")(materialization)
     group.command("commit-floor")(commit_floor)
+    group.command("structured-streaming")(structured_streaming)
     app.add_typer(group, name="bench")
 
 

@@ -171,6 +171,16 @@ public final class LatencyFileSystem extends FilterFileSystem {
   }
 
   @Override
+  public boolean mkdirs(Path f) throws IOException {
+    return mkdirs(f, FsPermission.getDirDefault());
+  }
+
+  @Override
+  public void copyFromLocalFile(boolean delSrc, Path src, Path dst) throws IOException {
+    copyFromLocalFile(delSrc, true, src, dst);
+  }
+
+  @Override
   public void copyFromLocalFile(boolean delSrc, boolean overwrite, Path src, Path dst)
       throws IOException {
     request("put", getLocal(getConf()).getFileStatus(src).getLen());
@@ -206,11 +216,15 @@ public final class LatencyFileSystem extends FilterFileSystem {
 
     @Override
     public void close() throws IOException {
-      if (!closed) {
-        closed = true;
-        request("put", written);
+      if (closed) {
+        return;
       }
-      out.close();
+      closed = true;
+      try {
+        request("put", written);
+      } finally {
+        out.close();
+      }
     }
   }
 

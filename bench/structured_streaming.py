@@ -1,0 +1,292 @@
+"""``dstl bench structured-streaming``: the same Structured Streaming query with and
+without the tree, side by side, at several shuffle partition counts (issue 35).
+
+Per partition count two runs, each in a fresh Spark session on ``local[N]`` and with a
+fresh input folder and checkpoint location (:mod:`dstltree.bench.ss_query`): ``spark``
+(Spark alone, RocksDB provider with changelog checkpointing, every state file a file
+under the checkpoint location) and ``tree`` (the same, with
+``structured_streaming.configure``: state files go through the bridge into the tree).
+
+``dfs_model`` (a ``topology.latency`` model name, or ``none``) puts the same latency on
+both: Spark's checkpoint location is ``latency:/...``, served by the jar's
+``io.dstltree.spark.LatencyFileSystem`` with the model's table, and the tree's base path
+is wrapped in ``faulty::`` with ``--dfs-faults``'s spec of the same model
+(:func:`dstltree.storage.targets.with_faults`). Both draw from the same seed.
+``minBatchesToRetain`` is set above the batch count so that nothing is deleted during
+a run: the files counted are the files written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dstltree.bench.ss_query import QueryFigures, QueryInput, run_query
+
+__all__ = ["ENGINES", "SsBenchSettings", "SsRun", "latency_conf", "run_ss_bench"]
+
+ENGINES = ("spark", "tree")
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+LATENCY_SCHEME = "latency"
+LATENCY_CLASS = "io.dstltree.spark.LatencyFileSystem"
+NO_MODEL = "none"
+
+
+@dataclass(frozen=True)
+class SsBenchSettings:
+    """One bench invocation. ``batches`` input files (one per batch) of ``rows`` rows
+    over ``keys`` keys; ``trigger_s`` the trigger interval (seconds) and
+    ``held_factor`` the interval a batch start may lag (times the trigger);
+    ``dfs_model`` a latency model or ``none``, its latencies times ``scale``;
+    ``cores``: ``local[cores]``; ``timeout_s`` per run. Raises ValueError for an unknown
+    model or out-of-range numbers."""
+
+    partitions: tuple[int, ...] = (4, 200)
+    batches: int = 20
+    rows: int = 2000
+    keys: int = 1000
+    trigger_s: float = 0.3
+    held_factor: float = 1.5
+    dfs_model: str = NO_MODEL
+    scale: float = 1.0
+    seed: int = 0
+    cores: int = 4
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        from dstltree.topology.latency import get_model
+
+        if self.dfs_model != NO_MODEL:
+            get_model(self.dfs_model)
+        if not self.partitions or min(self.partitions) < 1:
+            raise ValueError(f"partitions must be >= 1, got {self.partitions}")
+        if min(self.batches, self.rows, self.keys, self.cores) < 1:
+            raise ValueError("batches, rows, keys and cores must be >= 1")
+        if not (self.trigger_s > 0 and self.held_factor >= 1 and self.scale > 0):
+            raise ValueError("trigger_s and scale must be > 0, held_factor >= 1")
+
+    @property
+    def fault_spec(self) -> str | None:
+        """The ``--dfs-faults`` spec of the tree's DFS (None: no latency)."""
+        if self.dfs_model == NO_MODEL:
+            return None
+        return f"{self.dfs_model},scale={self.scale:g},seed={self.seed}"
+
+
+@dataclass(frozen=True)
+class SsRun:
+    """One run: ``engine`` (spark | tree), shuffle ``partitions``, the query's figures,
+    objects the tree wrote during it (0 for spark) and Spark's requests on the
+    latency file system by kind (empty without a model)."""
+
+    engine: str
+    partitions: int
+    figures: QueryFigures
+    tree_objects: int
+    spark_requests: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-ready dict, per-batch figures included."""
+        f = self.figures
+        return {
+            "engine": self.engine,
+            "partitions": self.partitions,
+            **asdict(f),
+            "files_per_batch": f.checkpoint_files / f.batches,
+            "bytes_per_batch": f.checkpoint_bytes / f.batches,
+            "tree_objects": self.tree_objects,
+            "tree_objects_per_batch": self.tree_objects / f.batches,
+            "spark_requests": self.spark_requests,
+        }
+
+
+def latency_conf(model_name: str, scale: float = 1.0, seed: int = 0) -> dict[str, str]:
+    """Spark settings that serve ``latency:`` paths with the jar's LatencyFileSystem
+    drawing from the ``topology.latency`` model ``model_name`` (times ``scale``) with
+    ``seed``. Raises ValueError for an unknown model."""
+    from dstltree.topology.latency import get_model
+
+    model = get_model(model_name)
+    model = model if scale == 1 else model.scaled(scale)
+    table = ",".join(f"{p:g}:{s!r}" for p, s in model.percentiles.items())
+    conf = {
+        f"fs.{LATENCY_SCHEME}.impl": LATENCY_CLASS,
+        "dstltree.latency.percentiles": table,
+        "dstltree.latency.referenceBytes": str(model.reference_bytes),
+        "dstltree.latency.bandwidth": repr(float(model.bandwidth)),
+        "dstltree.latency.floor": repr(model.floor_s),
+        "dstltree.latency.floorFraction": repr(model.floor_fraction),
+        "dstltree.latency.seed": str(seed),
+    }
+    return {f"spark.hadoop.{k}": v for k, v in conf.items()}
+
+
+def _topology(work: Path, hedged: bool) -> Path:
+    """A two-node tree (root and one leaf, the host's node); uploads hedged after the
+    p75 of recent latencies on an object store (docs/tuning.md)."""
+    path = work / "topology.yaml"
+    hedging = "upload_adaptive_percentile: 75\n" if hedged else ""
+    path.write_text(
+        "base_path: dstl\n"
+        "target_object_bytes: 4MiB\n"
+        "persist_delay: 0.02\n"
+        f"{hedging}"
+        "nodes:\n"
+        "  - {id: root, bind: auto}\n"
+        "  - {id: a, bind: auto, parent: root}\n"
+    )
+    return path
+
+
+@contextmanager
+def _tree(work: Path, settings: SsBenchSettings) -> Iterator[tuple[Any, Path]]:
+    """Nodes and a bridge on this machine for the tree runs: (services, the local
+    folder of the tree's objects); stopped by PID on exit."""
+    from dstltree.storage.targets import with_faults
+    from dstltree.structured_streaming.configure import start_local
+
+    folder = work / "tree"
+    base, opts = str(folder), dict[str, Any]()
+    if settings.fault_spec is not None:
+        base, opts = with_faults(base, {}, settings.fault_spec)
+    services = start_local(
+        _topology(work, settings.fault_spec is not None), base_path=base, storage_options=opts
+    )
+    try:
+        yield services, folder
+    finally:
+        services.stop()
+
+
+def _builder(settings: SsBenchSettings, partitions: int) -> Any:
+    """A quiet loopback ``local[cores]`` builder with the query's state store settings
+    (and the latency file system when a model is set)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from dstltree.sparkplug.spark_session import LOG4J
+    from dstltree.structured_streaming import jar_path
+
+    java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J}"
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": java_opts,
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.streaming.minBatchesToRetain": str(settings.batches + 10),
+        "spark.sql.streaming.numRecentProgressUpdates": str(settings.batches + 100),
+    }
+    if settings.dfs_model != NO_MODEL:
+        conf.update(latency_conf(settings.dfs_model, settings.scale, settings.seed))
+    jar = str(jar_path())
+    conf["spark.jars"] = jar
+    conf["spark.driver.extraClassPath"] = jar  # Hadoop finds the file system class
+    builder = SparkSession.builder.master(f"local[{settings.cores}]").appName("dstl-bench-ss")
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    return builder
+
+
+def _spark_requests(spark: Any) -> dict[str, int]:
+    """Requests of this JVM's LatencyFileSystem by kind (the class loaded: the jar is on
+    the driver's class path in every run, see structured_streaming.configure)."""
+    cls = spark._jvm.io.dstltree.spark.LatencyFileSystem
+    kinds = ("put", "get", "head", "list", "delete", "rename", "mkdirs")
+    return {k: int(cls.requests(k)) for k in kinds}
+
+
+def _close_latency_fs(spark: Any) -> None:
+    """Drop the cached LatencyFileSystem so that the next run draws from the seed
+    again (a new instance)."""
+    jvm = spark._jvm
+    uri = jvm.java.net.URI(f"{LATENCY_SCHEME}:///")
+    jvm.org.apache.hadoop.fs.FileSystem.get(uri, spark._jsc.hadoopConfiguration()).close()
+
+
+def _one_run(
+    settings: SsBenchSettings, work: Path, engine: str, partitions: int, socket: Path | None
+) -> tuple[QueryFigures, dict[str, int]]:
+    """One run in a fresh session: the query's figures and Spark's requests (by kind)
+    on the latency file system during it."""
+    from dstltree.structured_streaming import configure, jar_path
+    from dstltree.structured_streaming.configure import add_to_running_driver
+
+    builder = _builder(settings, partitions)
+    if engine == "tree":
+        builder = configure(builder, socket=socket)
+    else:  # the jar (the latency file system lives in it), not the manager
+        add_to_running_driver(str(jar_path()))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    run_dir = work / f"{engine}-{partitions}"
+    scheme = "file" if settings.dfs_model == NO_MODEL else LATENCY_SCHEME
+    spec = QueryInput(
+        settings.batches, settings.rows, settings.keys, settings.trigger_s, settings.seed
+    )
+    try:
+        before = _spark_requests(spark) if scheme == LATENCY_SCHEME else {}
+        figures = run_query(
+            spark,
+            run_dir / "in",
+            f"{scheme}:{run_dir / 'checkpoint'}",
+            spec,
+            settings.held_factor,
+            settings.timeout_s,
+        )
+        requests: dict[str, int] = {}
+        if before:
+            after = _spark_requests(spark)
+            requests = {k: after[k] - before[k] for k in after}
+            _close_latency_fs(spark)
+        return figures, requests
+    finally:
+        spark.stop()
+
+
+def _objects(folder: Path) -> int:
+    """Objects (``*.dstl``) under the tree's folder."""
+    return sum(1 for _ in folder.rglob("*.dstl")) if folder.exists() else 0
+
+
+def run_ss_bench(
+    settings: SsBenchSettings,
+    engines: tuple[str, ...] = ENGINES,
+    work: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[SsRun]:
+    """Every (partitions, engine) run of ``settings``, in that order. ``work``: a
+    folder for inputs, checkpoints and the tree (default: a temporary one, deleted
+    afterwards). Raises JarBuildError (no JDK), BridgeStartError, TimeoutError or
+    RuntimeError (a query failed)."""
+    temp = work is None
+    folder = Path(tempfile.mkdtemp(prefix="dstl-bench-ss-")) if work is None else work
+    runs: list[SsRun] = []
+    try:
+        with _tree(folder, settings) as (services, objects):
+            for partitions in settings.partitions:
+                for engine in engines:
+                    if progress is not None:
+                        progress(f"{engine}, {partitions} shuffle partitions")
+                    before = _objects(objects)
+                    socket = services.socket if engine == "tree" else None
+                    figures, requests = _one_run(settings, folder, engine, partitions, socket)
+                    made = _objects(objects) - before
+                    runs.append(SsRun(engine, partitions, figures, made, requests))
+    finally:
+        if temp:
+            shutil.rmtree(folder, ignore_errors=True)
+    return runs
