@@ -1,0 +1,185 @@
+"""The checks and figures of ``dstl demo --engine structured-streaming``
+(dstltree.demo.ss_job), after the query has finished.
+
+- state: the query's final state read back with Spark's ``statestore`` data source
+  (through the checkpoint file manager, so from the tree) as the demo's stats lists;
+- verdicts: that state and the sink's latest row per plane against the Spark SQL
+  batch answer (dstltree.demo.checks), key by key;
+- the checkpoint directory: batches committed, files in it, state files left in it;
+- the tree: objects written, and orphans / missing objects against the bridge's
+  newest manifest of the query (docs/structured-streaming.md, "Manifest");
+- the query's progress events: batch durations and trigger intervals.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dstltree.demo.checks import BatchStats, SinkSummary, mismatched, sort_keys
+from dstltree.demo.flights import Stats
+from dstltree.demo.report import _ms
+from dstltree.storage.store import ObjectStore
+
+#: suffixes of the files a state store writes per partition and version
+STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip", ".sst")
+#: (count, sum dep_delay, sum arr_delay, sum distance, max struct): the buffer's fields
+BUFFER_FIELDS = 5
+
+
+def state_stats(spark: Any, checkpoint: str) -> dict[Any, Stats]:
+    """tailnum -> stats list (``[flights, dep_delay_sum, arr_delay_sum, distance_sum,
+    last_time, last_origin, last_dest]``) of the aggregation's state at the latest
+    committed batch of the query checkpointed at ``checkpoint``, read with
+    ``spark.read.format("statestore")`` (the aggregation buffer: count, three sums with
+    null for no value, the max struct). ``spark`` must be configured for the tree.
+    Raises ValueError for a state row of another shape, or what Spark raises."""
+    rows = spark.read.format("statestore").load(checkpoint).select("key", "value").collect()
+    out: dict[Any, Stats] = {}
+    for r in rows:
+        value = list(r["value"])
+        if len(value) != BUFFER_FIELDS:
+            raise ValueError(f"state value of {len(value)} fields, expected {BUFFER_FIELDS}")
+        flights, dep, arr, dist, last = value
+        out[r["key"][0]] = [flights, dep or 0, arr or 0, dist or 0, *last]
+    return out
+
+
+def verdicts(batch: BatchStats, sink: SinkSummary, state: dict[Any, Stats]) -> dict[str, Any]:
+    """The report's verdicts, as the default engine's (dstltree.demo.checks.compare,
+    without its route map, which this query does not keep): ``state_matches_batch``,
+    ``sink_matches_batch`` (every plane's latest row equals the batch, no duplicate
+    (tailnum, flights) row), ``sink_rows``, ``sink_duplicate_rows``,
+    ``mismatched_keys`` (at most 50, None first), ``keys``."""
+    state_bad = set(mismatched(state, batch.stats))
+    sink_bad = set(mismatched(sink.latest, batch.stats))
+    return {
+        "state_matches_batch": not state_bad,
+        "sink_matches_batch": not sink_bad and sink.duplicate_rows == 0,
+        "sink_rows": sink.rows,
+        "sink_duplicate_rows": sink.duplicate_rows,
+        "mismatched_keys": sort_keys(state_bad | sink_bad)[:50],
+        "keys": len(batch.stats),
+    }
+
+
+def committed_batches(checkpoint: str | Path) -> int:
+    """Batches committed by the query: the highest ``commits/<N>`` + 1 (0 for none)."""
+    commits = Path(checkpoint) / "commits"
+    ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.is_dir() else []
+    return max(ids, default=-1) + 1
+
+
+def checkpoint_figures(checkpoint: str | Path) -> dict[str, Any]:
+    """Of the query's checkpoint directory now: ``batches_completed``, ``checkpoint_files``
+    (every file under it, Spark's ``.crc`` files included), ``checkpoint_files_per_batch``
+    (that / batches, rounded to 0.01; the metadata logs keep only the latest
+    ``minBatchesToRetain`` batches, so it is what stays, not all that was ever
+    written), ``state_files`` suffix -> count of per-partition state files left in it
+    (``.changelog``/``.delta`` must be 0; RocksDB's ``.sst`` files bypass the manager,
+    jvm/README.md), ``state_files_ok`` (no ``.changelog`` nor ``.delta``)."""
+    files = [p for p in Path(checkpoint).rglob("*") if p.is_file()]
+    batches = committed_batches(checkpoint)
+    state = {s: 0 for s in STATE_SUFFIXES}
+    for p in files:
+        for s in STATE_SUFFIXES:
+            if p.name.endswith(s):
+                state[s] += 1
+    return {
+        "batches_completed": batches,
+        "checkpoint_files": len(files),
+        "checkpoint_files_per_batch": round(len(files) / batches, 2) if batches else None,
+        "state_files": state,
+        "state_files_ok": state[".changelog"] == 0 and state[".delta"] == 0,
+    }
+
+
+def tree_figures(tree_base: str, checkpoint: str | Path, batches: int) -> dict[str, Any]:
+    """The tree below ``tree_base`` after the bridge stopped (its last manifests
+    written): ``objects_written`` (``*.dstl`` objects present: those the bridge
+    released are gone), ``objects_per_batch``, ``orphans`` (objects no entry of the
+    query's newest manifest references, as the segment of a file or an older version
+    waiting for release), ``missing`` (objects a live file's segment names that are
+    absent), ``orphan_paths`` (the first 20) and ``manifest`` (its URL, None when the
+    bridge wrote none for ``checkpoint``). Raises StorageError."""
+    store = ObjectStore(tree_base)
+    present = set(store.list_objects())
+    doc, url = newest_manifest(store, Path(checkpoint))
+    files: dict[str, Any] = {} if doc is None else doc["files"]
+    live = {Path(f["segment"]["path"]).as_posix() for f in files.values() if not f["deleted"]}
+    held = live | {u for f in files.values() for u in f["older"]}
+    orphans = sorted(present - held)
+    return {
+        "objects_written": len(present),
+        "objects_per_batch": round(len(present) / batches, 3) if batches else None,
+        "orphans": len(orphans),
+        "orphan_paths": orphans[:20],
+        "missing": len(live - present),
+        "manifest": url,
+    }
+
+
+def newest_manifest(store: ObjectStore, checkpoint: Path) -> tuple[dict[str, Any] | None, str]:
+    """The bridge's newest manifest (``<tree>/ss/<query key>/manifest-<seq>.json``,
+    highest seq) whose ``root`` is the query checkpointed at ``checkpoint``, and its
+    URL; (None, "") when there is none."""
+    best: tuple[int, dict[str, Any], str] | None = None
+    for url in store.list_files(store.join("ss"), ".json"):
+        doc = json.loads(store.read(url))
+        root = str(doc.get("root", ""))
+        if Path(root.removeprefix("file:")).resolve() != checkpoint.resolve():
+            continue
+        if best is None or int(doc["seq"]) > best[0]:
+            best = (int(doc["seq"]), doc, url)
+    return (None, "") if best is None else (best[1], best[2])
+
+
+def read_progress(paths: Iterable[Path]) -> list[list[dict[str, Any]]]:
+    """The progress events of each run (one file per process, in run order); a line
+    cut short by a kill is skipped."""
+    runs = []
+    for path in paths:
+        events = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        runs.append(events)
+    return runs
+
+
+def progress_figures(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Batch figures from the progress events of each run, in ms rounded to 0.1:
+    ``batch_duration_ms`` p50/p99 (``durationMs.triggerExecution`` of every executed
+    batch), ``batch_interval_ms`` p50/p99 (trigger start to trigger start of
+    consecutive batches of one query run with the interval trigger), ``batches_run``
+    (executed batches, a batch replayed after the kill counted twice) and
+    ``input_rows`` (their ``numInputRows``, likewise)."""
+    durations = [float(e["durationMs"]["triggerExecution"]) for run in runs for e in run]
+    intervals: list[float] = []
+    for run in runs:
+        prev: tuple[str, float] | None = None
+        for e in run:
+            if e.get("trigger") != "interval":
+                prev = None
+                continue
+            at = _epoch_ms(e["timestamp"])
+            if prev is not None and prev[0] == e["runId"]:
+                intervals.append(at - prev[1])
+            prev = (e["runId"], at)
+    return {
+        "batch_duration_ms": {"p50": _ms(durations, 50), "p99": _ms(durations, 99)},
+        "batch_interval_ms": {"p50": _ms(intervals, 50), "p99": _ms(intervals, 99)},
+        "batches_run": len(durations),
+        "input_rows": sum(int(e.get("numInputRows", 0)) for run in runs for e in run),
+    }
+
+
+def _epoch_ms(timestamp: str) -> float:
+    """Milliseconds since the epoch of a progress event's ISO-8601 ``timestamp``."""
+    return datetime.datetime.fromisoformat(timestamp).timestamp() * 1000
