@@ -1,5 +1,5 @@
-"""Checkpoint metadata of a keyed job against the number of its input files (issue 34:
-"a job over 10x as many input files keeps it as small"; BENCHMARKS.md, "Checkpoints on
+"""Checkpoint metadata of a keyed job against the number of its input files ("a job
+over 10x as many input files keeps it as small"; BENCHMARKS.md, "Checkpoints on
 object stores").
 
 A keyed count (``StreamingJob``, 4 tasks, ``deploy/local.yaml``, local disk, 0.3 s

@@ -1,7 +1,7 @@
 """The compact form of checkpoint metadata inside commit records (coordinator/store.py).
 
 Most of a checkpoint's metadata is segment references: a path and the key groups of
-each segment. In a commit record (format version 3) they are written compactly and
+each segment. In a commit record (format versions 3 and 4) they are written compactly and
 expanded again on reading, so that :class:`CompletedCheckpoint` and its dict form stay
 as they are everywhere else:
 
@@ -15,9 +15,11 @@ as they are everywhere else:
 - object paths are written once per checkpoint, in a table (``paths``), and named by
   their index there (the tasks' segments share the few objects of a checkpoint);
 - a committable staged as the layout names it is an array ``[checkpoint, task,
-  attempt, id, extension, rows, bytes]`` (its staged and final names follow); one
-  with a multipart upload, or named otherwise, stays a dict, its final name left out
-  when it is the layout's (``sinks.layout.final_name``);
+  attempt, id, extension, rows, bytes]`` (its staged and final names follow), one
+  with a multipart upload the same array plus ``upload id, [[number, etag, size],
+  ...]`` (record format version 4; version 3 kept it a dict); one named otherwise
+  stays a dict, its final name left out when it is the layout's
+  (``sinks.layout.final_name``);
 - pending splits of the enumerator share their locations' common folder
   (``pending_prefix``), and a location that is that folder plus the split id is
   ``null``.
@@ -131,16 +133,19 @@ def _part_dict(row: Any) -> dict[str, Any]:
 
 
 _COMMITTABLE_KEYS = {"checkpoint_id", "task", "attempt", "staged", "final", "rows", "bytes"}
+_MULTIPART_KEYS = _COMMITTABLE_KEYS | {"upload_id", "parts"}
 
 
 def _lean_committable(c: dict[str, Any]) -> dict[str, Any] | list[Any]:
     out = dict(c)
     if out.get("final") == _final_of(out):
         del out["final"]
-        if set(c) == _COMMITTABLE_KEYS and "." in c["staged"]:
+        if set(c) in (_COMMITTABLE_KEYS, _MULTIPART_KEYS) and "." in c["staged"]:
             stem, ext = c["staged"].rsplit(".", 1)
             uid = stem.rsplit("-", 1)[-1]
             row = [c["checkpoint_id"], c["task"], c["attempt"], uid, ext, c["rows"], c["bytes"]]
+            if "upload_id" in c:
+                row += [c["upload_id"], c["parts"]]
             if _staged_of(row) == c["staged"]:
                 return row
     return out
@@ -148,11 +153,14 @@ def _lean_committable(c: dict[str, Any]) -> dict[str, Any] | list[Any]:
 
 def _full_committable(c: Any) -> Any:
     if isinstance(c, list):
-        if len(c) != 7:
-            raise ValueError(f"a committable row of 7 fields, got {str(c)[:80]}")
-        cid, task, attempt, _, _, rows, size = c
+        if len(c) not in (7, 9):
+            raise ValueError(f"a committable row of 7 or 9 fields, got {str(c)[:80]}")
+        cid, task, attempt, _, _, rows, size = c[:7]
+        c_row = c
         c = {"checkpoint_id": cid, "task": task, "attempt": attempt, "staged": _staged_of(c)}
         c.update(rows=rows, bytes=size)
+        if len(c_row) == 9:
+            c.update(upload_id=c_row[7], parts=c_row[8])
     if isinstance(c, dict) and "final" not in c:
         return {**c, "final": _final_of(c)}
     return c

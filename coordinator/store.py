@@ -1,8 +1,8 @@
 """Completed checkpoints on DFS, under ``<job>/checkpoints/``, and the fencing of drivers.
 
-Layout (format version 3)::
+Layout (format version 4; version 3 is read too)::
 
-    checkpoints/commit-0000000042.json   commit record 42: {"version": 3, "seq": 42,
+    checkpoints/commit-0000000042.json   commit record 42: {"version": 4, "seq": 42,
         "kind": "checkpoint" | "claim", "owner": "<driver token>",
         "retained": [[7, 41], [9, 42]],      checkpoint id -> the record holding it
         "claims": [1, 30],                   every claim record so far
@@ -89,7 +89,10 @@ from dstltree.storage.store import CHECKPOINT_DIR, ObjectExistsError, ObjectStor
 
 log = logging.getLogger(__name__)
 #: Format version of commit records.
-RECORD_VERSION = 3
+RECORD_VERSION = 4
+#: Format versions of commit records this code reads: 3 kept a multipart sink
+#: committable a dict, 4 writes it as a row (coordinator/compact.py).
+READ_VERSIONS = (3, 4)
 LATEST_NAME = "LATEST"
 _RECORD = re.compile(r"/commit-(\d{10,})\.json$")
 _POINTER = re.compile(r"/LATEST-(\d{10,})$")
@@ -581,9 +584,10 @@ def _decode_record(path: str, raw: bytes, seq: int) -> dict[str, Any]:
         version = d.get("version") if isinstance(d, dict) else None
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptCheckpointError(path, f"bad commit record: {e}") from e
-    if version != RECORD_VERSION:
+    if version not in READ_VERSIONS:
+        known = ", ".join(map(str, READ_VERSIONS))
         raise CorruptCheckpointError(
-            path, f"commit record format version {version!r} is not known (this reads 3)"
+            path, f"commit record format version {version!r} is not known (this reads {known})"
         )
     try:
         ok = (

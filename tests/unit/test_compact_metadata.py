@@ -86,7 +86,7 @@ def test_key_group_runs() -> None:
             expand(hostile)
 
 
-def test_a_multipart_committable_stays_a_dict_and_round_trips() -> None:
+def test_a_multipart_committable_is_a_row_and_round_trips() -> None:
     staged = staged_name(7, 0, 0, "parquet")
     c = Committable(
         7,
@@ -104,8 +104,12 @@ def test_a_multipart_committable_stays_a_dict_and_round_trips() -> None:
     cp = replace(cp, tasks={0: tc})
     packed = pack(cp.to_dict(), BASE)
     lean = packed["tasks"][0]["committables"][0]
-    assert isinstance(lean, dict) and "final" not in lean and lean["upload_id"] == "up-1"
+    assert isinstance(lean, list) and len(lean) == 9 and lean[7:] == ["up-1", [[1, '"etag"', 99]]]
     assert CompletedCheckpoint.from_dict(unpack(json.loads(json.dumps(packed)), BASE)) == cp
+    # format version 3 wrote it as a dict without its final name: still read
+    old = json.loads(json.dumps(packed))
+    old["tasks"][0]["committables"] = [{k: v for k, v in c.to_wire().items() if k != "final"}]
+    assert CompletedCheckpoint.from_dict(unpack(old, BASE)) == cp
 
 
 def test_a_segment_of_its_task_s_whole_range_names_no_key_groups() -> None:
