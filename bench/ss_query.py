@@ -173,10 +173,18 @@ def _figures(
 
 def checkpoint_files(folder: Path) -> tuple[int, int, int]:
     """(files, bytes, ``*.changelog`` files) under ``folder``, Hadoop's ``.crc``
-    checksum files excluded (an object store has none)."""
-    files = [p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".crc")]
-    return (
-        len(files),
-        sum(p.stat().st_size for p in files),
-        sum(p.name.endswith(".changelog") for p in files),
-    )
+    checksum files and hidden temporary files (a write in flight, e.g. by state store
+    maintenance, which may go on after the query stopped) excluded."""
+    files, size, changelogs = 0, 0, 0
+    for p in folder.rglob("*"):
+        if p.name.startswith(".") or p.name.endswith(".crc"):
+            continue
+        try:
+            if not p.is_file():
+                continue
+            size += p.stat().st_size
+        except FileNotFoundError:  # renamed or deleted meanwhile
+            continue
+        files += 1
+        changelogs += p.name.endswith(".changelog")
+    return files, size, changelogs
