@@ -16,6 +16,8 @@ from dstltree.coordinator.state import DEFAULT_MAX_CONCURRENT_CHECKPOINTS
 DEFAULT_TOPOLOGY = Path("deploy/local.yaml")
 #: The demo's topology on object stores: the same tree, uploads hedged for S3 tails.
 OBJECT_STORE_TOPOLOGY = Path("deploy/s3.yaml")
+#: the demo's engines: the job on dstltree.sparkplug (default), an unmodified query
+ENGINES = ("sparkplug", "structured-streaming")
 
 
 def register(app: typer.Typer) -> None:
@@ -121,6 +123,13 @@ def demo(
         "none", help="Codec of the changelog segments: none (default) or zstd."
     ),
     report: Path = typer.Option(Path("reports/demo.json"), help="Where to write the JSON report."),
+    engine: str = typer.Option(
+        "sparkplug",
+        help="sparkplug, or structured-streaming (an unmodified Spark query).",
+    ),
+    shuffle_partitions: int = typer.Option(
+        4, min=1, max=1000, help="Shuffle partitions (structured-streaming)."
+    ),
 ) -> None:
     """Run the plane-statistics job while the flights land day by day: exactly-once
     output, a task killed and recovered, optionally a rescale, and the output and the
@@ -130,6 +139,10 @@ def demo(
     from dstltree.demo.job import DemoOptions
 
     run_id = _checked_names(run_id, compression)
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"{engine!r}: one of {', '.join(ENGINES)}", param_hint="--engine")
+    if engine != ENGINES[0] and s3_local:
+        raise typer.BadParameter("not with --engine structured-streaming", param_hint="--s3-local")
     console = Console(stderr=True)
     topology = topology or default_topology(base_path, dfs_faults, s3_local)
     if not topology.exists():
@@ -178,6 +191,11 @@ def demo(
         run_id=run_id,
         compression=None if compression == "none" else compression,
     )
+    if engine != ENGINES[0]:
+        from dstltree.cli.commands._demo_ss import run_and_report
+
+        run_and_report(console, opts, shuffle_partitions, report)
+        return
     _run_and_report(console, opts, report, s3)
 
 
