@@ -45,7 +45,8 @@ class SsBenchSettings:
     over ``keys`` keys; ``trigger_s`` the trigger interval (seconds) and
     ``held_factor`` the interval a batch start may lag (times the trigger);
     ``dfs_model`` a latency model or ``none``, its latencies times ``scale``;
-    ``cores``: ``local[cores]``; ``timeout_s`` per run. Raises ValueError for an unknown
+    ``cores``: ``local[cores]``; ``timeout_s`` per run; ``persist_delay_s`` the
+    tree's persist delay (seconds). Raises ValueError for an unknown
     model or out-of-range numbers."""
 
     partitions: tuple[int, ...] = (4, 200)
@@ -59,6 +60,7 @@ class SsBenchSettings:
     seed: int = 0
     cores: int = 4
     timeout_s: float = 900.0
+    persist_delay_s: float = 0.05
 
     def __post_init__(self) -> None:
         from dstltree.topology.latency import get_model
@@ -71,6 +73,8 @@ class SsBenchSettings:
             raise ValueError("batches, rows, keys and cores must be >= 1")
         if not (self.trigger_s > 0 and self.held_factor >= 1 and self.scale > 0):
             raise ValueError("trigger_s and scale must be > 0, held_factor >= 1")
+        if self.persist_delay_s < 0:
+            raise ValueError(f"persist_delay_s must be >= 0, got {self.persist_delay_s}")
 
     @property
     def fault_spec(self) -> str | None:
@@ -128,15 +132,16 @@ def latency_conf(model_name: str, scale: float = 1.0, seed: int = 0) -> dict[str
     return {f"spark.hadoop.{k}": v for k, v in conf.items()}
 
 
-def _topology(work: Path, hedged: bool) -> Path:
-    """A two-node tree (root and one leaf, the host's node); uploads hedged after the
-    p75 of recent latencies on an object store (docs/tuning.md)."""
+def _topology(work: Path, hedged: bool, persist_delay_s: float) -> Path:
+    """A two-node tree (root and one leaf, the host's node) with ``persist_delay_s``
+    (seconds); uploads hedged after the p75 of recent latencies on an object store
+    (docs/tuning.md)."""
     path = work / "topology.yaml"
     hedging = "upload_adaptive_percentile: 75\n" if hedged else ""
     path.write_text(
         "base_path: dstl\n"
         "target_object_bytes: 4MiB\n"
-        "persist_delay: 0.02\n"
+        f"persist_delay: {persist_delay_s:g}\n"
         f"{hedging}"
         "nodes:\n"
         "  - {id: root, bind: auto}\n"
@@ -157,7 +162,9 @@ def _tree(work: Path, settings: SsBenchSettings) -> Iterator[tuple[Any, Path]]:
     if settings.fault_spec is not None:
         base, opts = with_faults(base, {}, settings.fault_spec)
     services = start_local(
-        _topology(work, settings.fault_spec is not None), base_path=base, storage_options=opts
+        _topology(work, settings.fault_spec is not None, settings.persist_delay_s),
+        base_path=base,
+        storage_options=opts,
     )
     try:
         yield services, folder

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["structured_streaming", "table_rows"]
 
+WIDTH = 120  # columns of the printed table at least
 COLUMNS = (
     "engine",
     "P",
@@ -80,7 +81,8 @@ def _title(s: SsBenchSettings) -> str:
     return (
         f"structured streaming: {s.batches} batches of {s.rows} rows over {s.keys} keys, "
         f"trigger {s.trigger_s * 1000:.0f} ms (held: every start within "
-        f"{s.held_factor:g}x), local[{s.cores}], RocksDB changelog, DFS model {model}"
+        f"{s.held_factor:g}x), local[{s.cores}], RocksDB changelog, DFS model {model}, "
+        f"tree persist delay {s.persist_delay_s:g} s"
     )
 
 
@@ -104,6 +106,9 @@ def structured_streaming(
     ] = 0.3,
     cores: Annotated[int, typer.Option(min=1, help="Cores: local[N].")] = 4,
     engines: Annotated[str, typer.Option(help="spark,tree or one of them.")] = "spark,tree",
+    persist_delay: Annotated[
+        float, typer.Option(min=0.0, help="The tree's persist delay (s).")
+    ] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the input and the latencies.")] = 0,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per run at most.")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
@@ -124,17 +129,17 @@ def structured_streaming(
         raise typer.BadParameter(f"spark and/or tree, got {engines!r}", param_hint="--engines")
     try:
         settings = SsBenchSettings(
-            _partitions(partitions),
-            batches,
-            rows,
-            keys,
-            trigger,
-            1.5,
-            dfs_model,
-            scale,
-            seed,
-            cores,
-            timeout,
+            partitions=_partitions(partitions),
+            batches=batches,
+            rows=rows,
+            keys=keys,
+            trigger_s=trigger,
+            dfs_model=dfs_model,
+            scale=scale,
+            seed=seed,
+            cores=cores,
+            timeout_s=timeout,
+            persist_delay_s=persist_delay,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e
@@ -151,13 +156,14 @@ def structured_streaming(
         table.add_column(col, justify="left" if col == "engine" else "right")
     for row in table_rows(runs):
         table.add_row(*row)
-    Console().print(table)
+    wide = Console(width=max(WIDTH, Console().width))  # 11 columns: never squeezed
+    wide.print(table)
     for r in runs:
         if r.spark_requests:
             per = ", ".join(
                 f"{k} {n / r.figures.batches:.1f}" for k, n in r.spark_requests.items() if n
             )
-            Console().print(f"{r.engine} P={r.partitions}: requests per batch on the model: {per}")
+            wide.print(f"{r.engine} P={r.partitions}: requests per batch on the model: {per}")
 
 
 def _json(doc: dict[str, Any]) -> str:
