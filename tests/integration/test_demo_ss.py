@@ -1,5 +1,5 @@
 """``dstl demo --engine structured-streaming`` on a small input, the real command in
-its own process: 30,000 flights (about 33 day files) landing over 15 s, an unmodified
+its own process: 20,000 flights (23 day files) landing over 10 s, an unmodified
 Structured Streaming query on ``local[2]`` (RocksDB, changelog checkpointing) through a
 2-node tree and the bridge, its driver killed hard after 2 committed batches and
 restarted from the checkpoint. The report must say: state (read back with the
@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.demo_run import run_demo_cli, run_prefix
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 TOPOLOGY = """\
 base_path: dstl
@@ -25,6 +25,7 @@ nodes:
 """
 
 
+@pytest.mark.timeout(480)  # three driver JVMs; run_demo_cli itself gives up after 420 s
 def test_structured_streaming_demo_killed_and_restarted(tmp_path: Path) -> None:
     topology = tmp_path / "topology.yaml"
     topology.write_text(TOPOLOGY)
@@ -44,15 +45,19 @@ def test_structured_streaming_demo_killed_and_restarted(tmp_path: Path) -> None:
         "2",
         "--kill-task-after",
         "2",
+        "--limit-records",
+        "20000",
+        "--producer-seconds",
+        "10",
     )
     assert r["engine"] == "structured-streaming"
     assert r["state_matches_batch"], r["mismatched_keys"]
     assert r["sink_matches_batch"], r["mismatched_keys"]
     assert r["sink_duplicate_rows"] == 0
-    assert r["keys"] > 1000 and r["records"] > 29_000  # planes; flights with a distance
+    assert r["keys"] > 1000 and r["records"] == 20_000  # planes; flights with a distance
     assert r["killed"] is not None and r["killed"]["after_batches"] >= 2
     assert r["recoveries"] == 1
-    assert r["checkpoints_completed"] >= 5  # 33 files, 8 per batch at most
+    assert r["checkpoints_completed"] >= 3  # 23 files, 8 per batch at most
     assert r["state_files"][".changelog"] == 0 and r["state_files"][".delta"] == 0
     assert r["state_files_ok"]
     assert r["objects_written"] >= 1 and r["missing"] == 0
