@@ -52,6 +52,10 @@ class NodePreference:
         nxt = up[0] if up else (self.current + 1) % len(self.addresses)
         return self._move(nxt)
 
+    def all_down(self, now: float) -> bool:
+        """Whether every node is within its hold-down at ``now``."""
+        return all(self._down_until.get(i, 0.0) > now for i in range(len(self.addresses)))
+
     def probe_target(self) -> int | None:
         """The most preferred node above the current one (to probe), or None."""
         return 0 if self.current > 0 else None

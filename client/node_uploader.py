@@ -79,6 +79,10 @@ HIGH_WATER_MARK = 1024
 # expiry and lease renewal); it never busy-polls while items await acks: that cost ~1000
 # wake-ups/s per uploader for as long as an ack is due and won no throughput
 _IDLE_POLL_MS = 50
+ALL_DOWN_SWITCH_S = 1.0
+"""Seconds between two failovers while every node is down: each node refuses its
+connection at once, and switching at every refusal opened connections in a tight loop
+(a bridge whose nodes were stopped ran out of file descriptors)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,8 @@ class NodeUploader:
         self._max_retry_after = max(max_retry_after, retry_after)
         self._down_for = retry_after  # doubles while the node stays silent
         self._node_down_until = float("-inf")
+        self._lost_at: float | None = None  # a loss of the current link not acted on yet
+        self._switch_after = float("-inf")  # no failover before (every node down)
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
         self._ids = itertools.count(1)
         self._writers: set[str] = set()
@@ -493,14 +499,23 @@ class NodeUploader:
     # -- failover (the I/O thread) -------------------------------------------------------
     def _watch_links(self, ready: dict, poller: zmq.Poller, now: float) -> None:
         """Act on the monitors: a lost connection to the current node moves to the next
-        node (its unacknowledged items sent again there); a probe of a more preferred
-        node that stayed up for the hold-down brings the traffic back."""
+        node (its unacknowledged items sent again there), at once unless the last
+        failover found every node down (then ALL_DOWN_SWITCH_S after it); a probe of a
+        more preferred node that stayed up for the hold-down brings the traffic back."""
         pref, link = self._pref, self._link
         assert link is not None
-        if link.monitor in ready and link.lost() and pref.lost(now) is not None:
-            self._counts["failovers"] += 1
-            self._switch(poller, now, f"lost the connection to {link.address}", leave=False)
-            return
+        if link.monitor in ready and link.lost() and self._lost_at is None:
+            self._lost_at = now  # (lost() drains the monitor either way)
+        if self._lost_at is not None and now >= self._switch_after:
+            lost_at, self._lost_at = self._lost_at, None
+            if pref.lost(lost_at) is not None:
+                all_down = pref.all_down(now)
+                if all_down:  # the next refusal waits a little
+                    self._switch_after = now + ALL_DOWN_SWITCH_S
+                self._counts["failovers"] += 1
+                why = f"lost the connection to {link.address}"
+                self._switch(poller, now, why, leave=False, keep_deadlines=all_down)
+                return
         probe = self._probe
         if probe is not None and probe.monitor in ready:
             for up in probe.changes():
@@ -522,11 +537,15 @@ class NodeUploader:
             self._probe = self._open(pref.addresses[target])
             poller.register(self._probe.monitor, zmq.POLLIN)
 
-    def _switch(self, poller: zmq.Poller, now: float, why: str, leave: bool) -> None:
+    def _switch(
+        self, poller: zmq.Poller, now: float, why: str, leave: bool, keep_deadlines: bool = False
+    ) -> None:
         """Send to the node the preference chose from now on: a new connection, the
         writers registered, every unacknowledged item sent again (the old node's copy,
         if it wrote one, is never referenced: an orphan for the sweep). ``leave``: the
-        old node is alive, withdraw the writers from it first."""
+        old node is alive, withdraw the writers from it first. The items get a new ack
+        deadline, unless ``keep_deadlines`` (every node is down: moving among them must
+        not hold the items back from their fallback to the DFS forever)."""
         with self._io:
             old = self._link
             assert old is not None
@@ -542,7 +561,9 @@ class NodeUploader:
             deadline = now + self.ack_timeout
             requests = []
             for rid, p in self._pending.items():
-                self._pending[rid] = _AwaitingAck(p.item, p.future, deadline)
+                self._pending[rid] = _AwaitingAck(
+                    p.item, p.future, p.deadline if keep_deadlines else deadline
+                )
                 requests.append(PersistRequest(rid, p.item))
             self._counts["resent"] += len(requests)
             # the new node: the writers, the items awaiting acks, then the markers not

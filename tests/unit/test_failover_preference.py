@@ -15,6 +15,7 @@ def test_a_lost_connection_moves_to_the_next_node() -> None:
     assert p.lost(now=11.0) == 2 and p.address == "c"
     # all down: the next one in order anyway (a is still held down until 15)
     assert p.lost(now=12.0) == 0 and p.address == "a"
+    assert p.all_down(now=12.0) and not p.all_down(now=15.0)  # a's hold-down is over
 
 
 def test_after_the_hold_down_the_preferred_node_is_chosen_again_on_a_loss() -> None:
