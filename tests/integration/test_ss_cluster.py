@@ -1,0 +1,182 @@
+"""A Structured Streaming query through the tree on ``local-cluster[2,1,1024]`` (two
+executor JVMs besides the driver), RocksDB provider with changelog checkpointing:
+
+1. an executor JVM is killed hard (SIGKILL by its PID) while a batch's tasks run; Spark
+   reruns the lost tasks on the other executor and the replacement, whose state stores
+   load their state back from the tree; the query finishes;
+2. the query is restarted from its checkpoint with the tree's nodes down (the bridge
+   writes straight to the DFS, or the manager falls back to plain files): it finishes.
+
+After each, the sink and the state read back with the ``statestore`` source equal the
+batch answer, and no changelog file is under the checkpoint after the first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dstltree.structured_streaming.configure import LocalServices, start_local
+from tests.support.ss_session import ss_session
+
+pytestmark = pytest.mark.spark
+
+MASTER = "local-cluster[2,1,1024]"
+CONF = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+QUERY_TIMEOUT = 240.0  # seconds for one availableNow run (task retries included)
+KILL_TIMEOUT = 120.0  # seconds to see a batch's tasks running after batch 1 committed
+POLL_S = 0.02  # seconds between looks at the running query
+
+
+@pytest.fixture()
+def services(tmp_path: Path) -> Iterator[LocalServices]:
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(
+        "base_path: dstl\n"
+        "persist_delay: 0.02\n"
+        "nodes:\n"
+        "  - {id: root, bind: auto}\n"
+        "  - {id: a, bind: auto, parent: root}\n"
+    )
+    s = start_local(topology, base_path=str(tmp_path / "dstl"))
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _write_input(folder: Path, n: int) -> None:
+    """File ``n`` of the input: 200 rows over 20 keys (values depend on ``n``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"k": f"k{i % 20}", "v": i * n} for i in range(200)]
+    tmp = folder / f".part-{n}.json.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(folder / f"part-{n}.json")  # the source never sees half a file
+
+
+def _start(spark: Any, source: Path, checkpoint: Path, name: str) -> Any:
+    """Start the aggregation over ``source`` (one file per batch, ``availableNow``) from
+    ``checkpoint`` into the memory table ``name``; returns the running query."""
+    from pyspark.sql import functions as F
+
+    for k, v in CONF.items():
+        spark.conf.set(k, v)
+    stream = (
+        spark.readStream.schema("k string, v long")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .groupBy("k")
+        .agg(F.count("*").alias("n"), F.sum("v").alias("s"))
+    )
+    return (
+        stream.writeStream.outputMode("complete")
+        .format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def _finish(spark: Any, q: Any, name: str) -> set[tuple]:
+    """Wait for ``q`` to end (at most QUERY_TIMEOUT s); returns its sink's rows."""
+    try:
+        assert q.awaitTermination(QUERY_TIMEOUT), "the query did not finish in time"
+        assert q.exception() is None, q.exception()
+        return {tuple(r) for r in spark.sql(f"SELECT k, n, s FROM {name}").collect()}
+    finally:
+        q.stop()
+
+
+def _expected(spark: Any, source: Path) -> set[tuple]:
+    from pyspark.sql import functions as F
+
+    df = spark.read.schema("k string, v long").json(str(source))
+    rows = df.groupBy("k").agg(F.count("*").alias("n"), F.sum("v").alias("s")).collect()
+    return {tuple(r) for r in rows}
+
+
+def _state(spark: Any, checkpoint: Path) -> set[tuple]:
+    """The aggregation state read back with the ``statestore`` source: (k, n, s)."""
+    rows = spark.read.format("statestore").load(str(checkpoint)).collect()
+    return {(r.key.k, r.value["count"], r.value["sum"]) for r in rows}
+
+
+def _executor_pids(app_id: str) -> list[int]:
+    """PIDs of this application's executor JVMs (``CoarseGrainedExecutorBackend``
+    processes whose command line names ``app_id``), from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd and (
+            app_id.encode() in cmd
+        ):
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _kill_mid_batch(spark: Any, checkpoint: Path) -> int:
+    """Once batch 1 is committed, wait for a stage with running tasks (the next batch),
+    SIGKILL one executor JVM and return its PID. Fails after KILL_TIMEOUT s."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + KILL_TIMEOUT
+    while time.monotonic() < deadline:
+        if (checkpoint / "commits" / "1").exists():
+            running = [
+                s
+                for s in tracker.getActiveStageIds()
+                if (info := tracker.getStageInfo(s)) is not None and info.numActiveTasks > 0
+            ]
+            pids = _executor_pids(spark.sparkContext.applicationId)
+            if running and pids:
+                os.kill(pids[0], signal.SIGKILL)
+                return pids[0]
+        time.sleep(POLL_S)  # polling the query's progress, bounded by the deadline
+    raise AssertionError(f"no batch was running within {KILL_TIMEOUT:.0f} s")
+
+
+def test_executor_killed_mid_batch_then_restart_with_the_nodes_down(
+    services: LocalServices, tmp_path: Path
+) -> None:
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    for n in range(1, 9):
+        _write_input(source, n)
+    spark = ss_session(master=MASTER, socket=services.socket)
+    try:
+        assert len(_executor_pids(spark.sparkContext.applicationId)) == 2
+        q = _start(spark, source, checkpoint, "agg1")
+        killed = _kill_mid_batch(spark, checkpoint)
+        got = _finish(spark, q, "agg1")
+        assert killed not in _executor_pids(spark.sparkContext.applicationId)
+        expected = _expected(spark, source)
+        assert got == expected
+        assert _state(spark, checkpoint) == expected
+        assert (checkpoint / "commits" / "7").exists()  # 8 batches
+        assert list(checkpoint.rglob("*.changelog")) == []
+
+        services.nodes.stop()  # the bridge stays; no node answers it
+        _write_input(source, 9)
+        got = _finish(spark, _start(spark, source, checkpoint, "agg2"), "agg2")
+        expected = _expected(spark, source)
+        assert got == expected
+        assert _state(spark, checkpoint) == expected
+        assert (checkpoint / "commits" / "8").exists()
+    finally:
+        spark.stop()
