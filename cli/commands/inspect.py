@@ -1,7 +1,8 @@
 """``dstl inspect PATH``: what is on DFS under a base path, or inside one object.
 
 For a base path: the latest completed checkpoint, the objects the retained checkpoints
-reference (changelog objects and snapshots), the objects present and the orphans.
+and the Structured Streaming bridges' newest manifests reference (changelog objects and
+snapshots), the objects present and the orphans.
 For an object path (``*.dstl``): its segments, read from the object's index.
 """
 
@@ -30,15 +31,21 @@ def _options(storage_options: str | None) -> dict[str, Any]:
 
 def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """Summary of a base path: keys ``latest_checkpoint`` (id or None),
-    ``retained_checkpoints`` (ids), ``referenced``, ``present``, ``orphans`` and
+    ``retained_checkpoints`` (ids), ``ss_queries`` (the checkpoint roots of the
+    Structured Streaming queries with a bridge manifest), ``referenced`` (by retained
+    checkpoints and by each query's newest manifest), ``present``, ``orphans`` and
     ``missing`` (sorted path lists). Raises StorageError / CorruptCheckpointError."""
     from dstltree.coordinator.cleanup import list_data_files, normalize
     from dstltree.coordinator.store import CheckpointStore
     from dstltree.storage.store import ObjectStore
+    from dstltree.structured_streaming.inventory import manifest_objects, newest_manifests
 
     store = ObjectStore(path, storage_options)
     retained = CheckpointStore(store).list_retained()
-    referenced = sorted({normalize(store, p) for c in retained for p in c.referenced_paths()})
+    refs = {normalize(store, p) for c in retained for p in c.referenced_paths()}
+    manifests = newest_manifests(store)  # Structured Streaming queries' bridges
+    refs.update(normalize(store, u) for doc in manifests for u in manifest_objects(doc))
+    referenced = sorted(refs)
     present = list_data_files(store)
     present_set = set(present)
     ref_set = set(referenced)
@@ -46,6 +53,7 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
         "base_path": store.base_url,
         "latest_checkpoint": retained[-1].checkpoint_id if retained else None,
         "retained_checkpoints": [c.checkpoint_id for c in retained],
+        "ss_queries": [doc.get("root") for doc in manifests],
         "referenced": referenced,
         "present": present,
         "orphans": [p for p in present if p not in ref_set],
@@ -86,6 +94,7 @@ def _print_base(info: dict[str, Any]) -> None:
     typer.echo(f"base path:           {info['base_path']}")
     typer.echo(f"latest checkpoint:   {info['latest_checkpoint']}")
     typer.echo(f"retained:            {info['retained_checkpoints']}")
+    typer.echo(f"ss queries:          {len(info['ss_queries'])}")
     for key in ("referenced", "present", "orphans", "missing"):
         typer.echo(f"{key + ':':<20} {len(info[key])}")
         for p in info[key]:

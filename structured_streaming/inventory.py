@@ -1,0 +1,42 @@
+"""Which tree objects the Structured Streaming bridges' manifests reference, for
+``dstl inspect``: every query's newest manifest (``<base>/ss/<query key>/
+manifest-<seq>.json``) names, per file of its view, the object holding the file's
+newest segment (a tombstone's for a deleted file) and the objects holding its older
+versions not yet released. Objects the bridge has not written into a manifest yet
+(files not durable at the manifest's time) are not named: inspect a base path after
+its bridges stopped (a bridge writes its last manifests when it stops).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from dstltree.storage.store import ObjectStore
+
+SS_DIR = "ss"
+_MANIFEST = re.compile(r"/manifest-(\d{1,18})\.json$")
+
+
+def newest_manifests(store: ObjectStore) -> list[dict[str, Any]]:
+    """The newest manifest of every query under ``<base>/ss/`` (parsed JSON), in the
+    order of their folders (one listing). Raises StorageError; ValueError for a
+    manifest that is not JSON."""
+    newest: dict[str, tuple[int, str]] = {}
+    for info in store.list_info(store.join(SS_DIR)):
+        if (m := _MANIFEST.search(info.url)) is None:
+            continue
+        folder, seq = info.url.rsplit("/", 1)[0], int(m.group(1))
+        if folder not in newest or seq > newest[folder][0]:
+            newest[folder] = (seq, info.url)
+    return [json.loads(store.read(newest[f][1])) for f in sorted(newest)]
+
+
+def manifest_objects(doc: dict[str, Any]) -> set[str]:
+    """The object URLs one manifest references (as written, not normalized)."""
+    urls: set[str] = set()
+    for entry in doc.get("files", {}).values():
+        urls.add(entry["segment"]["path"])
+        urls.update(entry.get("older", []))
+    return urls
