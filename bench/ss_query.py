@@ -42,7 +42,8 @@ class QueryInput:
 
 @dataclass(frozen=True)
 class QueryFigures:
-    """What one run measured. Durations in seconds; ``held`` is the fraction of the
+    """What one run measured. Durations in seconds (without the warm-up batches);
+    ``held`` is the fraction of the
     intervals between consecutive batch starts that stayed within ``held_factor`` times
     the trigger interval; files and bytes are those under the checkpoint location after
     the run (Hadoop ``.crc`` files excluded), ``changelog_files`` the ``*.changelog``
@@ -92,11 +93,13 @@ def run_query(
     spec: QueryInput,
     held_factor: float = 1.5,
     timeout_s: float = 900.0,
+    warmup: int = 0,
 ) -> QueryFigures:
     """Run the query of this module from ``checkpoint`` (a Hadoop URI, e.g.
     ``file:/...`` or ``latency:/...``; its local folder is the path part) until every
     file of ``spec`` is processed, then stop it. Raises TimeoutError when that takes
-    more than ``timeout_s`` seconds, RuntimeError when the query fails."""
+    more than ``timeout_s`` seconds, RuntimeError when the query fails. ``warmup``:
+    batches left out of the duration and interval figures (see :func:`_figures`)."""
     from pyspark.sql import functions as F
 
     source.mkdir(parents=True, exist_ok=True)
@@ -125,7 +128,8 @@ def run_query(
         stop.set()
         q.stop()
         lander.join(timeout=10.0)
-    return _figures(progress, spec, held_factor, Path(checkpoint.split(":", 1)[1]))
+    folder = Path(checkpoint.split(":", 1)[1])
+    return _figures(progress, spec, held_factor, folder, warmup)
 
 
 def _await_rows(q: Any, rows: int, timeout_s: float) -> list[dict[str, Any]]:
@@ -148,13 +152,22 @@ def _start(p: dict[str, Any]) -> float:
 
 
 def _figures(
-    progress: list[dict[str, Any]], spec: QueryInput, held_factor: float, folder: Path
+    progress: list[dict[str, Any]],
+    spec: QueryInput,
+    held_factor: float,
+    folder: Path,
+    warmup: int = 0,
 ) -> QueryFigures:
+    """The figures of ``progress`` (batches in order); batch durations and start
+    intervals leave out the first ``warmup`` batches (all kept when there are no
+    more), records/s covers every batch."""
     durations = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
     starts = [_start(p) for p in progress]
+    elapsed = starts[-1] + durations[-1] - starts[0]
+    skip = warmup if len(progress) > warmup else 0
+    durations, starts = durations[skip:], starts[skip:]
     intervals = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     within = [d <= held_factor * spec.trigger_s for d in intervals]
-    elapsed = starts[-1] + durations[-1] - starts[0]
     rows = sum(int(p["numInputRows"]) for p in progress)
     files, size, changelogs = checkpoint_files(folder)
     return QueryFigures(

@@ -46,8 +46,9 @@ class SsBenchSettings:
     ``held_factor`` the interval a batch start may lag (times the trigger);
     ``dfs_model`` a latency model or ``none``, its latencies times ``scale``;
     ``cores``: ``local[cores]``; ``timeout_s`` per run; ``persist_delay_s`` the
-    tree's persist delay (seconds). Raises ValueError for an unknown
-    model or out-of-range numbers."""
+    tree's persist delay (seconds); ``warmup``: first batches left out of the batch
+    duration and trigger figures (state store start-up: RocksDB instances, folders).
+    Raises ValueError for an unknown model or out-of-range numbers."""
 
     partitions: tuple[int, ...] = (4, 200)
     batches: int = 20
@@ -61,6 +62,7 @@ class SsBenchSettings:
     cores: int = 4
     timeout_s: float = 900.0
     persist_delay_s: float = 0.05
+    warmup: int = 1
 
     def __post_init__(self) -> None:
         from dstltree.topology.latency import get_model
@@ -73,6 +75,8 @@ class SsBenchSettings:
             raise ValueError("batches, rows, keys and cores must be >= 1")
         if not (self.trigger_s > 0 and self.held_factor >= 1 and self.scale > 0):
             raise ValueError("trigger_s and scale must be > 0, held_factor >= 1")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.persist_delay_s < 0:
             raise ValueError(f"persist_delay_s must be >= 0, got {self.persist_delay_s}")
 
@@ -253,6 +257,7 @@ def _one_run(
             spec,
             settings.held_factor,
             settings.timeout_s,
+            settings.warmup,
         )
         requests: dict[str, int] = {}
         if before:

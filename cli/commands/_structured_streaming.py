@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["structured_streaming", "table_rows"]
 
-WIDTH = 120  # columns of the printed table at least
+WIDTH = 132  # columns of the printed table at least
 COLUMNS = (
     "engine",
     "P",
@@ -82,7 +82,8 @@ def _title(s: SsBenchSettings) -> str:
         f"structured streaming: {s.batches} batches of {s.rows} rows over {s.keys} keys, "
         f"trigger {s.trigger_s * 1000:.0f} ms (held: every start within "
         f"{s.held_factor:g}x), local[{s.cores}], RocksDB changelog, DFS model {model}, "
-        f"tree persist delay {s.persist_delay_s:g} s"
+        f"tree persist delay {s.persist_delay_s:g} s, p50/p99/held without the first "
+        f"{s.warmup} batch(es)"
     )
 
 
@@ -109,6 +110,9 @@ def structured_streaming(
     persist_delay: Annotated[
         float, typer.Option(min=0.0, help="The tree's persist delay (s).")
     ] = 0.05,
+    warmup: Annotated[
+        int, typer.Option(min=0, help="First batches left out of p50/p99 and held.")
+    ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the input and the latencies.")] = 0,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per run at most.")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
@@ -140,6 +144,7 @@ def structured_streaming(
             cores=cores,
             timeout_s=timeout,
             persist_delay_s=persist_delay,
+            warmup=warmup,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e

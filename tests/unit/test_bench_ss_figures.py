@@ -77,3 +77,12 @@ def test_table_rows_one_per_run(tmp_path: Path) -> None:
     single = _figures([_progress(0, 0, 100)], spec, 1.5, tmp_path)
     assert math.isnan(single.held)
     assert table_rows([SsRun("tree", 4, single, 1, {})])[0][COLUMNS.index("trigger held")] == "-"
+
+
+def test_warmup_batches_leave_durations_and_intervals(tmp_path: Path) -> None:
+    spec = QueryInput(files=3, rows=10, keys=3, trigger_s=0.3)
+    progress = [_progress(0, 0, 5000), _progress(1, 5000, 100), _progress(2, 5300, 100)]
+    f = _figures(progress, spec, 1.5, tmp_path, warmup=1)
+    assert f.batch_max_s == pytest.approx(0.1) and f.held == 1.0
+    assert f.batches == 3 and f.records_per_s == pytest.approx(30 / 5.4)
+    assert _figures(progress[:1], spec, 1.5, tmp_path, warmup=1).batch_max_s == 5.0
