@@ -6,8 +6,8 @@
 - verdicts: that state and the sink's latest row per plane against the Spark SQL
   batch answer (dstltree.demo.checks), key by key;
 - the checkpoint directory: batches committed, files in it, state files left in it;
-- the tree: objects written, and orphans / missing objects against the bridge's
-  newest manifest of the query (docs/structured-streaming.md, "Manifest");
+- the tree: objects written, and orphans / missing objects as ``dstl inspect`` finds
+  them (the bridges' newest manifests, structured_streaming/inventory.py);
 - the query's progress events: batch durations and trigger intervals.
 """
 
@@ -97,44 +97,29 @@ def checkpoint_figures(checkpoint: str | Path) -> dict[str, Any]:
     }
 
 
-def tree_figures(tree_base: str, checkpoint: str | Path, batches: int) -> dict[str, Any]:
+def tree_figures(tree_base: str, batches: int) -> dict[str, Any]:
     """The tree below ``tree_base`` after the bridge stopped (its last manifests
-    written): ``objects_written`` (``*.dstl`` objects present: those the bridge
-    released are gone), ``objects_per_batch``, ``orphans`` (objects no entry of the
-    query's newest manifest references, as the segment of a file or an older version
-    waiting for release), ``missing`` (objects a live file's segment names that are
-    absent), ``orphan_paths`` (the first 20) and ``manifest`` (its URL, None when the
-    bridge wrote none for ``checkpoint``). Raises StorageError."""
+    written), judged as ``dstl inspect`` judges a base path: ``objects_written``
+    (objects present: those the bridge released are gone), ``objects_per_batch``,
+    ``orphans`` (present, referenced by no query's newest manifest nor by a retained
+    checkpoint), ``missing`` (referenced, absent), ``orphan_paths`` (the first 20) and
+    ``ss_queries`` (the checkpoint roots with a manifest). Raises StorageError."""
+    from dstltree.coordinator.cleanup import list_data_files, normalize
+    from dstltree.structured_streaming.inventory import manifest_objects, newest_manifests
+
     store = ObjectStore(tree_base)
-    present = set(store.list_objects())
-    doc, url = newest_manifest(store, Path(checkpoint))
-    files: dict[str, Any] = {} if doc is None else doc["files"]
-    live = {Path(f["segment"]["path"]).as_posix() for f in files.values() if not f["deleted"]}
-    held = live | {u for f in files.values() for u in f["older"]}
-    orphans = sorted(present - held)
+    manifests = newest_manifests(store)
+    referenced = {normalize(store, u) for doc in manifests for u in manifest_objects(doc)}
+    present = set(list_data_files(store))
+    orphans = sorted(present - referenced)
     return {
         "objects_written": len(present),
         "objects_per_batch": round(len(present) / batches, 3) if batches else None,
         "orphans": len(orphans),
         "orphan_paths": orphans[:20],
-        "missing": len(live - present),
-        "manifest": url,
+        "missing": len(referenced - present),
+        "ss_queries": [doc.get("root") for doc in manifests],
     }
-
-
-def newest_manifest(store: ObjectStore, checkpoint: Path) -> tuple[dict[str, Any] | None, str]:
-    """The bridge's newest manifest (``<tree>/ss/<query key>/manifest-<seq>.json``,
-    highest seq) whose ``root`` is the query checkpointed at ``checkpoint``, and its
-    URL; (None, "") when there is none."""
-    best: tuple[int, dict[str, Any], str] | None = None
-    for url in store.list_files(store.join("ss"), ".json"):
-        doc = json.loads(store.read(url))
-        root = str(doc.get("root", ""))
-        if Path(root.removeprefix("file:")).resolve() != checkpoint.resolve():
-            continue
-        if best is None or int(doc["seq"]) > best[0]:
-            best = (int(doc["seq"]), doc, url)
-    return (None, "") if best is None else (best[1], best[2])
 
 
 def read_progress(paths: Iterable[Path]) -> list[list[dict[str, Any]]]:

@@ -164,7 +164,7 @@ def run_ss_demo(
         "checkpoints_completed": figures["batches_completed"],
         **_renamed(progress_figures(events)),
         **figures,
-        **tree_figures(opts.url("tree"), checkpoint, figures["batches_completed"]),
+        **tree_figures(opts.url("tree"), figures["batches_completed"]),
         "recoveries": len(runs["drivers"]) - 1,
         "killed": runs["killed"],
         **checks,

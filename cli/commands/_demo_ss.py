@@ -69,7 +69,7 @@ def summary(r: dict[str, Any]) -> Any:
         ("sink rows / duplicates", f"{r['sink_rows']:,} / {r['sink_duplicate_rows']}"),
         ("state matches batch", _verdict(r["state_matches_batch"], r)),
         ("sink matches batch", _verdict(r["sink_matches_batch"], r)),
-        ("orphans / missing objects (manifest)", f"{r['orphans']} / {r['missing']}"),
+        ("orphans / missing objects", f"{r['orphans']} / {r['missing']}"),
         ("run prefix", str(r["run_prefix"])),
         ("wall time (s)", str(r["wall_s"])),
     ]

@@ -74,35 +74,35 @@ def _file(obj: Path, deleted: bool = False, older: list[str] | None = None) -> d
     return {"sqn": 1, "length": 1, "deleted": deleted, "segment": seg, "older": older or []}
 
 
-def test_tree_figures_orphans_and_missing_against_the_newest_manifest(tmp_path: Path) -> None:
+def test_tree_figures_orphans_and_missing_as_inspect_sees_them(tmp_path: Path) -> None:
     tree, checkpoint = tmp_path / "tree", tmp_path / "ckpt"
     objects = tree / "changelog" / "x"
     objects.mkdir(parents=True)
-    live, older, orphan = (objects / f"{n}.dstl" for n in ("live", "older", "orphan"))
-    for o in (live, older, orphan):
+    live, older, orphan, other = (objects / f"{n}.dstl" for n in ("l", "o", "x", "q"))
+    for o in (live, older, orphan, other):
         o.write_bytes(b"o")
     gone = objects / "gone.dstl"
-    (tree / "ss" / "k").mkdir(parents=True)
     root = f"file:{checkpoint}"
-    stale = _manifest(root, 1, {"state/0/0/1.changelog": _file(orphan)})
-    newest = _manifest(
-        root,
-        2,
-        {
-            "state/0/0/2.changelog": _file(live, older=[str(older)]),
-            "state/0/1/2.changelog": _file(gone),
-            "state/0/1/1.changelog": _file(gone, deleted=True),
-        },
-    )
-    other = _manifest("file:/elsewhere", 9, {"state/0/0/1.changelog": _file(orphan)})
-    for n, doc in (("1", stale), ("2", newest), ("9", other)):
-        (tree / "ss" / "k" / f"manifest-{n}.json").write_text(json.dumps(doc))
-    f = tree_figures(str(tree), checkpoint, batches=3)
-    assert f["objects_written"] == 3 and f["objects_per_batch"] == 1.0
-    assert (f["orphans"], f["orphan_paths"]) == (1, [str(orphan)])
+    manifests = {
+        "k/manifest-1.json": _manifest(root, 1, {"state/0/0/1.changelog": _file(orphan)}),
+        "k/manifest-2.json": _manifest(
+            root,
+            2,
+            {
+                "state/0/0/2.changelog": _file(live, older=[str(older)]),
+                "state/0/1/2.changelog": _file(gone),
+            },
+        ),
+        "j/manifest-7.json": _manifest("file:/elsewhere", 7, {"s/0/0/1.delta": _file(other)}),
+    }
+    for name, doc in manifests.items():
+        (tree / "ss" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / "ss" / name).write_text(json.dumps(doc))
+    f = tree_figures(str(tree), batches=4)
+    assert f["objects_written"] == 4 and f["objects_per_batch"] == 1.0
+    assert (f["orphans"], f["orphan_paths"]) == (1, [str(orphan)])  # only an old manifest's
     assert f["missing"] == 1
-    assert f["manifest"].endswith("manifest-2.json")
-    assert tree_figures(str(tree), tmp_path / "none", 0)["orphans"] == 3
+    assert sorted(f["ss_queries"]) == sorted([root, "file:/elsewhere"])
 
 
 def test_verdicts_state_sink_duplicates() -> None:
