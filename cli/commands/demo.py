@@ -148,24 +148,7 @@ def demo(
     if not topology.exists():
         raise typer.BadParameter(f"topology file {topology} not found", param_hint="--topology")
     check_topology(topology)
-    opts_json = _storage_options(storage_options)
-    if dfs_faults:
-        from dstltree.storage.targets import with_faults
-
-        try:
-            with_faults(base_path, opts_json, dfs_faults)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--dfs-faults") from e
-    s3 = None
-    if s3_local:
-        from dstltree.storage.targets import start_local_s3
-
-        s3 = start_local_s3()
-        base_path, opts_json = (
-            s3.url(base_path.replace("://", "/")),
-            {**s3.storage_options, **opts_json},
-        )
-        console.print(f"local S3 server at {s3.endpoint}; base path {base_path}")
+    base_path, opts_json, s3 = _storage(console, base_path, storage_options, dfs_faults, s3_local)
     opts = DemoOptions(
         base_path=base_path,
         topology=topology,
@@ -197,6 +180,30 @@ def demo(
         run_and_report(console, opts, shuffle_partitions, report)
         return
     _run_and_report(console, opts, report, s3)
+
+
+def _storage(
+    console: Any, base_path: str, storage_options: str, dfs_faults: str, s3_local: bool
+) -> tuple[str, dict[str, Any], Any]:
+    """(base path, fsspec storage options, the local S3 server or None): the options
+    parsed, the fault spec checked, with ``s3_local`` a moto server started on
+    loopback and the base path moved onto it. Raises typer.BadParameter."""
+    opts_json = _storage_options(storage_options)
+    if dfs_faults:
+        from dstltree.storage.targets import with_faults
+
+        try:
+            with_faults(base_path, opts_json, dfs_faults)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--dfs-faults") from e
+    if not s3_local:
+        return base_path, opts_json, None
+    from dstltree.storage.targets import start_local_s3
+
+    s3 = start_local_s3()
+    base_path = s3.url(base_path.replace("://", "/"))
+    console.print(f"local S3 server at {s3.endpoint}; base path {base_path}")
+    return base_path, {**s3.storage_options, **opts_json}, s3
 
 
 def _run_and_report(console: Any, opts: Any, report: Path, s3: Any) -> None:
