@@ -33,10 +33,16 @@ def newest_manifests(store: ObjectStore) -> list[dict[str, Any]]:
     return [json.loads(store.read(newest[f][1])) for f in sorted(newest)]
 
 
-def manifest_objects(doc: dict[str, Any]) -> set[str]:
-    """The object URLs one manifest references (as written, not normalized)."""
-    urls: set[str] = set()
+def manifest_objects(doc: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """The object URLs one manifest references (as written, not normalized):
+    ``(required, waiting)``. Required: each file's newest segment's object (a deleted
+    file's tombstone included), which must exist. Waiting: the objects holding older
+    versions, which the bridge releases later; one may be gone already (the bridge
+    deleted it after its last look at the tombstone), so it is not missing, but while
+    present it is not an orphan either."""
+    required: set[str] = set()
+    waiting: set[str] = set()
     for entry in doc.get("files", {}).values():
-        urls.add(entry["segment"]["path"])
-        urls.update(entry.get("older", []))
-    return urls
+        required.add(entry["segment"]["path"])
+        waiting.update(entry.get("older", []))
+    return required, waiting - required

@@ -34,7 +34,9 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     ``retained_checkpoints`` (ids), ``ss_queries`` (the checkpoint roots of the
     Structured Streaming queries with a bridge manifest), ``referenced`` (by retained
     checkpoints and by each query's newest manifest), ``present``, ``orphans`` and
-    ``missing`` (sorted path lists). Raises StorageError / CorruptCheckpointError."""
+    ``missing`` (sorted path lists; an object a manifest names only as holding older
+    versions awaiting release is neither an orphan nor missing). Raises StorageError /
+    CorruptCheckpointError."""
     from dstltree.coordinator.cleanup import list_data_files, normalize
     from dstltree.coordinator.store import CheckpointStore
     from dstltree.storage.store import ObjectStore
@@ -44,7 +46,11 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     retained = CheckpointStore(store).list_retained()
     refs = {normalize(store, p) for c in retained for p in c.referenced_paths()}
     manifests = newest_manifests(store)  # Structured Streaming queries' bridges
-    refs.update(normalize(store, u) for doc in manifests for u in manifest_objects(doc))
+    waiting: set[str] = set()
+    for doc in manifests:
+        required, older = manifest_objects(doc)
+        refs.update(normalize(store, u) for u in required)
+        waiting.update(normalize(store, u) for u in older)
     referenced = sorted(refs)
     present = list_data_files(store)
     present_set = set(present)
@@ -56,7 +62,7 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
         "ss_queries": [doc.get("root") for doc in manifests],
         "referenced": referenced,
         "present": present,
-        "orphans": [p for p in present if p not in ref_set],
+        "orphans": [p for p in present if p not in ref_set and p not in waiting],
         "missing": [p for p in referenced if p not in present_set],
     }
 

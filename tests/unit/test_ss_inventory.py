@@ -36,10 +36,23 @@ def test_inspect_counts_the_newest_manifests_objects(tmp_path: Path) -> None:
 
     info = inspect_base(str(tmp_path), {})
     assert info["ss_queries"] == ["file:/ckpt/q1", "file:/ckpt/q2"]
-    assert [Path(p).name for p in info["referenced"]] == ["gone.dstl", "x.dstl", "y.dstl"]
+    assert [Path(p).name for p in info["referenced"]] == ["gone.dstl", "x.dstl"]
     assert [Path(p).name for p in info["orphans"]] == ["w.dstl", "z.dstl"]  # z: an old manifest's
     assert [Path(p).name for p in info["missing"]] == ["gone.dstl"]
 
 
+def test_older_versions_awaiting_release_are_neither_orphans_nor_missing(tmp_path: Path) -> None:
+    objects = tmp_path / "changelog" / "ab"
+    objects.mkdir(parents=True)
+    tomb, held, released = (objects / f"{n}.dstl" for n in ("tomb", "held", "released"))
+    tomb.write_bytes(b"obj")
+    held.write_bytes(b"obj")
+    doc = {"state/0/0/1.changelog": _entry(tomb, older=(held, released), deleted=True)}
+    _manifest(tmp_path / "ss" / "q", 3, doc)
+    info = inspect_base(str(tmp_path), {})
+    assert info["orphans"] == [] and info["missing"] == []
+
+
 def test_manifest_objects_of_an_empty_manifest() -> None:
-    assert manifest_objects({"format": 1, "root": "file:/c", "seq": 0, "files": {}}) == set()
+    empty = {"format": 1, "root": "file:/c", "seq": 0, "files": {}}
+    assert manifest_objects(empty) == (set(), set())
