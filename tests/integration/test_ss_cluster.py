@@ -90,10 +90,10 @@ def _start(spark: Any, source: Path, checkpoint: Path, name: str) -> Any:
     )
 
 
-def _finish(spark: Any, q: Any, name: str) -> set[tuple]:
-    """Wait for ``q`` to end (at most QUERY_TIMEOUT s); returns its sink's rows."""
+def _finish(spark: Any, q: Any, name: str, timeout: float = QUERY_TIMEOUT) -> set[tuple]:
+    """Wait for ``q`` to end (at most ``timeout`` s); returns its sink's rows."""
     try:
-        assert q.awaitTermination(QUERY_TIMEOUT), "the query did not finish in time"
+        assert q.awaitTermination(timeout), "the query did not finish in time"
         assert q.exception() is None, q.exception()
         return {tuple(r) for r in spark.sql(f"SELECT k, n, s FROM {name}").collect()}
     finally:
