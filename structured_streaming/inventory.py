@@ -33,7 +33,14 @@ def newest_manifests(store: ObjectStore) -> list[dict[str, Any]]:
     return [json.loads(store.read(newest[f][1])) for f in sorted(newest)]
 
 
-def manifest_objects(doc: dict[str, Any]) -> tuple[set[str], set[str]]:
+def manifest_objects(doc: dict[str, Any]) -> set[str]:
+    """Every object URL one manifest names (as written, not normalized): both sets of
+    :func:`manifest_object_roles`."""
+    required, waiting = manifest_object_roles(doc)
+    return required | waiting
+
+
+def manifest_object_roles(doc: dict[str, Any]) -> tuple[set[str], set[str]]:
     """The object URLs one manifest references (as written, not normalized):
     ``(required, waiting)``. Required: each file's newest segment's object (a deleted
     file's tombstone included), which must exist. Waiting: the objects holding older

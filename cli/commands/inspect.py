@@ -40,7 +40,7 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     from dstltree.coordinator.cleanup import list_data_files, normalize
     from dstltree.coordinator.store import CheckpointStore
     from dstltree.storage.store import ObjectStore
-    from dstltree.structured_streaming.inventory import manifest_objects, newest_manifests
+    from dstltree.structured_streaming.inventory import manifest_object_roles, newest_manifests
 
     store = ObjectStore(path, storage_options)
     retained = CheckpointStore(store).list_retained()
@@ -48,7 +48,7 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     manifests = newest_manifests(store)  # Structured Streaming queries' bridges
     waiting: set[str] = set()
     for doc in manifests:
-        required, older = manifest_objects(doc)
+        required, older = manifest_object_roles(doc)
         refs.update(normalize(store, u) for u in required)
         waiting.update(normalize(store, u) for u in older)
     referenced = sorted(refs)

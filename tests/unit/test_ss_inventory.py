@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from dstltree.cli.commands.inspect import inspect_base
-from dstltree.structured_streaming.inventory import manifest_objects
+from dstltree.structured_streaming.inventory import manifest_object_roles, manifest_objects
 
 
 def _entry(obj: Path, older: tuple[Path, ...] = (), deleted: bool = False) -> dict:
@@ -55,4 +55,4 @@ def test_older_versions_awaiting_release_are_neither_orphans_nor_missing(tmp_pat
 
 def test_manifest_objects_of_an_empty_manifest() -> None:
     empty = {"format": 1, "root": "file:/c", "seq": 0, "files": {}}
-    assert manifest_objects(empty) == (set(), set())
+    assert manifest_object_roles(empty) == (set(), set()) and manifest_objects(empty) == set()
