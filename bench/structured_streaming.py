@@ -1,5 +1,5 @@
 """``dstl bench structured-streaming``: the same Structured Streaming query with and
-without the tree, side by side, at several shuffle partition counts (issue 35).
+without the tree, side by side, at several shuffle partition counts.
 
 Per partition count two runs, each in a fresh Spark session on ``local[N]`` and with a
 fresh input folder and checkpoint location (:mod:`dstltree.bench.ss_query`): ``spark``

@@ -1,4 +1,4 @@
-"""Spark Structured Streaming through the tree (issue 35, docs/structured-streaming.md).
+"""Spark Structured Streaming through the tree (docs/structured-streaming.md).
 
 Unmodified queries write their state stores' files through the JVM checkpoint file
 manager ``io.dstltree.spark.DstlCheckpointFileManager`` (``jvm/``), which sends them to

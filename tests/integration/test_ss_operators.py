@@ -1,4 +1,4 @@
-"""The other stateful operators of issue 35 through the tree, on ``local[4]``:
+"""Stateful operators Structured Streaming users run, through the tree, on ``local[4]``:
 ``dropDuplicates`` with a watermark and ``applyInPandasWithState``, each with the RocksDB
 provider (changelog checkpointing on) and with the HDFS-backed provider.
 

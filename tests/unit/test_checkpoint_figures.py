@@ -1,4 +1,4 @@
-"""Figures of overlapping checkpoints with one commit point (issue 34): the coordinator's
+"""Figures of overlapping checkpoints with one commit point: the coordinator's
 metrics of the interval achieved, checkpoints in flight, completion-path requests and
 metadata bytes, read back from its registry as Prometheus text; the demo report's
 figures from the runs' statistics and the summary that prints them."""
