@@ -202,7 +202,14 @@ def test_incremental_materializations_through_a_kill_and_rescaling_4_2_4(
 
     first.append(_job(spark, tmp_path, 4, crash_drill=drill, progress=after_the_kill, **slow))
     runs = [first[0].run(until=None)]
-    runs.append(_job(spark, tmp_path, 2, **slow).run(until=2.0))
+    second: list[StreamingJob] = []
+
+    def after_two_materializations(driver: Any) -> None:  # (on a busy machine: later)
+        if driver.coord.statistics().materializations_completed >= 2:
+            second[0].stop()
+
+    second.append(_job(spark, tmp_path, 2, progress=after_two_materializations, **slow))
+    runs.append(second[0].run(until=60.0))
     (tmp_path / "in" / "_SUCCESS").touch()
     runs.append(_job(spark, tmp_path, 4).run(until="end"))
     assert runs[0].recoveries == 1 and runs[2].finished
