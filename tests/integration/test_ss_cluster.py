@@ -25,6 +25,7 @@ import pytest
 
 from dstltree.structured_streaming.configure import LocalServices, start_local
 from tests.support.ss_session import ss_session
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -160,7 +161,9 @@ def test_executor_killed_mid_batch_then_restart_with_the_nodes_down(
         _write_input(source, n)
     spark = ss_session(master=MASTER, socket=services.socket)
     try:
-        assert len(_executor_pids(spark.sparkContext.applicationId)) == 2
+        app = spark.sparkContext.applicationId
+        # the executors register after the session is up (slowly on a busy machine)
+        wait_until(lambda: len(_executor_pids(app)) == 2, timeout=120.0, interval=0.2)
         q = _start(spark, source, checkpoint, "agg1")
         killed = _kill_mid_batch(spark, checkpoint)
         got = _finish(spark, q, "agg1")
