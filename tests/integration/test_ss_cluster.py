@@ -13,29 +13,22 @@ batch answer, and no changelog file is under the checkpoint after the first.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dstltree.structured_streaming.configure import LocalServices, start_local
-from tests.support.ss_session import ss_session
+from dstltree.structured_streaming.configure import LocalServices
+from tests.support.ss_session import PROVIDERS, ss_session, start_tree, write_json_input
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
 MASTER = "local-cluster[2,1,1024]"
-CONF = {
-    "spark.sql.streaming.stateStore.providerClass": (
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-    ),
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-}
+CONF = PROVIDERS["rocksdb"]
 QUERY_TIMEOUT = 240.0  # seconds for one availableNow run (task retries included)
 KILL_TIMEOUT = 120.0  # seconds to see a batch's tasks running after batch 1 committed
 POLL_S = 0.02  # seconds between looks at the running query
@@ -43,15 +36,7 @@ POLL_S = 0.02  # seconds between looks at the running query
 
 @pytest.fixture()
 def services(tmp_path: Path) -> Iterator[LocalServices]:
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(
-        "base_path: dstl\n"
-        "persist_delay: 0.02\n"
-        "nodes:\n"
-        "  - {id: root, bind: auto}\n"
-        "  - {id: a, bind: auto, parent: root}\n"
-    )
-    s = start_local(topology, base_path=str(tmp_path / "dstl"))
+    s = start_tree(tmp_path)
     try:
         yield s
     finally:
@@ -60,11 +45,8 @@ def services(tmp_path: Path) -> Iterator[LocalServices]:
 
 def _write_input(folder: Path, n: int) -> None:
     """File ``n`` of the input: 200 rows over 20 keys (values depend on ``n``)."""
-    folder.mkdir(parents=True, exist_ok=True)
     rows = [{"k": f"k{i % 20}", "v": i * n} for i in range(200)]
-    tmp = folder / f".part-{n}.json.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.rename(folder / f"part-{n}.json")  # the source never sees half a file
+    write_json_input(folder, n, rows)
 
 
 def _start(spark: Any, source: Path, checkpoint: Path, name: str) -> Any:
@@ -137,20 +119,24 @@ def _kill_mid_batch(spark: Any, checkpoint: Path) -> int:
     """Once batch 1 is committed, wait for a stage with running tasks (the next batch),
     SIGKILL one executor JVM and return its PID. Fails after KILL_TIMEOUT s."""
     tracker = spark.sparkContext.statusTracker()
-    deadline = time.monotonic() + KILL_TIMEOUT
-    while time.monotonic() < deadline:
-        if (checkpoint / "commits" / "1").exists():
-            running = [
-                s
-                for s in tracker.getActiveStageIds()
-                if (info := tracker.getStageInfo(s)) is not None and info.numActiveTasks > 0
-            ]
-            pids = _executor_pids(spark.sparkContext.applicationId)
-            if running and pids:
-                os.kill(pids[0], signal.SIGKILL)
-                return pids[0]
-        time.sleep(POLL_S)  # polling the query's progress, bounded by the deadline
-    raise AssertionError(f"no batch was running within {KILL_TIMEOUT:.0f} s")
+    found: list[int] = []
+
+    def batch_running() -> bool:
+        if not (checkpoint / "commits" / "1").exists():
+            return False
+        running = [
+            s
+            for s in tracker.getActiveStageIds()
+            if (info := tracker.getStageInfo(s)) is not None and info.numActiveTasks > 0
+        ]
+        pids = _executor_pids(spark.sparkContext.applicationId)
+        if running and pids:
+            found.append(pids[0])
+        return bool(found)
+
+    wait_until(batch_running, timeout=KILL_TIMEOUT, interval=POLL_S)
+    os.kill(found[0], signal.SIGKILL)
+    return found[0]
 
 
 def test_executor_killed_mid_batch_then_restart_with_the_nodes_down(

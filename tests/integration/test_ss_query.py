@@ -11,47 +11,29 @@ One set of nodes and one bridge serve the module; every session is stopped after
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dstltree.structured_streaming.configure import LocalServices, start_local
-from tests.support.ss_session import ss_session
+from dstltree.structured_streaming.configure import LocalServices
+from tests.support.ss_session import (
+    PROVIDERS,
+    STATE_SUFFIXES,
+    ss_session,
+    start_tree,
+    write_json_input,
+)
 
 pytestmark = pytest.mark.spark
 
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-PROVIDERS = {
-    "rocksdb": {
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    },
-    "hdfs": {"spark.sql.streaming.stateStore.providerClass": HDFS},
-}
-# what a state store writes per partition through the checkpoint file manager:
-# changelogs, deltas, snapshots (HDFS-backed) and RocksDB snapshots' zip files. RocksDB
-# copies its SST files with Hadoop's FileSystem.copyFromLocalFile, past any checkpoint
-# file manager: they stay plain files (jvm/README.md).
-STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip")
 QUERY_TIMEOUT = 120.0  # seconds for one availableNow run
 
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServices]:
-    d = tmp_path_factory.mktemp("tree")
-    topology = d / "topology.yaml"
-    topology.write_text(
-        "base_path: dstl\n"
-        "persist_delay: 0.02\n"
-        "nodes:\n"
-        "  - {id: root, bind: auto}\n"
-        "  - {id: a, bind: auto, parent: root}\n"
-    )
-    s = start_local(topology, base_path=str(d / "dstl"))
+    s = start_tree(tmp_path_factory.mktemp("tree"))
     try:
         yield s
     finally:
@@ -60,11 +42,8 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServices
 
 def _write_input(folder: Path, n: int) -> None:
     """File ``n`` of the input: 30 rows over 5 keys (values depend on ``n``)."""
-    folder.mkdir(parents=True, exist_ok=True)
     rows = [{"k": f"k{i % 5}", "v": i * n} for i in range(30)]
-    tmp = folder / f".part-{n}.json.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.rename(folder / f"part-{n}.json")  # the source never sees half a file
+    write_json_input(folder, n, rows)
 
 
 def _run(spark: Any, source: Path, checkpoint: Path, conf: dict[str, str]) -> set[tuple]:

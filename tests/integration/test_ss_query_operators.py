@@ -15,44 +15,30 @@ their provider before they start; Spark keeps it in the checkpoint's offset log)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dstltree.structured_streaming.configure import LocalServices, start_local
-from tests.support.ss_session import ss_session
+from dstltree.structured_streaming.configure import LocalServices
+from tests.support.ss_session import (
+    PROVIDERS,
+    STATE_SUFFIXES,
+    ss_session,
+    start_tree,
+    write_json_input,
+)
 
 pytestmark = pytest.mark.spark
 
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
-PROVIDERS = {
-    "rocksdb": {
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-    },
-    "hdfs": {"spark.sql.streaming.stateStore.providerClass": HDFS},
-}
-STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip")
 QUERY_TIMEOUT = 120.0  # seconds for one availableNow run
 SCHEMA = "id string, ts timestamp, k string, v long"
 
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServices]:
-    d = tmp_path_factory.mktemp("tree")
-    topology = d / "topology.yaml"
-    topology.write_text(
-        "base_path: dstl\n"
-        "persist_delay: 0.02\n"
-        "nodes:\n"
-        "  - {id: root, bind: auto}\n"
-        "  - {id: a, bind: auto, parent: root}\n"
-    )
-    s = start_local(topology, base_path=str(d / "dstl"))
+    s = start_tree(tmp_path_factory.mktemp("tree"))
     try:
         yield s
     finally:
@@ -72,14 +58,11 @@ def _write_input(folder: Path, n: int) -> None:
     """File ``n`` of the input: 24 rows over 9 ids, 3 event times and 4 keys; ids and
     times overlap between files (duplicates across batches), all within one hour (the
     watermark drops nothing)."""
-    folder.mkdir(parents=True, exist_ok=True)
     rows = [
         {"id": f"i{(i + n) % 9}", "ts": f"2026-01-01 00:0{i % 3}:00", "k": f"k{i % 4}", "v": i * n}
         for i in range(24)
     ]
-    tmp = folder / f".part-{n}.json.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.rename(folder / f"part-{n}.json")  # the source never sees half a file
+    write_json_input(folder, n, rows)
 
 
 def _dedup(df: Any) -> Any:

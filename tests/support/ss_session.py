@@ -3,12 +3,15 @@ log4j settings of the job's sessions, set up through ``configure(...)``."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from dstltree.sparkplug.spark_session import LOG4J
 from dstltree.structured_streaming import configure
+from dstltree.structured_streaming.configure import LocalServices, start_local
 
 
 def ss_builder(master: str = "local[4]", partitions: int = 4) -> Any:
@@ -37,3 +40,43 @@ def ss_session(master: str = "local[4]", partitions: int = 4, **kw: Any) -> Any:
     spark = configure(ss_builder(master, partitions), **kw).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+#: the state store providers the tests run with (RocksDB with changelog checkpointing)
+PROVIDERS = {
+    "rocksdb": {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    },
+    "hdfs": {"spark.sql.streaming.stateStore.providerClass": HDFS},
+}
+# what a state store writes per partition through the checkpoint file manager:
+# changelogs, deltas, snapshots (HDFS-backed) and RocksDB snapshots' zip files. RocksDB
+# copies its SST files with Hadoop's FileSystem.copyFromLocalFile, past any checkpoint
+# file manager: they stay plain files (jvm/README.md).
+STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip")
+
+
+def start_tree(folder: Path) -> LocalServices:
+    """A 2-node tree (root and one child, persist delay 0.02 s) and a bridge on this
+    machine, its objects under ``folder/dstl``; stop it with ``stop()``."""
+    topology = folder / "topology.yaml"
+    topology.write_text(
+        "base_path: dstl\n"
+        "persist_delay: 0.02\n"
+        "nodes:\n"
+        "  - {id: root, bind: auto}\n"
+        "  - {id: a, bind: auto, parent: root}\n"
+    )
+    return start_local(topology, base_path=str(folder / "dstl"))
+
+
+def write_json_input(folder: Path, n: int, rows: list[dict[str, Any]]) -> None:
+    """``rows`` as input file ``n`` (JSON lines), renamed into place whole: the file
+    source never sees half a file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".part-{n}.json.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(folder / f"part-{n}.json")
