@@ -53,8 +53,8 @@ def print_table(results: dict[str, dict[str, Any]], title: str, console: Console
     console.print(table)
 
 
-def to_json(results: dict[str, dict[str, Any]]) -> str:
-    """The results as JSON (NaN written as null)."""
+def to_json(results: dict[str, Any], indent: int = 2) -> str:
+    """The results as JSON (NaN written as null), indented by ``indent``."""
 
     def clean(v: Any) -> Any:
         if isinstance(v, float) and math.isnan(v):
@@ -65,4 +65,4 @@ def to_json(results: dict[str, dict[str, Any]]) -> str:
             return [clean(x) for x in v]
         return v
 
-    return json.dumps(clean(results), indent=2)
+    return json.dumps(clean(results), indent=indent)

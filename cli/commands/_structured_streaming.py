@@ -3,7 +3,6 @@ without the tree, side by side (dstltree/bench/structured_streaming.py)."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
@@ -173,14 +172,6 @@ def structured_streaming(
 
 def _json(doc: dict[str, Any]) -> str:
     """``doc`` as JSON, NaN as null."""
+    from dstltree.bench.report import to_json
 
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and math.isnan(v):
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        if isinstance(v, list | tuple):
-            return [clean(x) for x in v]
-        return v
-
-    return json.dumps(clean(doc), indent=1)
+    return to_json(doc, indent=1)
