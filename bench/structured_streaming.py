@@ -111,6 +111,7 @@ class SsRun:
             "bytes_per_batch": f.checkpoint_bytes / f.batches,
             "tree_objects": self.tree_objects,
             "tree_objects_per_batch": self.tree_objects / f.batches,
+            "written_per_batch": (f.checkpoint_files + self.tree_objects) / f.batches,
             "spark_requests": self.spark_requests,
         }
 

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_CONNECTIONS = 256
 DEFAULT_MAX_PENDING_BYTES = 256 * 1024 * 1024
 MANIFEST_INTERVAL = 2.0  # s between manifest writes of a changed root, at least
+PUT_WAIT = 45.0  # s a put not held for a commit waits to be durable (below the JVM's 60 s)
 
 
 def default_socket_path() -> Path:
@@ -167,6 +168,7 @@ class Bridge:
                 c.shutdown(socket.SHUT_RDWR)
         for t in self._threads:
             t.join(timeout)
+        self.files.flush()  # held writes: persisted before the client closes
         if self._owns_client:
             self.files.client.close()
         try:
@@ -234,6 +236,7 @@ class Connection:
         self.sock = sock
         self.files = files
         self.version: int | None = None
+        self.app = ""  # the Spark application, from hello
         self._puts: dict[tuple[str, str], list[bytes]] = {}
         self._held = 0  # bytes reserved by unfinished puts
 
@@ -284,6 +287,7 @@ class Connection:
         req = wire.parse_request(header, payload)
         if isinstance(req, wire.Hello):
             self.version = wire.negotiate(req.versions)
+            self.app = req.app
             return {"ok": True, "version": self.version}, b""
         if self.version is None:
             raise WireError("version", "the first request must be hello")
@@ -302,9 +306,9 @@ class Connection:
                 listed = [{"name": n, "length": n_} for n, n_ in files]
                 return {"ok": True, "files": listed, "dirs": dirs}, b""
             case wire.Delete():
-                return {"ok": True, "deleted": f.delete(req.root, req.path)}, b""
+                return {"ok": True, "deleted": f.delete(req.root, req.path, self.app)}, b""
             case wire.Commit():
-                return {"ok": True, "files": f.wait_durable(req.root, req.timeout)}, b""
+                return {"ok": True, "files": f.commit(req.root, self.app, req.timeout)}, b""
         raise WireError("malformed", f"unhandled request {req!r}")
 
     def _put(self, req: wire.Put) -> tuple[dict[str, Any], bytes] | None:
@@ -322,10 +326,12 @@ class Connection:
         data = b"".join(self._puts.pop(key))
         self._held -= len(data)
         try:
-            self.files.put(req.root, req.path, data)
+            sqn, held = self.files.put(req.root, req.path, data, self.app)
         except BaseException:
             self.files.unreserve(len(data))
             raise
+        if not held:  # no commit of this application here: durable before the reply
+            self.files.wait_written(req.root, req.path, sqn, PUT_WAIT)
         return {"ok": True, "length": len(data)}, b""
 
     def _drop(self, key: tuple[str, str]) -> None:

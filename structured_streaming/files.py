@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from dstltree.client.api import ChangelogClient
@@ -45,6 +46,8 @@ CHUNK = 1024 * 1024  # bytes per change
 NEVER_PREEMPT = 1 << 62  # a write is one segment: no pre-emptive upload inside it
 RESCAN_MARGIN = 60.0  # s: objects this much older than the manifest are read again
 MANIFESTS_KEPT = 2
+MAX_HOLD = 10.0  # s a held write waits for its root's commit before it is persisted anyway
+COMMITTER_TTL = 3600.0  # s after its last commit an application is forgotten
 _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip)$")
 _MANIFEST = re.compile(r"/manifest-(\d{1,18})\.json$")
 
@@ -56,11 +59,34 @@ def checkpoint_id(path: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+@dataclass(frozen=True)
+class _Held:
+    """A write accepted and held until its root's commit: its persist's arguments and
+    when it was held (monotonic seconds)."""
+
+    path: str
+    sqn: int
+    kg: int
+    chunks: list[bytes]
+    size: int
+    since: float
+
+
 class TreeFiles:
     """State files of many query roots in the tree. Thread-safe.
 
     ``max_pending_bytes``: bytes of accepted files not yet durable beyond which
     :meth:`reserve` blocks. ``cache_bytes``: durable files' bytes kept for reads.
+    ``max_held_bytes``: bytes of writes held for a commit beyond which they are
+    persisted at once; ``max_hold``: seconds a write is held at most (the
+    housekeeper persists older ones).
+
+    Writes of an application that has committed the root on this bridge (the driver's
+    host) are held and persisted together when the next commit of the root arrives:
+    one persist per batch, so the node packs a batch's files into one object. Writes
+    of any other application are persisted at once and :meth:`put`'s caller waits for
+    them (:meth:`wait_written`): no batch commits before they are durable, wherever
+    its driver runs (docs/structured-streaming.md, "Durability").
     """
 
     def __init__(
@@ -69,6 +95,8 @@ class TreeFiles:
         *,
         max_pending_bytes: int = 256 * 1024 * 1024,
         cache_bytes: int = 64 * 1024 * 1024,
+        max_held_bytes: int = 64 * 1024 * 1024,
+        max_hold: float = MAX_HOLD,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
@@ -84,9 +112,17 @@ class TreeFiles:
         self._cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
         self._cache_bytes, self._cache_max = 0, cache_bytes
         self._todo: deque[Instruction] = deque()
+        self.max_held_bytes, self.max_hold = max_held_bytes, max_hold
+        self._held: dict[str, list[_Held]] = {}  # by root
+        self._held_bytes = 0
+        self._committers: dict[tuple[str, str], float] = {}  # (root, app) -> last commit
         self.counts: dict[str, int] = dict.fromkeys(
-            ("puts", "deletes", "durable", "failed", "manifests", "objects_deleted"), 0
-        )
+            (
+                "puts", "deletes", "durable", "failed", "manifests", "objects_deleted",
+                "held", "flushes",
+            ),
+            0,
+        )  # fmt: skip
 
     # -- roots -------------------------------------------------------------------------
     def manifest_dir(self, root: str) -> str:
@@ -160,6 +196,10 @@ class TreeFiles:
         """Count ``n`` more bytes held in memory; blocks while over the limit and some
         accepted file is still to become durable (which frees bytes)."""
         with self.cond:
+            over = self.pending_bytes + n > self.max_pending_bytes
+        if over:
+            self.flush()  # held writes become durable, which frees bytes
+        with self.cond:
             self.cond.wait_for(
                 lambda: (
                     self.pending_bytes + n <= self.max_pending_bytes or self.in_flight_bytes == 0
@@ -173,8 +213,10 @@ class TreeFiles:
             self.pending_bytes -= n
             self.cond.notify_all()
 
-    def put(self, root: str, path: str, data: bytes) -> None:
-        """Accept a whole file (its bytes already reserved) and start its persist.
+    def put(self, root: str, path: str, data: bytes, app: str = "") -> tuple[int, bool]:
+        """Accept a whole file (its bytes already reserved; it reads back at once) for
+        application ``app``: (its SQN, whether it is held for the root's next commit).
+        A write not held is being persisted: wait for it with :meth:`wait_written`.
         Raises WireError(``path``) for a path too long for a log id."""
         name = log_id(query_key(root), path)
         if len(name) > MAX_LOG_ID:
@@ -186,36 +228,141 @@ class TreeFiles:
             self.in_flight_bytes += len(data)
             self.counts["puts"] += 1
         chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
-        self._persist(root, path, sqn, DATA_KEY_GROUP, chunks, len(data))
+        held = self._write(root, app, path, sqn, DATA_KEY_GROUP, chunks, len(data))
+        return sqn, held
 
-    def delete(self, root: str, path: str) -> bool:
-        """Delete a file (a tombstone segment is written); whether it existed."""
+    def delete(self, root: str, path: str, app: str = "") -> bool:
+        """Delete a file (a tombstone segment is written, held for the root's commit
+        like a put of ``app``); whether it existed."""
         self.ensure(root)
         with self.cond:
             sqn = self.view.new_sqn(int(self._clock() * 1e6))
             if not self.view.on_delete(root, path, sqn):
                 return False
             self.counts["deletes"] += 1
-        self._persist(root, path, sqn, TOMBSTONE_KEY_GROUP, [b""], 0)
+        self._write(root, app, path, sqn, TOMBSTONE_KEY_GROUP, [b""], 0)
         return True
+
+    def _write(
+        self, root: str, app: str, path: str, sqn: int, kg: int, chunks: list[bytes], size: int
+    ) -> bool:
+        """Hold the write for the root's commit if ``app`` commits here, else persist it
+        now; whether it was held."""
+        with self.cond:
+            hold = (root, app) in self._committers
+            if hold:
+                h = _Held(path, sqn, kg, chunks, size, time.monotonic())
+                self._held.setdefault(root, []).append(h)
+                self._held_bytes += size
+                self.counts["held"] += 1
+            over = self._held_bytes > self.max_held_bytes
+        if not hold:
+            self._persist(root, path, sqn, kg, chunks, size)
+        elif over:
+            self.flush()
+        return hold
+
+    def flush(self, root: str | None = None, older_than: float | None = None) -> int:
+        """Persist the held writes of ``root`` (None: of every root), only those held
+        at least ``older_than`` seconds if given; the number persisted. A held write
+        already replaced by a newer one is dropped instead."""
+        now = time.monotonic()
+        out: list[tuple[str, _Held]] = []
+        dropped = 0
+        with self.cond:
+            for r in [root] if root is not None else list(self._held):
+                keep: list[_Held] = []
+                for h in self._held.pop(r, []):
+                    if older_than is not None and now - h.since < older_than:
+                        keep.append(h)
+                        continue
+                    self._held_bytes -= h.size
+                    e = self.view.roots[r].files.get(h.path)
+                    if e is not None and e.sqn == h.sqn:
+                        out.append((r, h))
+                    else:  # replaced before it was persisted: nothing to write
+                        dropped += h.size
+                if keep:
+                    self._held[r] = keep
+            if dropped:
+                self.pending_bytes -= dropped
+                self.in_flight_bytes -= dropped
+                self.cond.notify_all()
+            if out:
+                self.counts["flushes"] += 1
+        self._persist_many(out)
+        return len(out)
+
+    def commit(self, root: str, app: str, timeout: float) -> int:
+        """The driver of ``app`` commits ``root``: from now on ``app``'s writes to it are
+        held for the next commit on this bridge; persist the held ones and wait until
+        every file accepted for ``root`` is durable (:meth:`wait_durable`)."""
+        self.ensure(root)
+        with self.cond:
+            self._committers[(root, app)] = self._clock()
+            targets = self.view.pending(root)
+        self.flush(root)
+        return self.wait_durable(root, timeout, targets)
+
+    def wait_written(self, root: str, path: str, sqn: int, timeout: float) -> None:
+        """Wait until write ``sqn`` of ``path`` is durable (or replaced by a newer
+        write). Raises WireError(``unavailable``) if it failed (then the root's next
+        commit does not fail for it: the writer was told) or ``timeout`` s passed."""
+        with self.cond:
+
+            def waiting() -> bool:
+                e = self.view.roots[root].files.get(path)
+                return e is not None and e.sqn == sqn and e.data is not None
+
+            done = self.cond.wait_for(lambda: not waiting(), timeout=timeout)
+            rv = self.view.roots[root]
+            e = rv.files.get(path)
+            ok = e is not None and (e.sqn > sqn or (e.sqn == sqn and e.durable))
+            if done and not ok:
+                rv.failed.discard(path)
+        if not done:
+            raise WireError("unavailable", f"{path} not durable within {timeout} s")
+        if not ok:
+            raise WireError("unavailable", f"write of {path} failed")
 
     def _persist(
         self, root: str, path: str, sqn: int, kg: int, chunks: list[bytes], size: int
     ) -> None:
+        self._persist_many([(root, _Held(path, sqn, kg, chunks, size, 0.0))])
+
+    def _persist_many(self, writes: list[tuple[str, _Held]]) -> None:
+        """Persist each write as one segment of a fresh writer. Every writer is
+        registered before the first persists, so the node's all-persisted rule cannot
+        close an object while the rest are still on their way (one object per flush,
+        size and delay permitting)."""
         c = self.client
-        w = ChangelogWriter(
-            log_id(query_key(root), path), KEY_GROUPS, c.uploader, sqn, NEVER_PREEMPT,
-            c.in_flight, squash_entries=0,
-        )  # fmt: skip
-        w.compression = c.compression
+        writers: list[tuple[str, _Held, ChangelogWriter | BaseException]] = []
+        for root, h in writes:
+            try:
+                new = ChangelogWriter(
+                    log_id(query_key(root), h.path), KEY_GROUPS, c.uploader, h.sqn,
+                    NEVER_PREEMPT, c.in_flight, squash_entries=0,
+                )  # fmt: skip
+                new.compression = c.compression
+                writers.append((root, h, new))
+            except Exception as e:  # noqa: BLE001 - a refused writer is a failed write
+                writers.append((root, h, e))
+        for root, h, w in writers:
+            self._start(root, h, w)
+
+    def _start(self, root: str, h: _Held, w: ChangelogWriter | BaseException) -> None:
+        """Append ``h``'s changes to ``w`` and persist; the outcome to :meth:`_persisted`."""
+        fut: Future[ChangelogHandle]
         try:
-            for chunk in chunks:
-                w.append(kg, chunk)
-            fut = w.persist_durably(sqn, checkpoint_id=checkpoint_id(path))
+            if isinstance(w, BaseException):
+                raise w
+            for chunk in h.chunks:
+                w.append(h.kg, chunk)
+            fut = w.persist_durably(h.sqn, checkpoint_id=checkpoint_id(h.path))
         except Exception as e:  # noqa: BLE001 - a refused persist is a failed write
             fut = Future()
             fut.set_exception(e)
-        fut.add_done_callback(lambda f: self._persisted(root, path, sqn, size, w, f))
+        fut.add_done_callback(lambda f: self._persisted(root, h.path, h.sqn, h.size, w, f))
 
     def _persisted(
         self,
@@ -223,7 +370,7 @@ class TreeFiles:
         path: str,
         sqn: int,
         size: int,
-        w: ChangelogWriter,
+        w: ChangelogWriter | BaseException,
         fut: Future[ChangelogHandle],
     ) -> None:
         """Upload callback (an uploader thread): record the outcome, queue the work."""
@@ -240,15 +387,20 @@ class TreeFiles:
             self.pending_bytes -= size
             self.in_flight_bytes -= size
             self.cond.notify_all()
-        with contextlib.suppress(DstlError):  # the client is closing
-            w.close()
+        if isinstance(w, ChangelogWriter):
+            with contextlib.suppress(DstlError):  # the client is closing
+                w.close()
 
-    def wait_durable(self, root: str, timeout: float) -> int:
-        """Wait until every file accepted for ``root`` is durable; the number waited
-        for. Raises WireError(``unavailable``) on a failed write or a timeout."""
+    def wait_durable(
+        self, root: str, timeout: float, targets: set[tuple[str, int]] | None = None
+    ) -> int:
+        """Wait until every file accepted for ``root`` (or the writes ``targets``, (path,
+        SQN) pairs) is durable; the number waited for. Raises WireError
+        (``unavailable``) on a failed write or a timeout."""
         self.ensure(root)
         with self.cond:
-            targets = self.view.pending(root)
+            if targets is None:
+                targets = self.view.pending(root)
             done = self.cond.wait_for(
                 lambda: not targets & self.view.pending(root), timeout=timeout
             )
@@ -307,8 +459,14 @@ class TreeFiles:
 
     # -- housekeeping ------------------------------------------------------------------
     def housekeep(self) -> None:
-        """Write the manifests of changed roots, then release objects whose every
-        segment is dead (read their index, delete them). Storage errors are logged."""
+        """Persist writes held longer than ``max_hold``, write the manifests of changed
+        roots, then release objects whose every segment is dead (read their index,
+        delete them). Storage errors are logged."""
+        self.flush(older_than=self.max_hold)
+        with self.cond:
+            gone = self._clock() - COMMITTER_TTL
+            for k in [k for k, t in self._committers.items() if t < gone]:
+                del self._committers[k]
         with self.cond:
             docs = [(r, m) for r in list(self.view.roots) if (m := self.view.manifest(r))]
         for root, doc in docs:

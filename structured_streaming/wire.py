@@ -24,6 +24,7 @@ MAX_PAYLOAD: Final = 8 * 1024 * 1024  # bytes of a frame's payload
 MAX_ROOT: Final = 4096  # bytes of a root URI (UTF-8)
 MAX_PATH: Final = 4096  # bytes of a relative path (UTF-8)
 MAX_TIMEOUT: Final = 3600.0  # seconds a commit may ask to wait
+MAX_APP: Final = 256  # characters of a hello's application id
 STATE_DIR: Final = "state"
 CODES: Final = frozenset(
     {"version", "malformed", "too-large", "path", "not-found", "unavailable", "internal"}
@@ -126,9 +127,13 @@ def error_header(code: str, message: str, **extra: Any) -> Header:
 
 @dataclass(frozen=True)
 class Hello:
-    """``versions``: the protocol versions the client speaks."""
+    """``versions``: the protocol versions the client speaks; ``app``: the Spark
+    application the connection writes for (``spark.app.id``; optional, "" when not
+    sent), which decides whether its files wait for a commit (docs/structured-streaming.md,
+    "Durability")."""
 
     versions: tuple[int, ...]
+    app: str = ""
 
 
 @dataclass(frozen=True)
@@ -254,10 +259,13 @@ def check_path(path: Any, what: str = "path", *, allow_state: bool = False) -> s
 
 
 def _hello(h: Header, _: bytes) -> Hello:
-    (versions,) = _fields(h, "versions")
+    app = h.get("app", "")
+    (versions,) = _fields({k: v for k, v in h.items() if k != "app"}, "versions")
     if not isinstance(versions, list) or not 0 < len(versions) <= 64:
         raise WireError("malformed", "versions: expected a list of 1..64 integers")
-    return Hello(tuple(_uint(v, "versions") for v in versions))
+    if not isinstance(app, str) or len(app) > MAX_APP or not app.isprintable():
+        raise WireError("malformed", f"app: expected a printable string of 0..{MAX_APP} characters")
+    return Hello(tuple(_uint(v, "versions") for v in versions), app)
 
 
 def _put(h: Header, payload: bytes) -> Put:

@@ -27,6 +27,7 @@ COLUMNS = (
     "records/s",
     "trigger held",
     "tree objects",
+    "written/batch",
 )
 
 
@@ -45,7 +46,8 @@ def table_rows(runs: list[SsRun]) -> list[tuple[str, ...]]:
     """One row per run, in :data:`COLUMNS` order: files and KiB per batch under the
     checkpoint location, ``*.changelog`` files there, batch duration p50/p99 (s),
     records/s, whether every batch started within the held factor of the trigger
-    (with the fraction that did), objects the tree wrote per batch (total)."""
+    (with the fraction that did), objects the tree wrote per batch (total), and files
+    written per batch in all (under the checkpoint plus the tree's objects)."""
 
     def num(x: float, fmt: str) -> str:
         return "-" if math.isnan(x) else format(x, fmt)
@@ -70,6 +72,7 @@ def table_rows(runs: list[SsRun]) -> list[tuple[str, ...]]:
                 num(f.records_per_s, ".0f"),
                 held,
                 objects,
+                f"{(f.checkpoint_files + r.tree_objects) / f.batches:.1f}",
             )
         )
     return rows
@@ -160,7 +163,7 @@ def structured_streaming(
         table.add_column(col, justify="left" if col == "engine" else "right")
     for row in table_rows(runs):
         table.add_row(*row)
-    wide = Console(width=max(WIDTH, Console().width))  # 11 columns: never squeezed
+    wide = Console(width=max(WIDTH, Console().width))  # 12 columns: never squeezed
     wide.print(table)
     for r in runs:
         if r.spark_requests:

@@ -75,9 +75,12 @@ def test_files_in_and_out_through_the_node(tmp_path: Path, tree) -> None:  # typ
         assert h["code"] == "not-found"
 
 
-def test_many_files_land_in_few_objects(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_of_the_committing_application_lands_in_one_object(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    """Once an application committed the root here (the driver's host), its files
+    are held until its next commit and persisted together: 200 files, one object."""
     with _bridge(tmp_path, tree) as b:
-        clients = [BridgeClient(b.socket_path) for _ in range(4)]
+        clients = [BridgeClient(b.socket_path, app="app-1") for _ in range(4)]
+        assert clients[0].commit(ROOT)["files"] == 0  # the driver's first commit
 
         def write(i: int) -> None:
             for p in range(50):
@@ -88,12 +91,45 @@ def test_many_files_land_in_few_objects(tmp_path: Path, tree) -> None:  # type: 
             t.start()
         for t in threads:
             t.join(60)
-        h = clients[0].commit(ROOT)
-        assert h["ok"] and 0 <= h["files"] <= 200  # files it waited for
+        assert b.files.counts["held"] == 200 and _objects(tmp_path) == []
+        assert clients[1].read_all(ROOT, "state/0/7/1.changelog") == b"x" * 500  # held
         assert len(clients[1].list(ROOT, "state/0")["dirs"]) == 200
+        h = clients[0].commit(ROOT)
+        assert h["ok"] and h["files"] == 200  # files it waited for
+        assert len(_objects(tmp_path)) == 1
+        assert clients[2].delete(ROOT, "state/0/7/1.changelog") is True  # held too
+        assert clients[0].commit(ROOT)["files"] == 1
         for c in clients:
             c.close()
-    assert 1 <= len(_objects(tmp_path)) <= 20  # 200 files
+    assert len(_objects(tmp_path)) == 2
+
+
+def test_files_of_an_application_committing_elsewhere_are_durable_at_the_reply(
+    tmp_path: Path,
+    tree,  # type: ignore[no-untyped-def]
+) -> None:
+    """An executor whose driver commits on another host: each put is durable before
+    its reply, even after another application committed the root here."""
+    with _bridge(tmp_path, tree) as b:
+        with BridgeClient(b.socket_path, app="driver-here") as d:
+            assert d.commit(ROOT)["ok"]
+        with BridgeClient(b.socket_path, app="app-2") as c:
+            for p in range(3):
+                assert c.put(ROOT, f"state/0/{p}/1.changelog", b"y" * 100)["ok"]
+                assert b.files.view.pending(ROOT) == set()  # durable at the reply
+            assert b.files.counts["held"] == 0
+    assert len(_objects(tmp_path)) >= 1
+
+
+def test_held_writes_are_persisted_after_max_hold_without_a_commit(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    with _bridge(tmp_path, tree, manifest_interval=0.1) as b:
+        b.files.max_hold = 0.2
+        with BridgeClient(b.socket_path, app="a") as c:
+            assert c.commit(ROOT)["ok"]
+            c.put(ROOT, "state/0/0/1.changelog", b"z")
+            assert b.files.counts["held"] == 1
+            wait_until(lambda: not b.files.view.pending(ROOT), timeout=20)
+    assert len(_objects(tmp_path)) == 1
 
 
 def _start_process(tmp_path: Path, tree, sock: Path) -> subprocess.Popen:  # type: ignore[no-untyped-def,type-arg]
@@ -210,6 +246,7 @@ def test_hostile_frames_get_errors_and_others_keep_working(tmp_path: Path, tree)
 def test_files_stay_durable_with_the_node_down(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
     tree.nodes["root"].kill()
     with _bridge(tmp_path, tree, ack_timeout=1.0) as b, BridgeClient(b.socket_path) as c:
+        assert c.commit(ROOT)["files"] == 0  # the driver is here: the put is held
         c.put(ROOT, "state/0/3/8.changelog", b"through the DFS")
         assert c.commit(ROOT, timeout=30) == {"ok": True, "files": 1}
     assert _objects(tmp_path)  # written straight to the DFS

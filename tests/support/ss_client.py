@@ -10,14 +10,18 @@ from dstltree.structured_streaming import wire
 
 
 class BridgeClient:
-    """One connection to a bridge; ``hello`` is sent on open."""
+    """One connection to a bridge; ``hello`` (for Spark application ``app``) is sent on
+    open."""
 
-    def __init__(self, path: Path | str, timeout: float = 30.0, hello: bool = True) -> None:
+    def __init__(
+        self, path: Path | str, timeout: float = 30.0, hello: bool = True, app: str = ""
+    ) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(str(path))
         if hello:
-            assert self.call({"op": "hello", "versions": [1]})[0]["version"] == 1
+            h = {"op": "hello", "versions": [1], "app": app}
+            assert self.call(h)[0]["version"] == 1
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)

@@ -72,7 +72,10 @@ def test_table_rows_one_per_run(tmp_path: Path) -> None:
     runs = [SsRun("spark", 4, f, 0, {}), SsRun("tree", 4, f, 3, {})]
     rows = table_rows(runs)
     assert [len(r) for r in rows] == [len(COLUMNS)] * 2
-    assert rows[0][-1] == "-" and rows[1][-1] == "1.50 (3)"
+    objects, written = COLUMNS.index("tree objects"), COLUMNS.index("written/batch")
+    assert rows[0][objects] == "-" and rows[1][objects] == "1.50 (3)"
+    files = f.checkpoint_files
+    assert rows[0][written] == f"{files / 2:.1f}" and rows[1][written] == f"{(files + 3) / 2:.1f}"
     assert rows[0][COLUMNS.index("trigger held")] == "yes 100%"
     single = _figures([_progress(0, 0, 100)], spec, 1.5, tmp_path)
     assert math.isnan(single.held)

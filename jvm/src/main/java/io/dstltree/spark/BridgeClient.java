@@ -78,10 +78,21 @@ final class BridgeClient implements AutoCloseable {
       throw new BridgeException("unavailable", "no bridge on " + socket + ": " + e, e);
     }
     BridgeClient c = new BridgeClient(socket, ch);
-    ObjectNode hello = JSON.createObjectNode().put("op", "hello");
+    ObjectNode hello = JSON.createObjectNode().put("op", "hello").put("app", applicationId());
     hello.putArray("versions").add(1);
     c.call(hello, null, timeoutMillis);
     return c;
+  }
+
+  /**
+   * This JVM's Spark application ({@code spark.app.id}), "" outside one. The bridge holds
+   * the state files of an application whose driver commits on the same host until that
+   * commit, and makes the others' durable before it answers their close.
+   */
+  static String applicationId() {
+    org.apache.spark.SparkEnv env = org.apache.spark.SparkEnv.get();
+    String id = env == null ? "" : env.conf().get("spark.app.id", "");
+    return id.length() > 256 ? id.substring(0, 256) : id;
   }
 
   /** True unless the bridge closed this idle connection (a read would see its end). */
