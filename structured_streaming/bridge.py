@@ -309,6 +309,9 @@ class Connection:
                 return {"ok": True, "deleted": f.delete(req.root, req.path, self.app)}, b""
             case wire.Commit():
                 return {"ok": True, "files": f.commit(req.root, self.app, req.timeout)}, b""
+            case wire.Drive():
+                f.drive(req.root, self.app)
+                return {"ok": True}, b""
         raise WireError("malformed", f"unhandled request {req!r}")
 
     def _put(self, req: wire.Put) -> tuple[dict[str, Any], bytes] | None:

@@ -52,6 +52,11 @@ from dstltree.structured_streaming.jar import MANAGER_CLASS, jar_path
 SOCKET_KEY = "dstltree.bridge.socket"
 """The Hadoop configuration key the JVM manager reads its socket from."""
 MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
+LOCAL_FS_CLASS = "io.dstltree.spark.DstlLocalFileSystem"
+WRAPPING_FS_CLASS = "io.dstltree.spark.DstlFileSystem"
+#: the file systems configure() wraps by default: scheme -> the class wrapped ("" for
+#: ``file``, served by DstlLocalFileSystem)
+DEFAULT_FILE_SYSTEMS: dict[str, str] = {"file": ""}
 READY = "bridge ready on "
 """What the bridge prints (then the socket path) once it listens."""
 BRIDGE_START_TIMEOUT = 60.0  # seconds for the bridge to print its ready line
@@ -125,6 +130,7 @@ def configure(
     storage_options: dict[str, Any] | None = None,
     curve: bool = True,
     start_timeout: float = BRIDGE_START_TIMEOUT,
+    file_systems: dict[str, str] | None = None,
 ) -> Any:
     """Set ``builder`` (a ``pyspark.sql.SparkSession.Builder``) up so that its
     Structured Streaming queries checkpoint their state through the tree; returns it.
@@ -135,6 +141,12 @@ def configure(
     read from the builder (``spark.master``; unset means pyspark's default, ``local[*]``).
     ``base_path``/``storage_options``: override the topology's, for the nodes started
     here. ``curve``: False runs the local nodes in plaintext whatever the topology says.
+    ``file_systems``: the schemes of checkpoint locations whose Hadoop file system is
+    wrapped so that the SST files RocksDB copies past the checkpoint file manager reach
+    the tree too, as {scheme: the FileSystem class wrapped}, e.g. ``{"file": "",
+    "s3a": "org.apache.hadoop.fs.s3a.S3AFileSystem"}`` (``file`` needs no class: it
+    becomes ``DstlLocalFileSystem``, uncached so that a session's settings always
+    apply); default ``{"file": ""}``; ``{}`` wraps none (SST files stay plain files).
 
     Raises JarBuildError (no JDK, javac failed), TopologyError (bad topology file) or
     BridgeStartError (the bridge did not come up within ``start_timeout`` s; the nodes
@@ -145,6 +157,14 @@ def configure(
     if jar not in jars:
         builder = builder.config("spark.jars", ",".join([*jars, jar]))
     builder = builder.config(MANAGER_KEY, MANAGER_CLASS)
+    wrapped = DEFAULT_FILE_SYSTEMS if file_systems is None else file_systems
+    for k, v in file_system_conf(wrapped).items():
+        builder = builder.config(k, v)
+    for side in ("driver", "executor"):  # Hadoop loads file systems from the class path
+        key = f"spark.{side}.extraClassPath"
+        paths = [p for p in str(options.get(key, "")).split(os.pathsep) if p]
+        if jar not in paths:
+            builder = builder.config(key, os.pathsep.join([*paths, jar]))
     master = master or str(options.get("spark.master", "local[*]"))
     if topology is not None and is_local(master):
         services = start_local(
@@ -160,6 +180,25 @@ def configure(
         builder = builder.config(f"spark.hadoop.{SOCKET_KEY}", str(socket))
     add_to_running_driver(jar)
     return builder
+
+
+def file_system_conf(file_systems: dict[str, str]) -> dict[str, str]:
+    """The Spark settings that wrap each scheme's Hadoop file system (see
+    :func:`configure`'s ``file_systems``). Raises ValueError for a scheme other than
+    ``file`` without a class, or a malformed scheme."""
+    conf: dict[str, str] = {}
+    for scheme, wrapped in file_systems.items():
+        if not scheme.isascii() or not scheme.replace("+", "").replace("-", "").isalnum():
+            raise ValueError(f"file_systems: not a URI scheme: {scheme!r}")
+        if scheme == "file":
+            conf["spark.hadoop.fs.file.impl"] = LOCAL_FS_CLASS
+            conf["spark.hadoop.fs.file.impl.disable.cache"] = "true"
+            continue
+        if not wrapped:
+            raise ValueError(f"file_systems: scheme {scheme!r} needs the class it wraps")
+        conf[f"spark.hadoop.fs.{scheme}.impl"] = WRAPPING_FS_CLASS
+        conf[f"spark.hadoop.dstltree.fs.{scheme}.impl"] = wrapped
+    return conf
 
 
 def add_to_running_driver(jar: str) -> bool:

@@ -293,6 +293,13 @@ class TreeFiles:
         self._persist_many(out)
         return len(out)
 
+    def drive(self, root: str, app: str) -> None:
+        """The driver of ``app`` runs ``root``'s batches from this host (it will commit
+        here): from now on ``app``'s writes to it are held for the next commit."""
+        self.ensure(root)
+        with self.cond:
+            self._committers[(root, app)] = self._clock()
+
     def commit(self, root: str, app: str, timeout: float) -> int:
         """The driver of ``app`` commits ``root``: from now on ``app``'s writes to it are
         held for the next commit on this bridge; persist the held ones and wait until

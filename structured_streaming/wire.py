@@ -185,8 +185,16 @@ class Commit:
     timeout: float
 
 
-Request = Hello | Put | Stat | Read | List | Delete | Commit
-_NO_PAYLOAD = {"hello", "stat", "read", "list", "delete", "commit"}
+@dataclass(frozen=True)
+class Drive:
+    """The connection's application drives ``root`` from this host: its driver is
+    about to run a batch (it writes ``offsets/<N>``) and will commit here."""
+
+    root: str
+
+
+Request = Hello | Put | Stat | Read | List | Delete | Commit | Drive
+_NO_PAYLOAD = {"hello", "stat", "read", "list", "delete", "commit", "drive"}
 
 
 def parse_request(header: Header, payload: bytes = b"") -> Request:
@@ -305,6 +313,11 @@ def _commit(h: Header, _: bytes) -> Commit:
     return Commit(check_root(root), float(timeout))
 
 
+def _drive(h: Header, _: bytes) -> Drive:
+    (root,) = _fields(h, "root")
+    return Drive(check_root(root))
+
+
 _PARSERS: dict[str, Callable[[Header, bytes], Request]] = {
     "hello": _hello,
     "put": _put,
@@ -313,6 +326,7 @@ _PARSERS: dict[str, Callable[[Header, bytes], Request]] = {
     "list": _list,
     "delete": _delete,
     "commit": _commit,
+    "drive": _drive,
 }
 
 

@@ -84,6 +84,7 @@ def _title(s: SsBenchSettings) -> str:
         f"structured streaming: {s.batches} batches of {s.rows} rows over {s.keys} keys, "
         f"trigger {s.trigger_s * 1000:.0f} ms (held: every start within "
         f"{s.held_factor:g}x), local[{s.cores}], RocksDB changelog, DFS model {model}, "
+        f"maintenance every {s.maintenance_s:g} s, "
         f"tree persist delay {s.persist_delay_s:g} s, p50/p99/held without the first "
         f"{s.warmup} batch(es)"
     )
@@ -115,6 +116,10 @@ def structured_streaming(
     warmup: Annotated[
         int, typer.Option(min=0, help="First batches left out of p50/p99 and held.")
     ] = 1,
+    maintenance: Annotated[
+        float,
+        typer.Option(min=0.1, help="State maintenance interval (s): snapshots every 10 versions."),
+    ] = 1.0,
     seed: Annotated[int, typer.Option(help="Seed of the input and the latencies.")] = 0,
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per run at most.")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
@@ -147,6 +152,7 @@ def structured_streaming(
             timeout_s=timeout,
             persist_delay_s=persist_delay,
             warmup=warmup,
+            maintenance_s=maintenance,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e

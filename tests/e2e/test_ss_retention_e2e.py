@@ -6,10 +6,11 @@ retains, the bridge writes tombstones and releases objects. Once the bridge stop
 the result equals the batch answer, no state file is under the checkpoint and the
 bridge's view holds a bounded number of changelogs (retention reached the tree).
 
-Checkpoint format version 2: with version 1, RocksDB's maintenance reads the old
+Spark's default checkpoint format (version 1): RocksDB's maintenance reads the old
 snapshots' zip files through Hadoop's ``FileSystem`` (``Utils.unzipFilesFromFile``),
-not through the checkpoint file manager, finds none (they are in the tree) and deletes
-nothing: 300 batches kept all 1,200 changelogs and 120 zips (measured)."""
+past the checkpoint file manager; ``DstlLocalFileSystem`` serves them from the tree
+(before it, maintenance found none and deleted nothing: 300 batches kept all 1,200
+changelogs and 120 zips, measured). No SST file is under the checkpoint either."""
 
 from __future__ import annotations
 
@@ -21,13 +22,12 @@ import pytest
 from dstltree.cli.commands.inspect import inspect_base
 from dstltree.structured_streaming.configure import start_local
 from tests.integration.test_ss_cluster import _expected, _finish, _start, _write_input
-from tests.support.ss_session import ss_session
+from tests.support.ss_session import STATE_SUFFIXES, ss_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 BATCHES = 300
 QUERY_TIMEOUT = 900.0  # seconds for the 300 batches (about 200 s on a busy 2-core machine)
-STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip")
 
 
 @pytest.mark.timeout(1200)
@@ -49,7 +49,6 @@ def test_300_batches_leave_no_orphan_and_no_missing_object(tmp_path: Path) -> No
         try:
             spark.conf.set("spark.sql.streaming.minBatchesToRetain", "10")
             spark.conf.set("spark.sql.streaming.stateStore.maintenanceInterval", "1s")
-            spark.conf.set("spark.sql.streaming.stateStore.checkpointFormatVersion", "2")
             q = _start(spark, source, checkpoint, "retained")
             got = _finish(spark, q, "retained", timeout=QUERY_TIMEOUT)
             assert got == _expected(spark, source)

@@ -104,6 +104,18 @@ def test_a_batch_of_the_committing_application_lands_in_one_object(tmp_path: Pat
     assert len(_objects(tmp_path)) == 2
 
 
+def test_a_driver_announced_by_drive_has_its_first_batch_held(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    """``drive`` (the driver writes offsets/<N>) makes the application's puts held before
+    its first commit: the first batch lands in one object too."""
+    with _bridge(tmp_path, tree) as b, BridgeClient(b.socket_path, app="app-3") as c:
+        assert c.ok({"op": "drive", "root": ROOT}) == {"ok": True}
+        for p in range(20):
+            c.put(ROOT, f"state/0/{p}/1.changelog", b"w" * 50)
+        assert b.files.counts["held"] == 20 and _objects(tmp_path) == []
+        assert c.commit(ROOT)["files"] == 20
+    assert len(_objects(tmp_path)) == 1
+
+
 def test_files_of_an_application_committing_elsewhere_are_durable_at_the_reply(
     tmp_path: Path,
     tree,  # type: ignore[no-untyped-def]

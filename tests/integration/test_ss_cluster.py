@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 
 from dstltree.structured_streaming.configure import LocalServices
-from tests.support.ss_session import PROVIDERS, ss_session, start_tree, write_json_input
+from tests.support.ss_session import (
+    PROVIDERS,
+    STATE_SUFFIXES,
+    ss_session,
+    start_tree,
+    write_json_input,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
@@ -158,7 +164,7 @@ def test_executor_killed_mid_batch_then_restart_with_the_nodes_down(
         assert got == expected
         assert _state(spark, checkpoint) == expected
         assert (checkpoint / "commits" / "7").exists()  # 8 batches
-        assert list(checkpoint.rglob("*.changelog")) == []
+        assert [p for p in checkpoint.rglob("*") if p.name.endswith(STATE_SUFFIXES)] == []
 
         services.nodes.stop()  # the bridge stays; no node answers it
         _write_input(source, 9)

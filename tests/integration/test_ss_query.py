@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from dstltree.client import ObjectStore
 from dstltree.structured_streaming.configure import LocalServices
+from dstltree.structured_streaming.inventory import newest_manifests
 from tests.support.ss_session import (
     PROVIDERS,
     STATE_SUFFIXES,
@@ -25,6 +27,7 @@ from tests.support.ss_session import (
     start_tree,
     write_json_input,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -89,6 +92,19 @@ def _state_files(checkpoint: Path) -> list[Path]:
     return [p for p in checkpoint.rglob("*") if p.is_file() and p.name.endswith(STATE_SUFFIXES)]
 
 
+def _tree_files(base: Path, checkpoint: str, suffix: str) -> list[str]:
+    """Files ending in ``suffix`` of the query at ``checkpoint`` in the bridge's newest
+    manifests (written every 2 s while files change)."""
+    docs = newest_manifests(ObjectStore(str(base)))
+    return [
+        p
+        for d in docs
+        if d["root"].endswith(checkpoint)
+        for p, e in d["files"].items()
+        if p.endswith(suffix) and not e["deleted"]
+    ]
+
+
 def _plain_state_files(spark: Any) -> int:
     return int(spark._jvm.io.dstltree.spark.DstlCheckpointFileManager.plainStateFiles())
 
@@ -115,8 +131,11 @@ def test_query_state_goes_through_the_tree_and_restarts(
         spark.stop()
     assert (checkpoint / "commits" / "2").exists()  # three batches committed
     assert _state_files(checkpoint) == []
-    objects = list(Path(services.nodes.local_tree.topology.base_path).rglob("*.dstl"))
+    base = Path(services.nodes.local_tree.topology.base_path)
+    objects = list(base.rglob("*.dstl"))
     assert objects, "no object written into the tree"
+    if provider == "rocksdb":  # snapshots' SST files reached the tree (DstlLocalFileSystem)
+        wait_until(lambda: _tree_files(base, str(checkpoint), ".sst"), timeout=30)
 
     _write_input(source, 4)
     spark = ss_session(socket=services.socket)  # a new session: the state is read back

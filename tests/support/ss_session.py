@@ -52,11 +52,10 @@ PROVIDERS = {
     },
     "hdfs": {"spark.sql.streaming.stateStore.providerClass": HDFS},
 }
-# what a state store writes per partition through the checkpoint file manager:
-# changelogs, deltas, snapshots (HDFS-backed) and RocksDB snapshots' zip files. RocksDB
-# copies its SST files with Hadoop's FileSystem.copyFromLocalFile, past any checkpoint
-# file manager: they stay plain files (jvm/README.md).
-STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip")
+# what a state store writes per partition: changelogs, deltas, snapshots (HDFS-backed)
+# and RocksDB snapshots' zip files through the checkpoint file manager, RocksDB's SST
+# files through Hadoop's FileSystem.copyFromLocalFile (DstlLocalFileSystem)
+STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip", ".sst")
 
 
 def start_tree(folder: Path) -> LocalServices:

@@ -91,6 +91,7 @@ def test_header_not_a_json_object_is_malformed_not_fatal(raw: bytes) -> None:
 def test_parse_every_request() -> None:
     p = "state/0/1/12.changelog"
     assert parse_request({"op": "hello", "versions": [1, 2]}) == wire.Hello((1, 2))
+    assert parse_request({"op": "drive", "root": "file:/c"}) == wire.Drive("file:/c")
     app = {"op": "hello", "versions": [1], "app": "app-20261127-0001"}
     assert parse_request(app) == wire.Hello((1,), "app-20261127-0001")
     put = {"op": "put", "root": R, "path": p, "offset": 3, "last": True}
@@ -115,6 +116,8 @@ def test_parse_every_request() -> None:
         {"op": "hello", "versions": [True]},
         {"op": "hello", "versions": [1], "extra": 1},
         {"op": "hello", "versions": [1], "app": 7},
+        {"op": "drive"},
+        {"op": "drive", "root": "file:/c", "timeout": 1},
         {"op": "hello", "versions": [1], "app": "a" * 257},
         {"op": "hello", "versions": [1], "app": "a\x00b"},
         {"op": "put", "root": R, "path": "state/a", "offset": -1, "last": True},

@@ -1,8 +1,8 @@
 package io.dstltree.spark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import io.dstltree.spark.StateFiles.StateFile;
 import com.fasterxml.jackson.databind.node.ObjectNode;
-import java.io.ByteArrayOutputStream;
 import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.util.ArrayList;
@@ -52,10 +52,10 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   public static final String TIMEOUT_KEY = "dstltree.bridge.timeout";
 
   private static final Logger LOG = LoggerFactory.getLogger(DstlCheckpointFileManager.class);
-  /** {@code <root>/state/<operator>/<partition>[/<rest>]}, the root as long as possible. */
-  private static final Pattern STATE = Pattern.compile("^(.+)/(state/\\d+/\\d+(?:/.*)?)$");
   /** {@code <root>/commits/<batch id>}. */
   private static final Pattern COMMIT = Pattern.compile("^(.+)/commits/\\d+$");
+  /** {@code <root>/offsets/<batch id>}: the driver is about to run a batch. */
+  private static final Pattern OFFSETS = Pattern.compile("^(.+)/offsets/\\d+$");
   private static final AtomicLong PLAIN_STATE_FILES = new AtomicLong();
   /** Roots with files accepted by a bridge in this JVM since their last commit. */
   private static final Set<String> PENDING_ROOTS = ConcurrentHashMap.newKeySet();
@@ -74,6 +74,15 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     this.socket = conf.get(SOCKET_KEY, conf.get("spark.hadoop." + SOCKET_KEY, defaultSocket()));
     this.timeoutMillis = (long) (conf.getDouble(TIMEOUT_KEY, 60.0) * 1000);
     this.commitTimeoutSeconds = conf.getLong(COMMIT_TIMEOUT_KEY, 120);
+    StateFile here = stateFile(path);
+    if (here != null) {
+      StateFiles.register(here.root(), socket);
+    }
+  }
+
+  /** Note that this JVM handed a file of {@code root} to a bridge (its commit must wait). */
+  static void pending(String root) {
+    PENDING_ROOTS.add(root);
   }
 
   /** State files written as plain files in this JVM because no bridge answered. */
@@ -110,16 +119,9 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     return "/tmp/dstltree-" + uid + "/bridge.sock";
   }
 
-  /** A state path split into its query root URI and its path below the root. */
-  record StateFile(String root, String path) {}
-
   /** The state file {@code p} names, or null when {@code p} is not below a state directory. */
   StateFile stateFile(Path p) {
-    Matcher m = STATE.matcher(qualified(p));
-    if (!m.matches() || m.group(2).contains("/_")) {
-      return null; // Spark's own metadata below a partition (_metadata/schema) stays plain
-    }
-    return new StateFile(m.group(1), m.group(2));
+    return StateFiles.parse(qualified(p));
   }
 
   private String qualified(Path p) {
@@ -133,8 +135,8 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     }
   }
 
-  private ObjectNode request(String op, StateFile f) {
-    return BridgeClient.JSON.createObjectNode().put("op", op).put("root", f.root());
+  private static ObjectNode request(String op, StateFile f) {
+    return StateFiles.request(op, f);
   }
 
   private BridgeClient.Reply call(ObjectNode header, long timeout) throws BridgeException {
@@ -158,9 +160,14 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
       throws IOException {
     StateFile f = stateFile(p);
     if (f == null) {
-      Matcher m = COMMIT.matcher(qualified(p));
+      String q = qualified(p);
+      Matcher m = COMMIT.matcher(q);
       if (m.matches()) {
         commit(m.group(1), p);
+      }
+      Matcher o = OFFSETS.matcher(q);
+      if (o.matches()) {
+        drive(o.group(1));
       }
       return plain.createAtomic(p, overwriteIfPossible);
     }
@@ -177,6 +184,19 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
           }
           PLAIN_STATE_FILES.incrementAndGet();
         });
+  }
+
+  /**
+   * Tells the bridge that this application's driver runs {@code root}'s batches from this host,
+   * so the bridge holds the batch's state files for the commit from the first batch on. Only
+   * advice: without a bridge, or with one that does not know the request, nothing changes.
+   */
+  private void drive(String root) {
+    try {
+      call(BridgeClient.JSON.createObjectNode().put("op", "drive").put("root", root), timeoutMillis);
+    } catch (BridgeException e) {
+      LOG.debug("dstltree: drive {} not announced: {}", root, e.getMessage());
+    }
   }
 
   /**
@@ -209,7 +229,7 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     StateFile f = stateFile(p);
     if (f != null) {
       try {
-        byte[] bytes = readBridge(f);
+        byte[] bytes = StateFiles.read(socket, f, timeoutMillis);
         if (bytes != null) {
           return new FSDataInputStream(new BytesInputStream(bytes));
         }
@@ -221,31 +241,6 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
       }
     }
     return plain.open(p);
-  }
-
-  /** The whole file from the bridge, or null when the bridge does not hold it. */
-  private byte[] readBridge(StateFile f) throws BridgeException {
-    BridgeClient c = BridgeClient.connect(socket, timeoutMillis);
-    JsonNode stat = c.call(request("stat", f).put("path", f.path()), null, timeoutMillis).header();
-    if (!stat.path("exists").asBoolean(false)) {
-      c.release();
-      return null;
-    }
-    ByteArrayOutputStream out = new ByteArrayOutputStream((int) stat.path("length").asLong(0));
-    while (true) {
-      ObjectNode read =
-          request("read", f)
-              .put("path", f.path())
-              .put("offset", out.size())
-              .put("length", BridgeClient.MAX_PAYLOAD);
-      byte[] chunk = c.call(read, null, timeoutMillis).payload();
-      if (chunk.length == 0) {
-        break;
-      }
-      out.write(chunk, 0, chunk.length);
-    }
-    c.release();
-    return out.toByteArray();
   }
 
   private boolean ioExists(Path p) throws IOException {
