@@ -20,8 +20,9 @@ import java.util.concurrent.TimeUnit;
 /**
  * One connection to the bridge over a Unix domain socket (protocol version 1, see
  * docs/structured-streaming.md). Frames: u32 header length (big-endian), UTF-8 JSON header,
- * u32 payload length, payload. Idle connections are kept in a small pool per socket path, so
- * a request costs no new connection; a connection that saw any error is closed, never reused.
+ * u32 payload length, payload. Idle connections are kept in a small pool per socket path and
+ * Spark application (its hello named it), so a request costs no new connection; a connection
+ * that saw any error is closed, never reused.
  * Every wait for a reply is bounded: the connection is closed when its deadline passes.
  */
 final class BridgeClient implements AutoCloseable {
@@ -45,10 +46,13 @@ final class BridgeClient implements AutoCloseable {
 
   private final String socket;
   private final SocketChannel channel;
+  /** The pool this connection returns to: its socket and the application its hello named. */
+  private final String poolKey;
 
-  private BridgeClient(String socket, SocketChannel channel) {
+  private BridgeClient(String socket, SocketChannel channel, String poolKey) {
     this.socket = socket;
     this.channel = channel;
+    this.poolKey = poolKey;
   }
 
   /**
@@ -57,8 +61,10 @@ final class BridgeClient implements AutoCloseable {
    * @throws BridgeException code {@code unavailable} when the socket is missing or refuses
    */
   static BridgeClient connect(String socket, long timeoutMillis) throws BridgeException {
+    String app = applicationId(); // a JVM that outlives a session names the next one
+    String key = socket + "\n" + app;
     ConcurrentLinkedDeque<BridgeClient> pool =
-        POOLS.computeIfAbsent(socket, s -> new ConcurrentLinkedDeque<>());
+        POOLS.computeIfAbsent(key, s -> new ConcurrentLinkedDeque<>());
     for (BridgeClient idle = pool.poll(); idle != null; idle = pool.poll()) {
       if (idle.alive()) {
         return idle;
@@ -77,8 +83,8 @@ final class BridgeClient implements AutoCloseable {
       closeQuietly(ch);
       throw new BridgeException("unavailable", "no bridge on " + socket + ": " + e, e);
     }
-    BridgeClient c = new BridgeClient(socket, ch);
-    ObjectNode hello = JSON.createObjectNode().put("op", "hello").put("app", applicationId());
+    BridgeClient c = new BridgeClient(socket, ch, key);
+    ObjectNode hello = JSON.createObjectNode().put("op", "hello").put("app", app);
     hello.putArray("versions").add(1);
     c.call(hello, null, timeoutMillis);
     return c;
@@ -109,7 +115,7 @@ final class BridgeClient implements AutoCloseable {
 
   /** Returns this connection to its pool (after a complete request and reply). */
   void release() {
-    ConcurrentLinkedDeque<BridgeClient> pool = POOLS.get(socket);
+    ConcurrentLinkedDeque<BridgeClient> pool = POOLS.get(poolKey);
     if (!channel.isOpen() || pool.size() >= POOL_SIZE) {
       close();
     } else {

@@ -193,7 +193,8 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
    */
   private void drive(String root) {
     try {
-      call(BridgeClient.JSON.createObjectNode().put("op", "drive").put("root", root), timeoutMillis);
+      ObjectNode h = BridgeClient.JSON.createObjectNode().put("op", "drive").put("root", root);
+      call(h, timeoutMillis);
     } catch (BridgeException e) {
       LOG.debug("dstltree: drive {} not announced: {}", root, e.getMessage());
     }

@@ -48,52 +48,26 @@ public class DstlFileSystem extends FilterFileSystem {
 
   @Override
   public void copyFromLocalFile(boolean delSrc, Path src, Path dst) throws IOException {
-    route.copyFromLocal(
-        delSrc,
-        src,
-        dst,
-        () -> {
-          super.copyFromLocalFile(delSrc, src, dst);
-          return null;
-        });
+    route.copyFromLocal(delSrc, src, dst, () -> super.copyFromLocalFile(delSrc, src, dst));
   }
 
   @Override
   public void copyFromLocalFile(boolean delSrc, boolean overwrite, Path src, Path dst)
       throws IOException {
     route.copyFromLocal(
-        delSrc,
-        src,
-        dst,
-        () -> {
-          super.copyFromLocalFile(delSrc, overwrite, src, dst);
-          return null;
-        });
+        delSrc, src, dst, () -> super.copyFromLocalFile(delSrc, overwrite, src, dst));
   }
 
   @Override
   public void copyToLocalFile(boolean delSrc, Path src, Path dst) throws IOException {
-    route.copyToLocal(
-        delSrc,
-        src,
-        dst,
-        () -> {
-          super.copyToLocalFile(delSrc, src, dst);
-          return null;
-        });
+    route.copyToLocal(delSrc, src, dst, () -> super.copyToLocalFile(delSrc, src, dst));
   }
 
   @Override
   public void copyToLocalFile(boolean delSrc, Path src, Path dst, boolean useRawLocalFileSystem)
       throws IOException {
     route.copyToLocal(
-        delSrc,
-        src,
-        dst,
-        () -> {
-          super.copyToLocalFile(delSrc, src, dst, useRawLocalFileSystem);
-          return null;
-        });
+        delSrc, src, dst, () -> super.copyToLocalFile(delSrc, src, dst, useRawLocalFileSystem));
   }
 
   @Override

@@ -28,6 +28,11 @@ final class StateFileRoute {
     T run() throws IOException;
   }
 
+  /** A plain-file operation without a result. */
+  interface PlainCopy {
+    void run() throws IOException;
+  }
+
   private static final Logger LOG = LoggerFactory.getLogger(StateFileRoute.class);
   private final String socket;
   private final long timeoutMillis;
@@ -36,7 +41,8 @@ final class StateFileRoute {
 
   StateFileRoute(Configuration conf, UnaryOperator<Path> qualify) {
     String key = DstlCheckpointFileManager.SOCKET_KEY;
-    this.socket = conf.get(key, conf.get("spark.hadoop." + key, DstlCheckpointFileManager.defaultSocket()));
+    String otherwise = DstlCheckpointFileManager.defaultSocket();
+    this.socket = conf.get(key, conf.get("spark.hadoop." + key, otherwise));
     this.timeoutMillis =
         (long) (conf.getDouble(DstlCheckpointFileManager.TIMEOUT_KEY, 60.0) * 1000);
     this.qualify = qualify;
@@ -66,7 +72,7 @@ final class StateFileRoute {
   }
 
   /** {@code copyFromLocalFile}: a state file {@code dst} goes to the bridge. */
-  void copyFromLocal(boolean delSrc, Path src, Path dst, Plain<Void> plain) throws IOException {
+  void copyFromLocal(boolean delSrc, Path src, Path dst, PlainCopy plain) throws IOException {
     StateFile f = state(dst);
     if (f == null || !put(f, Files.readAllBytes(local(src).toPath()))) {
       plain.run();
@@ -119,7 +125,7 @@ final class StateFileRoute {
   }
 
   /** {@code copyToLocalFile}: a state file the bridge holds is written to {@code dst}. */
-  void copyToLocal(boolean delSrc, Path src, Path dst, Plain<Void> plain) throws IOException {
+  void copyToLocal(boolean delSrc, Path src, Path dst, PlainCopy plain) throws IOException {
     StateFile f = state(src);
     byte[] bytes = f == null ? null : read(f);
     if (bytes == null) {
