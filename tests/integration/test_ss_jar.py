@@ -258,3 +258,67 @@ def test_no_bridge_writes_plain_files(spark: Any, tmp_path: Path) -> None:
     assert _read(spark, m, f"{root}/state/0/2/1.changelog") == b"changes"
     _write(spark, m, f"{root}/commits/0", b"v1\n{}")  # nothing handed to a bridge: fine
     assert (tmp_path / "ckpt/commits/0").exists()
+
+
+def test_the_driver_announces_itself_when_it_writes_offsets(
+    spark: Any, bridge: ScriptedBridge, tmp_path: Path
+) -> None:
+    root = f"file:{tmp_path}/ckpt"
+    m = _manager(spark, f"{root}/offsets")
+    _write(spark, m, f"{root}/offsets/0", b"v1\n{}")  # refused as unknown: only advice
+    assert {"op": "drive", "root": root} in bridge.ops
+    assert (tmp_path / "ckpt/offsets/0").read_bytes() == b"v1\n{}"
+    hello = next(op for op in bridge.ops if op["op"] == "hello")
+    assert hello["app"] == spark.sparkContext.applicationId
+
+
+def _copy_through(spark: Any, fs: Any, bridge: ScriptedBridge, tmp_path: Path, root: str) -> None:
+    """copyFromLocalFile, getFileStatus, open, copyToLocalFile and delete of a state
+    file go to the bridge; a path outside a state directory stays plain."""
+    hpath = spark._jvm.org.apache.hadoop.fs.Path
+    src = tmp_path / "local" / "000001-ab.sst"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_bytes(b"sst bytes")
+    dst = f"{root}/state/0/1/SSTs/000001-ab.sst"
+    fs.copyFromLocalFile(hpath(str(src)), hpath(dst))
+    assert bridge.files[(root, "state/0/1/SSTs/000001-ab.sst")] == b"sst bytes"
+    assert not (tmp_path / "ckpt/state/0/1/SSTs/000001-ab.sst").exists()
+    assert fs.getFileStatus(hpath(dst)).getLen() == 9
+    stream = fs.open(hpath(dst))
+    assert bytes(spark._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)) == b"sst bytes"
+    stream.close()
+    back = tmp_path / "local" / "back" / "000001-ab.sst"
+    fs.copyToLocalFile(hpath(dst), hpath(str(back)))
+    assert back.read_bytes() == b"sst bytes"
+    assert fs.delete(hpath(dst), False)
+    assert (root, "state/0/1/SSTs/000001-ab.sst") not in bridge.files
+    other = f"{root}/elsewhere/000001-ab.sst"
+    fs.copyFromLocalFile(hpath(str(src)), hpath(other))
+    assert (tmp_path / "ckpt/elsewhere/000001-ab.sst").read_bytes() == b"sst bytes"
+    assert len(bridge.files) == 0
+
+
+def test_the_local_file_system_takes_state_copies_to_the_bridge(
+    spark: Any, bridge: ScriptedBridge, tmp_path: Path
+) -> None:
+    root = f"file:{tmp_path}/ckpt"
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    fs = spark._jvm.org.apache.hadoop.fs.Path(root).getFileSystem(conf)
+    assert fs.getClass().getName() == "io.dstltree.spark.DstlLocalFileSystem"
+    _copy_through(spark, fs, bridge, tmp_path, root)
+
+
+def test_a_wrapped_file_system_takes_state_copies_to_the_bridge(
+    spark: Any, bridge: ScriptedBridge, tmp_path: Path
+) -> None:
+    jvm = spark._jvm
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    conf.set("fs.wrapped.impl", "io.dstltree.spark.DstlFileSystem")
+    conf.set("fs.wrapped.impl.disable.cache", "true")
+    with pytest.raises(Py4JJavaError, match="dstltree.fs.wrapped.impl"):
+        jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("wrapped:///"), conf)
+    conf.set("dstltree.fs.wrapped.impl", "io.dstltree.spark.LatencyFileSystem")  # no delay
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("wrapped:///"), conf)
+    assert fs.getClass().getName() == "io.dstltree.spark.DstlFileSystem"
+    assert fs.getScheme() == "wrapped"
+    _copy_through(spark, fs, bridge, tmp_path, f"wrapped:{tmp_path}/ckpt")
