@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import hashlib
 import logging
 import os
+import re
 import signal
 import socket
 import stat
@@ -49,6 +51,15 @@ PUT_WAIT = 45.0  # s a put not held for a commit waits to be durable (below the 
 def default_socket_path() -> Path:
     """``/tmp/dstltree-<uid>/bridge.sock``: the protocol's default."""
     return Path(f"/tmp/dstltree-{os.getuid()}/bridge.sock")
+
+
+def default_bridge_id(socket_path: Path) -> str:
+    """``<host name>-<8 hex digits of sha256(socket path)>``, at most 64 characters of
+    ``[A-Za-z0-9._-]``: stable across restarts of the same bridge, distinct between
+    hosts and between bridges of one host."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:55] or "host"
+    digest = hashlib.sha256(str(socket_path).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{host}-{digest[:8]}"
 
 
 class BridgeInUse(RuntimeError):
@@ -120,12 +131,15 @@ class Bridge:
         security: Curve | None = None,
         ack_timeout: float = 10.0,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+        bridge_id: str | None = None,
         **kw: Any,
     ) -> Bridge:
         """A bridge with its own client on ``base_path`` (fsspec URL): through the
         aggregator ``node`` (endpoints in order of preference; a segment not acked
         within ``ack_timeout`` s is written straight to the DFS), or, with
-        ``node=None``, straight to the DFS. Further keywords go to :class:`Bridge`."""
+        ``node=None``, straight to the DFS. ``bridge_id``: its name among the bridges
+        of other hosts (None: :func:`default_bridge_id`). Further keywords go to
+        :class:`Bridge`."""
         client = ChangelogClient.open(
             base_path,
             node=list(node) if isinstance(node, list | tuple) else node,
@@ -133,7 +147,11 @@ class Bridge:
             security=security,
             ack_timeout=ack_timeout,
         )
-        files = TreeFiles(client, max_pending_bytes=max_pending_bytes)
+        files = TreeFiles(
+            client,
+            max_pending_bytes=max_pending_bytes,
+            bridge_id=default_bridge_id(Path(socket_path)) if bridge_id is None else bridge_id,
+        )
         return cls(Path(socket_path), files, **kw)
 
     # -- life cycle ----------------------------------------------------------------------

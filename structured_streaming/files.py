@@ -49,7 +49,15 @@ MANIFESTS_KEPT = 2
 MAX_HOLD = 10.0  # s a held write waits for its root's commit before it is persisted anyway
 COMMITTER_TTL = 3600.0  # s after its last commit an application is forgotten
 _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip)$")
-_MANIFEST = re.compile(r"/manifest-(\d{1,18})\.json$")
+# manifest-<seq>.json (format 1, one bridge) or manifest-<bridge id>-<seq>.json
+_MANIFEST = re.compile(r"/manifest-(?:([A-Za-z0-9._-]{1,64})-)?(\d{1,18})\.json$")
+REFRESH_INTERVAL = 1.0  # s between refreshes of a root on a miss, at least
+
+
+def manifest_name(url: str) -> tuple[str, int] | None:
+    """(bridge id, seq) of a manifest's URL ("" for format 1's name), None otherwise."""
+    m = _MANIFEST.search(url)
+    return None if m is None else (m.group(1) or "", int(m.group(2)))
 
 
 def checkpoint_id(path: str) -> int:
@@ -79,7 +87,9 @@ class TreeFiles:
     :meth:`reserve` blocks. ``cache_bytes``: durable files' bytes kept for reads.
     ``max_held_bytes``: bytes of writes held for a commit beyond which they are
     persisted at once; ``max_hold``: seconds a write is held at most (the
-    housekeeper persists older ones).
+    housekeeper persists older ones). ``bridge_id``: this bridge's name among the
+    bridges of other hosts that serve the same queries (it names its manifests and
+    entries; ``[A-Za-z0-9._-]``, at most 64 characters, "" for a lone bridge).
 
     Writes of an application that has committed the root on this bridge (the driver's
     host) are held and persisted together when the next commit of the root arrives:
@@ -97,11 +107,16 @@ class TreeFiles:
         cache_bytes: int = 64 * 1024 * 1024,
         max_held_bytes: int = 64 * 1024 * 1024,
         max_hold: float = MAX_HOLD,
+        bridge_id: str = "",
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if bridge_id and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", bridge_id):
+            raise ValueError(f"bridge_id: [A-Za-z0-9._-], 1..64 characters, got {bridge_id!r}")
         self.client = client
         self.store = client.store
-        self.view = View()
+        self.bridge_id = bridge_id
+        self.view = View(bridge_id)
+        self._refreshed: dict[str, float] = {}  # root -> monotonic time of the last refresh
         self.cond = threading.Condition()
         self.max_pending_bytes = max_pending_bytes
         self.pending_bytes = 0  # accepted or buffered, not yet durable
@@ -137,34 +152,76 @@ class TreeFiles:
             if root in self._ready:
                 return
             try:
-                manifest, since = self._newest_manifest(root)
+                manifests, since = self._newest_manifests(root)
                 refs = self._indexes_since(since)
             except (DstlError, OSError, ValueError) as e:
                 raise WireError("unavailable", f"cannot rebuild {root}: {e}") from e
             with self.cond:
-                self._todo.extend(self.view.on_loaded(root, manifest, refs))
+                self._todo.extend(self.view.on_loaded(root, manifests, refs))
             self._forget_gone(root)
             self._fill_lengths(root)
             self._ready.add(root)  # published once lengths are known
 
     def _forget_gone(self, root: str) -> None:
-        """Objects a loaded manifest's tombstones wait for that were deleted since."""
+        """Objects a loaded manifest's tombstones wait for that were deleted since (by
+        this bridge before a restart, or by the bridge that wrote them)."""
         rv = self.view.root(root)
         assert rv is not None
-        urls = {u for e in list(rv.files.values()) if e.deleted for u in e.older}
+        with self.cond:
+            tracked = set(self.view.objects)
+            urls = {u for e in list(rv.files.values()) if e.deleted for u in e.older}
+        urls = {u for u in urls if u not in tracked or root not in self._ready}
         gone = [u for u in urls if not self.store.exists(u)]
         with self.cond:
             for u in gone:
                 self._todo.extend(self.view.on_object_deleted(u))
 
-    def _newest_manifest(self, root: str) -> tuple[dict[str, Any] | None, float | None]:
-        infos = self.store.list_info(self.manifest_dir(root))
-        found = [(int(m.group(1)), i) for i in infos if (m := _MANIFEST.search(i.url))]
-        if not found:
-            return None, None
-        _, info = max(found, key=lambda t: t[0])
-        doc = json.loads(self.store.read(info.url))
-        return doc, info.mtime
+    def _newest_infos(self, root: str) -> dict[str, tuple[int, Any]]:
+        """The newest manifest of every bridge of ``root``: bridge id -> (seq, info)."""
+        newest: dict[str, tuple[int, Any]] = {}
+        for info in self.store.list_info(self.manifest_dir(root)):
+            named = manifest_name(info.url)
+            if named is not None and named[1] > newest.get(named[0], (-1, None))[0]:
+                newest[named[0]] = (named[1], info)
+        return newest
+
+    def _newest_manifests(self, root: str) -> tuple[list[dict[str, Any]], float | None]:
+        """The newest manifest of every bridge of ``root`` and the oldest one's
+        modification time (None: no manifest)."""
+        newest = self._newest_infos(root)
+        docs = [json.loads(self.store.read(info.url)) for _, info in newest.values()]
+        since = min((info.mtime for _, info in newest.values()), default=None)
+        return docs, since
+
+    def refresh(self, root: str) -> int:
+        """Take in the other bridges' manifests of ``root`` newer than those taken (one
+        listing, a read per newer manifest); the number read. Tombstones of this view
+        waiting for objects another bridge deleted are pruned. Storage errors and
+        malformed manifests are logged."""
+        self._refreshed[root] = time.monotonic()
+        try:
+            newest = self._newest_infos(root)
+            with self.cond:
+                taken = dict(self.view.merged)
+            docs = [
+                json.loads(self.store.read(info.url))
+                for bridge, (seq, info) in newest.items()
+                if bridge != self.bridge_id and seq > taken.get((root, bridge), -1)
+            ]
+            with self.cond:
+                self._todo.extend(self.view.on_merge(root, docs))
+            self._forget_gone(root)
+        except (DstlError, OSError, ValueError) as e:
+            log.warning("refresh of %s failed: %s", root, e)
+            return 0
+        return len(docs)
+
+    def _refresh_on_miss(self, root: str) -> bool:
+        """Refresh ``root`` (another host's bridge may have written the file missed)
+        unless it was refreshed less than REFRESH_INTERVAL ago; whether it was."""
+        if time.monotonic() - self._refreshed.get(root, 0.0) < REFRESH_INTERVAL:
+            return False
+        return self.refresh(root) > 0
 
     def _indexes_since(self, since: float | None) -> list[SegmentRef]:
         """Index rows of every object modified after ``since - RESCAN_MARGIN`` (all
@@ -420,11 +477,15 @@ class TreeFiles:
 
     # -- reads -------------------------------------------------------------------------
     def stat(self, root: str, path: str) -> int | None:
-        """The file's length in bytes, None if absent."""
+        """The file's length in bytes, None if absent (after a refresh, at most one a
+        second: another host's bridge may have written it)."""
         self.ensure(root)
         with self.cond:
             e = self.view.get(root, path)
-            return None if e is None else e.length
+        if e is None and self._refresh_on_miss(root):
+            with self.cond:
+                e = self.view.get(root, path)
+        return None if e is None else e.length
 
     def read(self, root: str, path: str, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (b"" past the end). Raises
@@ -432,9 +493,13 @@ class TreeFiles:
         self.ensure(root)
         with self.cond:
             e = self.view.get(root, path)
-            data = None if e is None else e.data
+        if e is None and self._refresh_on_miss(root):
+            with self.cond:
+                e = self.view.get(root, path)
         if e is None:
             raise WireError("not-found", f"no file {path}")
+        with self.cond:
+            data = e.data
         if data is None:
             data = self._read_durable(root, path, e)
         return data[offset : offset + length]
@@ -460,7 +525,10 @@ class TreeFiles:
         return data
 
     def listing(self, root: str, d: str) -> tuple[list[tuple[str, int]], list[str]]:
+        """Direct children of ``d`` (see :meth:`View.listing`), after a refresh at most
+        once a second."""
         self.ensure(root)
+        self._refresh_on_miss(root)
         with self.cond:
             return self.view.listing(root, d)
 
@@ -470,6 +538,8 @@ class TreeFiles:
         roots, then release objects whose every segment is dead (read their index,
         delete them). Storage errors are logged."""
         self.flush(older_than=self.max_hold)
+        for root in list(self._ready):
+            self.refresh(root)
         with self.cond:
             gone = self._clock() - COMMITTER_TTL
             for k in [k for k, t in self._committers.items() if t < gone]:
@@ -482,7 +552,8 @@ class TreeFiles:
 
     def _write_manifest(self, root: str, doc: dict[str, Any]) -> None:
         folder = self.manifest_dir(root)
-        url = f"{folder}/manifest-{doc['seq']}.json"
+        name = f"{self.bridge_id}-{doc['seq']}" if self.bridge_id else str(doc["seq"])
+        url = f"{folder}/manifest-{name}.json"
         try:
             self.store.put(url, json.dumps(doc, separators=(",", ":")).encode())
         except DstlError as e:
@@ -493,13 +564,17 @@ class TreeFiles:
         with self.cond:
             self._todo.extend(self.view.on_manifest_written(root, doc["seq"]))
             self.counts["manifests"] += 1
-        old = sorted(
-            (int(m.group(1)), u)
-            for u in self.store.list_files(folder)
-            if (m := _MANIFEST.search(u))
-        )
+        mine: list[tuple[int, str]] = []
+        legacy: list[str] = []  # format 1's names: this bridge adopted them at load
+        for u in self.store.list_files(folder):
+            named = manifest_name(u)
+            if named is not None and named[0] == self.bridge_id:
+                mine.append((named[1], u))
+            elif named is not None and named[0] == "":
+                legacy.append(u)
+        mine.sort()
         try:
-            self.store.delete(u for _, u in old[:-MANIFESTS_KEPT])
+            self.store.delete([u for _, u in mine[:-MANIFESTS_KEPT]] + legacy)
         except DstlError as e:
             log.warning("old manifests of %s not deleted: %s", root, e)
 

@@ -1,6 +1,6 @@
 """Which tree objects the Structured Streaming bridges' manifests reference, for
-``dstl inspect``: every query's newest manifest (``<base>/ss/<query key>/
-manifest-<seq>.json``) names, per file of its view, the object holding the file's
+``dstl inspect``: the newest manifest of every bridge of every query (``<base>/ss/<query key>/
+manifest-<bridge>-<seq>.json``) names, per file it wrote, the object holding the file's
 newest segment (a tombstone's for a deleted file) and the objects holding its older
 versions not yet released. Objects the bridge has not written into a manifest yet
 (files not durable at the manifest's time) are not named: inspect a base path after
@@ -10,27 +10,29 @@ its bridges stopped (a bridge writes its last manifests when it stops).
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from dstltree.storage.store import ObjectStore
 
 SS_DIR = "ss"
-_MANIFEST = re.compile(r"/manifest-(\d{1,18})\.json$")
 
 
 def newest_manifests(store: ObjectStore) -> list[dict[str, Any]]:
-    """The newest manifest of every query under ``<base>/ss/`` (parsed JSON), in the
-    order of their folders (one listing). Raises StorageError; ValueError for a
-    manifest that is not JSON."""
-    newest: dict[str, tuple[int, str]] = {}
+    """The newest manifest of every bridge of every query under ``<base>/ss/`` (parsed
+    JSON; ``manifest-<bridge>-<seq>.json``, or format 1's ``manifest-<seq>.json``), in
+    the order of their folders and bridges (one listing). Raises StorageError;
+    ValueError for a manifest that is not JSON."""
+    from dstltree.structured_streaming.files import manifest_name
+
+    newest: dict[tuple[str, str], tuple[int, str]] = {}
     for info in store.list_info(store.join(SS_DIR)):
-        if (m := _MANIFEST.search(info.url)) is None:
+        named = manifest_name(info.url)
+        if named is None:
             continue
-        folder, seq = info.url.rsplit("/", 1)[0], int(m.group(1))
-        if folder not in newest or seq > newest[folder][0]:
-            newest[folder] = (seq, info.url)
-    return [json.loads(store.read(newest[f][1])) for f in sorted(newest)]
+        key = (info.url.rsplit("/", 1)[0], named[0])
+        if key not in newest or named[1] > newest[key][0]:
+            newest[key] = (named[1], info.url)
+    return [json.loads(store.read(newest[k][1])) for k in sorted(newest)]
 
 
 def manifest_objects(doc: dict[str, Any]) -> set[str]:

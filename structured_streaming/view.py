@@ -12,8 +12,14 @@ version of it is gone. Every write has an SQN of its own, increasing with time
 (microseconds since the epoch, at least one above the previous write of this view),
 so "newest SQN wins" orders writes across bridge restarts.
 
-Per object (:class:`ObjectState`): the segments of this view's files it holds, live or
-dead. An object with no live segment is a release candidate (:class:`ReadIndex`); the
+Several bridges (one per host) may serve one query root. Each entry names the bridge
+that wrote it (``by``); a bridge's manifest holds only its own entries, a rebuild merges
+the newest manifest of every bridge (newest SQN wins) and adopts the files found only
+in object indexes, and :meth:`View.on_merge` takes in other bridges' newer manifests.
+A bridge tracks, and releases, only objects holding its own writes.
+
+Per object (:class:`ObjectState`): the segments of this view's own files it holds, live
+or dead. An object with no live segment is a release candidate (:class:`ReadIndex`); the
 shell reads its index and the view asks to delete it (:class:`DeleteObject`) only when
 every segment in it is one this view knows to be dead, and a manifest written after
 the last death is durable (a rebuild from an older manifest would otherwise point into
@@ -29,7 +35,8 @@ from typing import Any
 
 from dstltree.client.handle import SegmentRef
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2  # 2: "bridge" and per file "by"; 1 (one bridge per root) is read
+READ_MANIFEST_FORMATS = (1, 2)
 LOG_PREFIX = "ss"
 DATA_KEY_GROUP = 0  # a file's bytes: one change per chunk
 TOMBSTONE_KEY_GROUP = 1  # a deletion: one empty change
@@ -68,6 +75,7 @@ class Entry:
     deleted: bool = False
     failed: bool = False
     older: set[str] = field(default_factory=set)
+    by: str = ""  # the bridge that wrote it
 
     @property
     def durable(self) -> bool:
@@ -119,11 +127,14 @@ Instruction = ReadIndex | DeleteObject
 
 
 class View:
-    """Every root this bridge knows, and the objects holding their files."""
+    """Every root this bridge knows, and the objects holding their files. ``me``: this
+    bridge's id (written into its manifests and entries)."""
 
-    def __init__(self) -> None:
+    def __init__(self, me: str = "") -> None:
+        self.me = me
         self.roots: dict[str, RootView] = {}  # by root URI
         self.objects: dict[str, ObjectState] = {}
+        self.merged: dict[tuple[str, str], int] = {}  # (root, bridge) -> manifest seq taken
         self._last_sqn = 0
 
     # -- roots ---------------------------------------------------------------------------
@@ -136,25 +147,30 @@ class View:
         return self._last_sqn
 
     def on_loaded(
-        self, root: str, manifest: Mapping[str, Any] | None, segments: Iterable[SegmentRef]
+        self,
+        root: str,
+        manifests: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None,
+        segments: Iterable[SegmentRef],
     ) -> list[Instruction]:
-        """Rebuild ``root`` from its newest manifest (:meth:`manifest`'s form, or None)
-        and the ``segments`` of the objects newer than it (index rows of any writer: the
-        root's are picked by log id); newest SQN wins. Tombstones with no older object
-        left go at once (their segments die). Raises ValueError for a manifest of
-        another format or root."""
+        """Rebuild ``root`` from the newest manifest of every bridge (:meth:`manifest`'s
+        form; one, several or None) and the ``segments`` of the objects newer than the
+        oldest of them (index rows of any writer: the root's are picked by log id);
+        newest SQN wins, and a file found only in an index is adopted as this bridge's.
+        Tombstones with no older object left go at once (their segments die). Raises
+        ValueError for a manifest of another format or root."""
         key = query_key(root)
         rv = RootView(root, key)
         self.roots[root] = rv
-        if manifest is not None:
-            self._load_manifest(rv, manifest)
+        docs = [manifests] if isinstance(manifests, Mapping) else list(manifests or [])
+        for m in docs:
+            self._load_manifest(rv, m)
         for ref in segments:
             parsed = parse_log_id(ref.log_id)
             if parsed is None or parsed[0] != key or ref.meta.is_marker:
                 continue
             self._take(rv, parsed[1], ref)
         for path, e in rv.files.items():
-            if e.ref is not None:
+            if e.ref is not None and e.by == self.me:
                 self._obj(e.ref.path).live.add((key, path, e.sqn))
         self._last_sqn = max([self._last_sqn, *(e.sqn for e in rv.files.values())])
         out: list[Instruction] = []
@@ -162,16 +178,55 @@ class View:
             out += self._prune_tombstone(rv, path)
         return out
 
-    def _load_manifest(self, rv: RootView, m: Mapping[str, Any]) -> None:
-        if m.get("format") != MANIFEST_FORMAT or m.get("root") != rv.root:
-            raise ValueError(f"manifest of format {m.get('format')!r} for {m.get('root')!r}")
+    def _manifest_entries(self, rv: RootView, m: Mapping[str, Any]) -> dict[str, Entry]:
+        """A manifest's entries, each naming its writer (a format-1 manifest's are this
+        bridge's: it was the only one). Raises ValueError for another format or root."""
+        fmt = m.get("format")
+        if fmt not in READ_MANIFEST_FORMATS or m.get("root") != rv.root:
+            raise ValueError(f"manifest of format {fmt!r} for {m.get('root')!r}")
+        bridge = self.me if fmt == 1 else str(m.get("bridge", ""))
+        out: dict[str, Entry] = {}
         for path, d in m["files"].items():
             ref = SegmentRef.from_dict(d["segment"], log_id(rv.key, path))
             e = Entry(int(d["sqn"]), int(d["length"]), ref=ref, deleted=bool(d["deleted"]))
             e.older = set(d.get("older", []))
-            rv.files[path] = e
-        rv.manifest_seq = int(m["seq"]) + 1
-        rv.manifest_written = int(m["seq"])
+            e.by = bridge if fmt == 1 else str(d.get("by", bridge))
+            out[path] = e
+        return out
+
+    def _load_manifest(self, rv: RootView, m: Mapping[str, Any]) -> None:
+        for path, e in self._manifest_entries(rv, m).items():
+            cur = rv.files.get(path)
+            if cur is None or e.sqn > cur.sqn:
+                rv.files[path] = e
+        bridge = self.me if m.get("format") == 1 else str(m.get("bridge", ""))
+        self.merged[(rv.root, bridge)] = int(m["seq"])
+        if bridge == self.me:
+            rv.manifest_seq = max(rv.manifest_seq, int(m["seq"]) + 1)
+            rv.manifest_written = max(rv.manifest_written, int(m["seq"]))
+
+    def on_merge(self, root: str, manifests: Iterable[Mapping[str, Any]]) -> list[Instruction]:
+        """Other bridges' newer manifests of ``root``: their entries newer than this
+        view's replace them (this bridge's replaced segments die). Raises ValueError for
+        a manifest of another format or root."""
+        rv = self.roots[root]
+        out: list[Instruction] = []
+        for m in manifests:
+            bridge = str(m.get("bridge", ""))
+            if bridge == self.me or int(m["seq"]) <= self.merged.get((root, bridge), -1):
+                continue
+            for path, e in self._manifest_entries(rv, m).items():
+                cur = rv.files.get(path)
+                if cur is not None and e.sqn <= cur.sqn:
+                    continue
+                if cur is not None and cur.by == self.me:
+                    self._supersede(rv, path)
+                    if cur.ref is not None and cur.ref.path in self.objects:
+                        out += self._maybe_release(cur.ref.path)
+                rv.files[path] = e
+                self._last_sqn = max(self._last_sqn, e.sqn)  # a later write here is newer
+            self.merged[(root, bridge)] = int(m["seq"])
+        return out
 
     def _take(self, rv: RootView, path: str, ref: SegmentRef) -> None:
         """Index row ``ref`` of ``path`` during a rebuild: newest SQN wins; an older
@@ -183,7 +238,7 @@ class View:
             if older and cur.sqn > ref.sqn_from:
                 cur.older.add(ref.path)
             return
-        e = Entry(ref.sqn_from, 0 if deleted else -1, ref=ref, deleted=deleted)
+        e = Entry(ref.sqn_from, 0 if deleted else -1, ref=ref, deleted=deleted, by=self.me)
         if cur is not None and deleted and cur.ref is not None and cur.ref.path != ref.path:
             e.older = {cur.ref.path, *cur.older}
         rv.files[path] = e
@@ -193,7 +248,7 @@ class View:
         """A whole file was accepted (its bytes in memory, handed to the writer)."""
         rv = self.roots[root]
         self._supersede(rv, path)
-        rv.files[path] = Entry(sqn, len(data), data=data)
+        rv.files[path] = Entry(sqn, len(data), data=data, by=self.me)
         rv.dirty = True
 
     def on_delete(self, root: str, path: str, sqn: int) -> bool:
@@ -204,7 +259,7 @@ class View:
         if cur is None or cur.deleted:
             return False
         older = self._supersede(rv, path)
-        rv.files[path] = Entry(sqn, 0, data=b"", deleted=True, older=older)
+        rv.files[path] = Entry(sqn, 0, data=b"", deleted=True, older=older, by=self.me)
         rv.dirty = True
         return True
 
@@ -216,7 +271,8 @@ class View:
             return set()
         older = set(cur.older)
         if cur.ref is not None:
-            self._kill(rv, path, cur.sqn, cur.ref.path)
+            if cur.by == self.me:  # another bridge's segment is its own to release
+                self._kill(rv, path, cur.sqn, cur.ref.path)
             older.add(cur.ref.path)
         return older
 
@@ -301,11 +357,12 @@ class View:
 
     # -- manifests -----------------------------------------------------------------------
     def manifest(self, root: str) -> dict[str, Any] | None:
-        """A snapshot of the root's durable files (None when nothing changed since the
-        last one): ``{"format", "root", "seq", "files": {path: {sqn, length, deleted,
-        segment, older}}}``; the shell writes it as ``manifest-<seq>.json``. Files not
-        yet durable keep their previous durable version out of it: a rebuild finds them
-        in the indexes of newer objects."""
+        """A snapshot of the root's durable files written by this bridge (None when
+        nothing changed since the last one): ``{"format": 2, "root", "bridge", "seq",
+        "files": {path: {sqn, length, deleted, segment, older, by}}}``; the shell writes
+        it as ``manifest-<bridge>-<seq>.json``. Files not yet durable keep their
+        previous durable version out of it: a rebuild finds them in the indexes of
+        newer objects."""
         rv = self.roots[root]
         if not rv.dirty:
             return None
@@ -316,14 +373,21 @@ class View:
                 "deleted": e.deleted,
                 "segment": e.ref.to_dict(),
                 "older": sorted(e.older),
+                "by": e.by,
             }
             for p, e in rv.files.items()
-            if e.ref is not None and (e.length >= 0 or e.deleted)
+            if e.ref is not None and (e.length >= 0 or e.deleted) and e.by == self.me
         }
         seq = rv.manifest_seq
         rv.manifest_seq += 1
         rv.dirty = False
-        return {"format": MANIFEST_FORMAT, "root": rv.root, "seq": seq, "files": files}
+        return {
+            "format": MANIFEST_FORMAT,
+            "root": rv.root,
+            "bridge": self.me,
+            "seq": seq,
+            "files": files,
+        }
 
     def on_manifest_written(self, root: str, seq: int) -> list[Instruction]:
         """Manifest ``seq`` of ``root`` is durable: objects waiting for it may go."""
@@ -383,6 +447,8 @@ class View:
         if e is None or not e.deleted or e.ref is None or e.older:
             return []
         del rv.files[path]
+        if e.by != self.me:
+            return []
         return self._kill(rv, path, e.sqn, e.ref.path)
 
     # -- checks --------------------------------------------------------------------------
@@ -396,7 +462,8 @@ class View:
                 assert not e.deleted or e.length == 0, path
                 assert e.data is None or len(e.data) == e.length, path
                 assert e.sqn <= self._last_sqn, path
-                if e.ref is not None and not e.deleted or e.ref is not None and e.older:
+                mine = e.by == self.me
+                if mine and (e.ref is not None and not e.deleted or e.ref is not None and e.older):
                     assert (rv.key, path, e.sqn) in self.objects[e.ref.path].live, path
         for url, obj in self.objects.items():
             for key, path, sqn in obj.live:

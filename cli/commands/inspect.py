@@ -59,7 +59,7 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
         "base_path": store.base_url,
         "latest_checkpoint": retained[-1].checkpoint_id if retained else None,
         "retained_checkpoints": [c.checkpoint_id for c in retained],
-        "ss_queries": [doc.get("root") for doc in manifests],
+        "ss_queries": sorted({str(doc.get("root")) for doc in manifests}),
         "referenced": referenced,
         "present": present,
         "orphans": [p for p in present if p not in ref_set and p not in waiting],

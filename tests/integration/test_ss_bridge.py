@@ -264,3 +264,43 @@ def test_files_stay_durable_with_the_node_down(tmp_path: Path, tree) -> None:  #
     assert _objects(tmp_path)  # written straight to the DFS
     with _bridge(tmp_path, None) as b, BridgeClient(b.socket_path) as c:
         assert c.read_all(ROOT, "state/0/3/8.changelog") == b"through the DFS"
+
+
+def _bridge_at(tmp_path: Path, tree, name: str, **kw) -> Bridge:  # type: ignore[no-untyped-def]
+    sock = tmp_path / f"run-{name}" / "bridge.sock"
+    return Bridge.open(sock, str(tmp_path / "dfs"), tree.address("root"), **kw)
+
+
+def test_bridges_of_two_hosts_see_each_others_files_and_release_them(
+    tmp_path: Path,
+    tree,  # type: ignore[no-untyped-def]
+) -> None:
+    """Two hosts' bridges on one base path: each writes manifests of its own files, a
+    miss on one refreshes from the other's manifests, a deletion on one releases the
+    object the other wrote, and a third bridge rebuilds the union."""
+    from dstltree.cli.commands.inspect import inspect_base
+
+    path = "state/0/3/1.changelog"
+    fast = {"manifest_interval": 0.1}
+    with _bridge_at(tmp_path, tree, "a", **fast) as a, _bridge_at(tmp_path, tree, "b", **fast) as b:
+        assert a.files.bridge_id != b.files.bridge_id
+        with BridgeClient(b.socket_path, app="q") as cb:
+            assert cb.stat(ROOT, path)["exists"] is False  # b loads the root first
+        with BridgeClient(a.socket_path, app="q") as ca:
+            ca.put(ROOT, path, b"written on host a")  # durable at the reply
+        wait_until(lambda: len(_manifests(tmp_path)) >= 1, timeout=20)
+        written = _objects(tmp_path)
+        assert len(written) == 1
+        with BridgeClient(b.socket_path, app="q") as cb:
+            wait_until(lambda: cb.stat(ROOT, path)["exists"], timeout=20)  # refreshed
+            assert cb.read_all(ROOT, path) == b"written on host a"
+            assert cb.delete(ROOT, path) is True  # a tombstone written on host b
+        # a takes b's manifest in, its segment dies, it releases its own object
+        wait_until(lambda: written[0] not in _objects(tmp_path), timeout=30)
+        assert a.files.counts["objects_deleted"] == 1 and b.files.counts["objects_deleted"] == 0
+    with _bridge_at(tmp_path, tree, "c") as c, BridgeClient(c.socket_path) as cc:
+        assert cc.stat(ROOT, path)["exists"] is False  # the tombstone wins the rebuild
+    tree.stop()  # the node deletes the object files it keeps created ahead
+    info = inspect_base(str(tmp_path / "dfs"), {})
+    assert info["ss_queries"] == [ROOT]
+    assert info["orphans"] == [] and info["missing"] == []

@@ -163,7 +163,7 @@ def test_manifest_round_trip_and_newer_indexes() -> None:
     v = loaded()
     _durable(v, P, 1, "o1", b"hello")
     m = v.manifest(R)
-    assert m is not None and m["format"] == 1 and m["root"] == R and m["seq"] == 0
+    assert m is not None and m["format"] == 2 and m["root"] == R and m["seq"] == 0
     assert v.manifest(R) is None  # nothing changed since
     w = loaded(m, [ref(P, 7, "o9")])
     assert w.get(R, P).sqn == 7 and w.roots[R].manifest_seq == 1
@@ -187,3 +187,65 @@ def test_unreadable_index_asks_again_later() -> None:
     v.on_index_failed("o1")
     _durable(v, P, 3, "o3")
     assert ReadIndex("o1") in _manifest(v)
+
+
+def _bridge(me: str, *manifests: dict) -> View:  # type: ignore[type-arg]
+    v = View(me)
+    v.on_loaded(R, list(manifests), [])
+    v.validate()
+    return v
+
+
+def test_a_manifest_holds_its_own_bridges_files_only() -> None:
+    a = _bridge("a")
+    _durable(a, P, 10, "o1", b"from a")
+    ma = a.manifest(R)
+    assert ma is not None and ma["bridge"] == "a" and ma["files"][P]["by"] == "a"
+    b = _bridge("b", ma)
+    assert b.get(R, P).by == "a" and b.get(R, P).ref.path == "o1"
+    _durable(b, "state/0/2/1.changelog", 11, "o2")
+    mb = b.manifest(R)
+    assert mb is not None and set(mb["files"]) == {"state/0/2/1.changelog"}
+    assert "o1" not in b.objects  # a's object is a's to release
+    b.validate()
+
+
+def test_another_bridges_deletion_releases_the_writers_object_once_merged() -> None:
+    a = _bridge("a")
+    _durable(a, P, 10, "o1")
+    ma = a.manifest(R)
+    a.on_manifest_written(R, ma["seq"])
+    b = _bridge("b", ma)
+    b.new_sqn(20)
+    assert b.on_delete(R, P, 20)
+    b.on_durable(R, P, 20, ref(P, 20, "t1", kg=1))
+    mb = b.manifest(R)
+    assert mb["files"][P]["deleted"] and mb["files"][P]["older"] == ["o1"]
+    assert b.objects.keys() == {"t1"}  # its tombstone's object only
+    b.validate()
+    assert a.on_merge(R, [mb]) == []  # o1 dies here; released after a's next manifest
+    assert a.get(R, P) is None and a.root(R).files[P].by == "b"
+    assert a.on_merge(R, [mb]) == []  # taken once
+    m2 = a.manifest(R)
+    assert m2 is not None and P not in m2["files"]
+    assert a.on_manifest_written(R, m2["seq"]) == [ReadIndex("o1")]
+    assert a.on_index("o1", [ref(P, 10, "o1")]) == [DeleteObject("o1")]
+    a.validate()
+    c = _bridge("c", ma, mb)  # a restart elsewhere merges both: the tombstone wins
+    assert c.get(R, P) is None and c.root(R).files[P].deleted
+
+
+def test_a_format_1_manifest_is_adopted() -> None:
+    old = {
+        "format": 1,
+        "root": R,
+        "seq": 4,
+        "files": {
+            P: {"sqn": 3, "length": 2, "deleted": False, "segment": ref(P, 3, "o9").to_dict()}
+        },
+    }
+    v = _bridge("host-1", old)
+    assert v.get(R, P).by == "host-1" and v.objects["o9"].live
+    assert v.root(R).manifest_seq == 5
+    with pytest.raises(ValueError, match="format 3"):
+        _bridge("x", {**old, "format": 3})
