@@ -79,7 +79,23 @@ class LocalServices:
     nodes: Any = None  # NodePlacement | None
     bridge: subprocess.Popen[bytes] | None = None
     log: Path | None = None
+    more_bridges: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _stopped: bool = field(default=False, repr=False)
+
+    def add_bridge(self, socket: Path, start_timeout: float = BRIDGE_START_TIMEOUT) -> None:
+        """Start one more bridge to the same nodes on ``socket``, as another host's
+        bridge beside its own node would be (stopped with the rest). Raises
+        BridgeStartError."""
+        n = len(self.more_bridges) + 1
+        self.more_bridges.append(
+            _start_bridge(
+                socket,
+                self.workdir / "topology.yaml",
+                _bridge_nodes(self.nodes),
+                self.workdir / f"bridge-{n}.log",
+                start_timeout,
+            )
+        )
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop the bridge (SIGTERM by PID, SIGKILL after ``timeout`` s), then the
@@ -87,8 +103,8 @@ class LocalServices:
         if self._stopped:
             return
         self._stopped = True
-        if self.bridge is not None:
-            _stop_process(self.bridge, timeout)
+        for b in [*self.more_bridges, *([self.bridge] if self.bridge is not None else [])]:
+            _stop_process(b, timeout)
         if self.nodes is not None:
             self.nodes.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)

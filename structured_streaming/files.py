@@ -116,7 +116,9 @@ class TreeFiles:
         self.store = client.store
         self.bridge_id = bridge_id
         self.view = View(bridge_id)
-        self._refreshed: dict[str, float] = {}  # root -> monotonic time of the last refresh
+        self._missed: dict[str, float] = {}  # root -> monotonic time of the last miss refresh
+        self._scanned: dict[str, float] = {}  # root -> wall time of its last index scan
+        self._indexed: dict[str, set[str]] = {}  # root -> objects whose index it read
         self.cond = threading.Condition()
         self.max_pending_bytes = max_pending_bytes
         self.pending_bytes = 0  # accepted or buffered, not yet durable
@@ -152,6 +154,7 @@ class TreeFiles:
             if root in self._ready:
                 return
             try:
+                self._scanned[root] = self._clock()
                 manifests, since = self._newest_manifests(root)
                 refs = self._indexes_since(since)
             except (DstlError, OSError, ValueError) as e:
@@ -198,7 +201,6 @@ class TreeFiles:
         listing, a read per newer manifest); the number read. Tombstones of this view
         waiting for objects another bridge deleted are pruned. Storage errors and
         malformed manifests are logged."""
-        self._refreshed[root] = time.monotonic()
         try:
             newest = self._newest_infos(root)
             with self.cond:
@@ -217,21 +219,42 @@ class TreeFiles:
         return len(docs)
 
     def _refresh_on_miss(self, root: str) -> bool:
-        """Refresh ``root`` (another host's bridge may have written the file missed)
-        unless it was refreshed less than REFRESH_INTERVAL ago; whether it was."""
-        if time.monotonic() - self._refreshed.get(root, 0.0) < REFRESH_INTERVAL:
+        """Refresh ``root`` (another host's bridge may have written the file missed:
+        its newer manifests, then the indexes of objects written since the last scan,
+        which hold files not yet in any manifest) unless it was refreshed less than
+        REFRESH_INTERVAL ago; whether it was."""
+        if time.monotonic() - self._missed.get(root, 0.0) < REFRESH_INTERVAL:
             return False
-        return self.refresh(root) > 0
+        self._missed[root] = time.monotonic()
+        self.refresh(root)
+        started = self._clock()
+        try:
+            with self._load_lock:
+                seen = self._indexed.setdefault(root, set())
+                refs = self._indexes_since(self._scanned.get(root, started), seen)
+        except (DstlError, OSError) as e:
+            log.warning("index scan of %s failed: %s", root, e)
+            return True
+        self._scanned[root] = started
+        with self.cond:
+            self.view.on_found(root, refs)
+        self._fill_lengths(root)
+        return True
 
-    def _indexes_since(self, since: float | None) -> list[SegmentRef]:
+    def _indexes_since(self, since: float | None, seen: set[str] | None = None) -> list[SegmentRef]:
         """Index rows of every object modified after ``since - RESCAN_MARGIN`` (all
-        when None); unreadable objects are skipped (logged)."""
+        when None) and not in ``seen`` (the URLs read are added to it); unreadable
+        objects are skipped (logged)."""
         out: list[SegmentRef] = []
         for info in self.store.list_info(self.store.changelog_root()):
             if not info.url.endswith(".dstl") or info.size == 0:
                 continue
             if since is not None and info.mtime is not None and info.mtime < since - RESCAN_MARGIN:
                 continue
+            if seen is not None:
+                if info.url in seen:
+                    continue
+                seen.add(info.url)
             try:
                 out += read_index(self.store, info.url, verify=False)
             except (CorruptObjectError, DstlError) as e:
@@ -353,9 +376,12 @@ class TreeFiles:
     def drive(self, root: str, app: str) -> None:
         """The driver of ``app`` runs ``root``'s batches from this host (it will commit
         here): from now on ``app``'s writes to it are held for the next commit."""
-        self.ensure(root)
         with self.cond:
+            new = (root, app) not in self._committers
             self._committers[(root, app)] = self._clock()
+        if new:
+            log.info("application %r drives %s from this host: its state files are held", app, root)
+        self.ensure(root)
 
     def commit(self, root: str, app: str, timeout: float) -> int:
         """The driver of ``app`` commits ``root``: from now on ``app``'s writes to it are

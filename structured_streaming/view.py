@@ -243,6 +243,27 @@ class View:
             e.older = {cur.ref.path, *cur.older}
         rv.files[path] = e
 
+    def on_found(self, root: str, segments: Iterable[SegmentRef]) -> None:
+        """Index rows of objects written since the last scan (a miss looked for a file
+        another host's bridge wrote and has not put in a manifest yet): rows newer than
+        this view's entries replace them as files of an unknown writer (``by`` "":
+        neither in this bridge's manifests nor released by it; their length is read by
+        the shell). This bridge's replaced segments die."""
+        rv = self.roots[root]
+        for ref in segments:
+            parsed = parse_log_id(ref.log_id)
+            if parsed is None or parsed[0] != rv.key or ref.meta.is_marker:
+                continue
+            path = parsed[1]
+            cur = rv.files.get(path)
+            if cur is not None and ref.sqn_from <= cur.sqn:
+                continue
+            deleted = TOMBSTONE_KEY_GROUP in ref.key_groups
+            if cur is not None and cur.by == self.me:
+                self._supersede(rv, path)
+            rv.files[path] = Entry(ref.sqn_from, 0 if deleted else -1, ref=ref, deleted=deleted)
+            self._last_sqn = max(self._last_sqn, ref.sqn_from)
+
     # -- writes --------------------------------------------------------------------------
     def on_accepted(self, root: str, path: str, data: bytes, sqn: int) -> None:
         """A whole file was accepted (its bytes in memory, handed to the writer)."""

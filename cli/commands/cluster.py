@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,12 +274,15 @@ def start_cluster(
     memory: str = "1g",
     python_path: Sequence[str] = (),
     timeout: float = 90.0,
+    worker_env: Sequence[Mapping[str, str]] = (),
 ) -> StandaloneCluster:
     """Start a master on ``127.0.0.1`` and ``workers`` workers (``cores`` cores and
     ``memory`` each, e.g. ``"1g"``: room for one default executor), each worker on its
     own loopback host (:func:`loopback_hosts`); return when every worker is ALIVE in the
     master's JSON, with ``cluster.json`` written. ``python_path`` goes first on the
-    daemons' (and so the executors') ``PYTHONPATH``. Raises RuntimeError with the logs
+    daemons' (and so the executors') ``PYTHONPATH``; ``worker_env[i]`` is added to
+    worker i's environment (its executors inherit it: what a host sets in
+    ``spark-env.sh``). Raises RuntimeError with the logs
     (after stopping what started) when a daemon exits or ``timeout`` seconds pass."""
     (workdir / "conf").mkdir(parents=True, exist_ok=True)  # SPARK_CONF_DIR: no site conf
     port, webui_port = free_port(DRIVER_HOST), free_port(DRIVER_HOST)
@@ -297,6 +300,7 @@ def start_cluster(
         cluster._wait(lambda: _accepts(DRIVER_HOST, port), timeout, "no master")
         for i, host in enumerate(cluster.worker_hosts):
             env = spark_env(host, python_path, **conf)
+            env.update(worker_env[i] if i < len(worker_env) else {})
             cluster._spawn(
                 f"worker-{i}", WORKER_CLASS, _worker_args(cluster, i, cores, memory), env
             )

@@ -42,13 +42,21 @@ def standalone_cluster(
     cores: int = 1,
     memory: str = "1g",
     timeout: float = 90.0,
+    worker_env: Sequence[Mapping[str, str]] = (),
 ) -> Iterator[StandaloneCluster]:
     """A running cluster (``start_cluster``) in ``tmp_path/standalone``: ``workers``
     workers of ``cores`` cores and ``memory`` each, this checkout first on their
-    ``PYTHONPATH``; stopped on exit. Raises RuntimeError with the daemons' logs when it
-    does not come up within ``timeout`` seconds."""
+    ``PYTHONPATH``, ``worker_env[i]`` in worker i's environment; stopped on exit.
+    Raises RuntimeError with the daemons' logs when it does not come up within
+    ``timeout`` seconds."""
     cluster = start_cluster(
-        tmp_path / "standalone", workers, cores, memory, python_path=[str(ROOT)], timeout=timeout
+        tmp_path / "standalone",
+        workers,
+        cores,
+        memory,
+        python_path=[str(ROOT)],
+        timeout=timeout,
+        worker_env=worker_env,
     )
     try:
         yield cluster

@@ -71,7 +71,7 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     this.conf = conf;
     this.plain = defaultManager(path, conf);
     // spark.hadoop.* set at runtime on an existing session reaches the conf unstripped
-    this.socket = conf.get(SOCKET_KEY, conf.get("spark.hadoop." + SOCKET_KEY, defaultSocket()));
+    this.socket = StateFiles.socket(conf);
     this.timeoutMillis = (long) (conf.getDouble(TIMEOUT_KEY, 60.0) * 1000);
     this.commitTimeoutSeconds = conf.getLong(COMMIT_TIMEOUT_KEY, 120);
     StateFile here = stateFile(path);

@@ -40,9 +40,7 @@ final class StateFileRoute {
   private final AtomicBoolean warned = new AtomicBoolean();
 
   StateFileRoute(Configuration conf, UnaryOperator<Path> qualify) {
-    String key = DstlCheckpointFileManager.SOCKET_KEY;
-    String otherwise = DstlCheckpointFileManager.defaultSocket();
-    this.socket = conf.get(key, conf.get("spark.hadoop." + key, otherwise));
+    this.socket = StateFiles.socket(conf);
     this.timeoutMillis =
         (long) (conf.getDouble(DstlCheckpointFileManager.TIMEOUT_KEY, 60.0) * 1000);
     this.qualify = qualify;

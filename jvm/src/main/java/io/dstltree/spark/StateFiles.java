@@ -23,6 +23,9 @@ final class StateFiles {
    */
   private static final Map<String, String> ROOT_SOCKETS = new ConcurrentHashMap<>();
 
+  /** The environment variable naming this host's bridge socket (wins over the setting). */
+  static final String SOCKET_ENV = "DSTLTREE_BRIDGE_SOCKET";
+
   private StateFiles() {}
 
   /** A state path split into its query root URI and its path below the root. */
@@ -39,6 +42,22 @@ final class StateFiles {
       return null;
     }
     return new StateFile(m.group(1), m.group(2));
+  }
+
+  /**
+   * The bridge socket of this JVM: {@code $DSTLTREE_BRIDGE_SOCKET} (the host's own, set where
+   * the executors start, e.g. in {@code spark-env.sh}), else the Hadoop key {@value
+   * DstlCheckpointFileManager#SOCKET_KEY} (also read {@code spark.hadoop.}-prefixed), else
+   * {@code /tmp/dstltree-<uid>/bridge.sock}.
+   */
+  static String socket(org.apache.hadoop.conf.Configuration conf) {
+    String host = System.getenv(SOCKET_ENV);
+    if (host != null && !host.isEmpty()) {
+      return host;
+    }
+    String key = DstlCheckpointFileManager.SOCKET_KEY;
+    String otherwise = DstlCheckpointFileManager.defaultSocket();
+    return conf.get(key, conf.get("spark.hadoop." + key, otherwise));
   }
 
   /** Remember that {@code root}'s state files go to the bridge on {@code socket}. */
