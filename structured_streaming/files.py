@@ -46,7 +46,9 @@ CHUNK = 1024 * 1024  # bytes per change
 NEVER_PREEMPT = 1 << 62  # a write is one segment: no pre-emptive upload inside it
 RESCAN_MARGIN = 60.0  # s: objects this much older than the manifest are read again
 MANIFESTS_KEPT = 2
-MAX_HOLD = 10.0  # s a held write waits for its root's commit before it is persisted anyway
+MAX_HOLD = 300.0  # s a held write waits for its root's commit before it is persisted anyway:
+# a first batch on an object store runs a minute and more (RocksDB instances start, files
+# are probed at S3 latencies), and a held write costs only memory (max_held_bytes bounds it)
 COMMITTER_TTL = 3600.0  # s after its last commit an application is forgotten
 _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip)$")
 # manifest-<seq>.json (format 1, one bridge) or manifest-<bridge id>-<seq>.json
