@@ -1,10 +1,11 @@
 """A Structured Streaming query on a Spark standalone cluster whose two workers stand
 for two hosts, each with its own bridge (``DSTLTREE_BRIDGE_SOCKET`` in the worker's
 environment, as a host sets it in ``spark-env.sh``), and the driver's host with a
-third; all three write through the same nodes into one base path. One executor is
-killed mid-batch: its partitions move to the other host, whose bridge finds their
-files through the first host's manifests and objects. The result and the state read
-back through the driver's bridge equal the batch answer, no state file is under the
+third; all three write through the same nodes into one base path. Locality wait 0:
+partitions move between the hosts from batch to batch (Spark keeps them where their
+state is loaded otherwise), so each host's bridge finds files the other wrote through
+its manifests and objects; one executor is also killed mid-batch. The result and the state read
+back equal the batch answer, no state file is under the
 checkpoint, both hosts' bridges wrote manifests, and ``dstl inspect`` finds no orphan
 and no missing object."""
 
@@ -40,6 +41,7 @@ def test_each_host_writes_through_its_own_bridge(tmp_path: Path) -> None:
     source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
     for n in range(1, 9):
         _write_input(source, n)
+    (tmp_path / "tree").mkdir()
     services = start_tree(tmp_path / "tree")  # the nodes and the driver's host's bridge
     base = Path(services.nodes.local_tree.topology.base_path)
     try:
@@ -49,13 +51,14 @@ def test_each_host_writes_through_its_own_bridge(tmp_path: Path) -> None:
         env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in sockets]
         with standalone_cluster(tmp_path, workers=2, worker_env=env) as cluster:
             builder = ss_builder(cluster.master_url, partitions=4)
-            for k, v in submit_conf(cluster).items():
+            for k, v in submit_conf(cluster, {"spark.locality.wait": "0s"}).items():
                 builder = builder.config(k, v)
             spark = configure(builder, socket=services.socket).getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
             try:
                 app = spark.sparkContext.applicationId
-                wait_until(lambda: len(_executor_pids(app)) == 2, timeout=120.0, interval=0.2)
+                sc = spark.sparkContext._jsc.sc()
+                wait_until(lambda: sc.getExecutorMemoryStatus().size() == 3, timeout=120.0)
                 q = _start(spark, source, checkpoint, "hosts")
                 killed = _kill_mid_batch(spark, checkpoint)
                 got = _finish(spark, q, "hosts", timeout=QUERY_TIMEOUT)
@@ -69,11 +72,14 @@ def test_each_host_writes_through_its_own_bridge(tmp_path: Path) -> None:
     finally:
         services.stop()  # every bridge writes its last manifest
     assert [p for p in checkpoint.rglob("*") if p.name.endswith(STATE_SUFFIXES)] == []
-    writers = {
-        json.loads(m.read_text())["bridge"]
-        for m in base.glob("ss/*/manifest-*.json")
-        if json.loads(m.read_text())["files"]
-    }
-    assert len(writers) >= 2, writers  # both hosts' bridges wrote state files
+    partitions: dict[str, set[str]] = {}  # bridge -> state/<op>/<partition> it wrote in
+    for m in base.glob("ss/*/manifest-*.json"):
+        doc = json.loads(m.read_text())
+        dirs = {"/".join(p.split("/")[:3]) for p in doc["files"]}
+        partitions.setdefault(doc["bridge"], set()).update(dirs)
+    writers = {b for b, dirs in partitions.items() if dirs}
+    assert len(writers) >= 2, partitions  # both hosts' bridges wrote state files
+    moved = set.intersection(*(partitions[b] for b in writers))
+    assert moved, partitions  # a partition written on both hosts: it moved
     info = inspect_base(str(base), {})
     assert info["orphans"] == [] and info["missing"] == []
