@@ -211,12 +211,14 @@ def test_state_files_go_to_the_bridge_and_read_back(
 ) -> None:
     root = f"file:{tmp_path}/ckpt"
     m = _manager(spark, f"{root}/state/0/1")
+    accepted = _jmx(spark, "BridgeStateFiles")
     big = bytes(range(256)) * (40 * 1024)  # 10 MiB: two chunks
     _write(spark, m, f"{root}/state/0/1/1.delta", b"one")
     _write(spark, m, f"{root}/state/0/1/2.delta", big)
     (tmp_path / "ckpt/state/0/1/0.delta").write_bytes(b"plain")  # written while it was down
     assert bridge.files[(root, "state/0/1/1.delta")] == b"one"
     assert bridge.files[(root, "state/0/1/2.delta")] == big
+    assert _jmx(spark, "BridgeStateFiles") == accepted + 2
     assert not (tmp_path / "ckpt/state/0/1/1.delta").exists()
     puts = [op for op in bridge.ops if op["op"] == "put" and op["path"].endswith("2.delta")]
     assert [(p["offset"], p["last"]) for p in puts] == [(0, False), (8 << 20, True)]
@@ -238,23 +240,32 @@ def test_commit_waits_for_the_bridge_and_fails_when_not_durable(
 ) -> None:
     root = f"file:{tmp_path}/ckpt"
     m = _manager(spark, f"{root}/commits")
+    commits, failed = _jmx(spark, "Commits"), _jmx(spark, "FailedCommits")
     _write(spark, m, f"{root}/commits/0", b"v1\n{}")
     assert {"op": "commit", "root": root, "timeout": 120} in bridge.ops
+    assert _jmx(spark, "Commits") == commits + 1
     assert (tmp_path / "ckpt/commits/0").exists()
     bridge.commit_error = "unavailable"
     with pytest.raises(Py4JJavaError, match="not durable"):
         _write(spark, m, f"{root}/commits/1", b"v1\n{}")
+    assert _jmx(spark, "FailedCommits") == failed + 1
     assert not (tmp_path / "ckpt/commits/1").exists()
+
+
+def _jmx(spark: Any, attribute: str) -> int:
+    """An attribute of the io.dstltree.spark:type=StateFiles MBean of the driver's JVM."""
+    return int(spark._jvm.io.dstltree.spark.StateFileMetrics.attribute(attribute))
 
 
 def test_no_bridge_writes_plain_files(spark: Any, tmp_path: Path) -> None:
     root = f"file:{tmp_path}/ckpt"
     cls = spark._jvm.io.dstltree.spark.DstlCheckpointFileManager
     before = cls.plainStateFiles()
+    assert _jmx(spark, "PlainStateFiles") == before
     m = _manager(spark, f"{root}/state/0/2")
     _write(spark, m, f"{root}/state/0/2/1.changelog", b"changes")
     assert (tmp_path / "ckpt/state/0/2/1.changelog").read_bytes() == b"changes"
-    assert cls.plainStateFiles() == before + 1
+    assert cls.plainStateFiles() == before + 1 == _jmx(spark, "PlainStateFiles")
     assert _read(spark, m, f"{root}/state/0/2/1.changelog") == b"changes"
     _write(spark, m, f"{root}/commits/0", b"v1\n{}")  # nothing handed to a bridge: fine
     assert (tmp_path / "ckpt/commits/0").exists()

@@ -12,7 +12,6 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicBoolean;
-import java.util.concurrent.atomic.AtomicLong;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import org.apache.hadoop.conf.Configuration;
@@ -41,7 +40,8 @@ import org.slf4j.LoggerFactory;
  * <root>} is durable, else the write fails (and with it the batch).
  *
  * <p>When no bridge answers, a state file is written as a plain file through the default
- * manager (logged once per manager at WARN, counted in {@link #plainStateFiles()}), so a query
+ * manager (logged once per manager at WARN, counted in {@link #plainStateFiles()} and over JMX,
+ * {@link StateFileMetricsMXBean}), so a query
  * never fails because of the tree, and reads find plain files as before.
  */
 public final class DstlCheckpointFileManager implements CheckpointFileManager {
@@ -56,7 +56,6 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   private static final Pattern COMMIT = Pattern.compile("^(.+)/commits/\\d+$");
   /** {@code <root>/offsets/<batch id>}: the driver is about to run a batch. */
   private static final Pattern OFFSETS = Pattern.compile("^(.+)/offsets/\\d+$");
-  private static final AtomicLong PLAIN_STATE_FILES = new AtomicLong();
   /** Roots with files accepted by a bridge in this JVM since their last commit. */
   private static final Set<String> PENDING_ROOTS = ConcurrentHashMap.newKeySet();
 
@@ -87,7 +86,7 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
 
   /** State files written as plain files in this JVM because no bridge answered. */
   public static long plainStateFiles() {
-    return PLAIN_STATE_FILES.get();
+    return StateFileMetrics.INSTANCE.plain.get();
   }
 
   /** The bridge socket of this manager. */
@@ -176,13 +175,16 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
         f.root(),
         f.path(),
         timeoutMillis,
-        () -> PENDING_ROOTS.add(f.root()),
+        () -> {
+          PENDING_ROOTS.add(f.root());
+          StateFileMetrics.INSTANCE.bridge.incrementAndGet();
+        },
         (bytes, length, why) -> {
           noBridge(why, p);
           try (CancellableFSDataOutputStream out = plain.createAtomic(p, overwriteIfPossible)) {
             out.write(bytes, 0, length);
           }
-          PLAIN_STATE_FILES.incrementAndGet();
+          StateFileMetrics.INSTANCE.plain.incrementAndGet();
         });
   }
 
@@ -215,12 +217,14 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     try {
       call(h, (commitTimeoutSeconds + 10) * 1000);
       PENDING_ROOTS.remove(root);
+      StateFileMetrics.INSTANCE.commits.incrementAndGet();
     } catch (BridgeException e) {
       boolean connected = !e.getMessage().contains("no bridge on ");
       if (e.unavailable() && !connected && !PENDING_ROOTS.contains(root)) {
         noBridge(e, commitFile);
         return;
       }
+      StateFileMetrics.INSTANCE.failedCommits.incrementAndGet();
       throw new IOException(
           "dstltree: state files of " + root + " are not durable, not writing " + commitFile, e);
     }

@@ -90,7 +90,10 @@ final class StateFileRoute {
             f.root(),
             f.path(),
             timeoutMillis,
-            () -> DstlCheckpointFileManager.pending(f.root()),
+            () -> {
+              DstlCheckpointFileManager.pending(f.root());
+              StateFileMetrics.INSTANCE.bridge.incrementAndGet();
+            },
             (b, n, why) -> {
               noBridge(why, f);
               plain[0] = true;
@@ -104,7 +107,11 @@ final class StateFileRoute {
         throw e;
       }
       noBridge(e, f);
+      StateFileMetrics.INSTANCE.plain.incrementAndGet();
       return false;
+    }
+    if (plain[0]) {
+      StateFileMetrics.INSTANCE.plain.incrementAndGet();
     }
     return !plain[0];
   }
