@@ -392,17 +392,25 @@ def bridge_from_topology(
     )
 
 
-def serve(bridge: Bridge) -> None:
-    """Start ``bridge``, print ``bridge ready on <socket>``, serve until SIGTERM or
+def serve(bridge: Bridge, metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> None:
+    """Start ``bridge``, print ``bridge ready on <socket>`` (and ``bridge metrics on
+    <url>`` when ``metrics_port`` is set: 0 picks a free port), serve until SIGTERM or
     SIGINT, then stop it. Call from the main thread."""
+    from dstltree.client.metrics_endpoint import MetricsEndpoint
+    from dstltree.structured_streaming.metrics import bridge_registry
+
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     bridge.start()
+    endpoint = MetricsEndpoint(bridge_registry(bridge.files), metrics_host, metrics_port)
     print(f"bridge ready on {bridge.socket_path}", flush=True)
+    if endpoint.url is not None:
+        print(f"bridge metrics on {endpoint.url}", flush=True)
     try:
         done.wait()
     finally:
+        endpoint.close()
         bridge.stop()
 
 
@@ -414,11 +422,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--node", action="append", default=[])
     p.add_argument("--base-path", default="")
     p.add_argument("--ack-timeout", type=float, default=10.0)
+    p.add_argument("--metrics-port", type=int, default=None)
+    p.add_argument("--metrics-host", default="127.0.0.1")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     try:
         bridge = bridge_from_topology(a.topology, a.socket, a.node, a.base_path, a.ack_timeout)
-        serve(bridge)
+        serve(bridge, a.metrics_port, a.metrics_host)
     except BridgeInUse as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -344,6 +344,11 @@ class TreeFiles:
             self.flush()
         return hold
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of writes held for a commit (read under ``cond``)."""
+        return self._held_bytes
+
     def flush(self, root: str | None = None, older_than: float | None = None) -> int:
         """Persist the held writes of ``root`` (None: of every root), only those held
         at least ``older_than`` seconds if given; the number persisted. A held write

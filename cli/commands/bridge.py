@@ -22,6 +22,10 @@ def bridge(
     ),
     base_path: str = typer.Option("", help="Override the topology's base_path."),
     ack_timeout: float = typer.Option(10.0, help="Seconds before a write goes to DFS."),
+    metrics_port: int | None = typer.Option(
+        None, help="Serve Prometheus metrics on this port (0: a free one)."
+    ),
+    metrics_host: str = typer.Option("127.0.0.1", help="Address of the metrics endpoint."),
 ) -> None:
     """Serve Spark state files into the tree; prints 'bridge ready on SOCKET'."""
     from dstltree.structured_streaming.bridge import (
@@ -35,7 +39,7 @@ def bridge(
         b = bridge_from_topology(
             topology, socket or default_socket_path(), node, base_path, ack_timeout
         )
-        serve(b)
+        serve(b, metrics_port, metrics_host)
     except BridgeInUse as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None

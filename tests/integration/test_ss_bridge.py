@@ -144,18 +144,54 @@ def test_held_writes_are_persisted_after_max_hold_without_a_commit(tmp_path: Pat
     assert len(_objects(tmp_path)) == 1
 
 
-def _start_process(tmp_path: Path, tree, sock: Path) -> subprocess.Popen:  # type: ignore[no-untyped-def,type-arg]
+def _start_process(tmp_path: Path, tree, sock: Path, *more: str) -> subprocess.Popen:  # type: ignore[no-untyped-def,type-arg]
     topo = tmp_path / "topology.yaml"
     cmd = [sys.executable, "-m", "dstltree.structured_streaming.bridge", "--topology", str(topo)]
     cmd += ["--socket", str(sock), "--base-path", str(tmp_path / "dfs")]
-    cmd += ["--node", tree.address("root"), "--ack-timeout", "2"]
+    cmd += ["--node", tree.address("root"), "--ack-timeout", "2", *more]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    assert _line(proc) == f"bridge ready on {sock}"
+    return proc
+
+
+def _line(proc: subprocess.Popen) -> str:  # type: ignore[type-arg]
+    """The process's next stdout line (stripped), waiting at most 60 s."""
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
     reader.start()
     reader.join(60)
-    assert lines and lines[0].strip() == f"bridge ready on {sock}", lines
-    return proc
+    assert lines, "no line within 60 s"
+    return lines[0].strip()
+
+
+def test_the_bridge_process_serves_prometheus_metrics(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    import urllib.request
+
+    sock = tmp_path / "run" / "m.sock"
+    proc = _start_process(tmp_path, tree, sock, "--metrics-port", "0")
+    try:
+        url = _line(proc).removeprefix("bridge metrics on ")
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        with BridgeClient(sock, app="m") as c:
+            assert c.commit(ROOT)["ok"]
+            c.put(ROOT, "state/0/0/1.changelog", b"12345")  # held: the driver is here
+
+            def scrape() -> str:
+                with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
+                    return str(r.read().decode())
+
+            text = scrape()
+            assert "dstltree_bridge_puts_total 1.0" in text
+            assert "dstltree_bridge_held_total 1.0" in text
+            assert 'dstltree_bridge_bytes{kind="held"} 5.0' in text
+            assert c.commit(ROOT)["files"] == 1
+            text = scrape()
+            assert "dstltree_bridge_durable_total 1.0" in text
+            assert 'dstltree_bridge_bytes{kind="held"} 0.0' in text
+            assert "dstltree_bridge_queries 1.0" in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
 
 
 def _manifests(tmp_path: Path) -> list[Path]:
