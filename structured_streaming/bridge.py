@@ -326,10 +326,11 @@ class Connection:
             case wire.Delete():
                 return {"ok": True, "deleted": f.delete(req.root, req.path, self.app)}, b""
             case wire.Commit():
-                return {"ok": True, "files": f.commit(req.root, self.app, req.timeout)}, b""
+                files = f.commit(req.root, self.app, req.timeout, req.boot)
+                return {"ok": True, "files": files}, b""
             case wire.Drive():
                 f.drive(req.root, self.app)
-                return {"ok": True}, b""
+                return {"ok": True, "boot": f.boot}, b""
         raise WireError("malformed", f"unhandled request {req!r}")
 
     def _put(self, req: wire.Put) -> tuple[dict[str, Any], bytes] | None:

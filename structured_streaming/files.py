@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import re
+import secrets
 import threading
 import time
 from collections import OrderedDict, deque
@@ -117,6 +118,7 @@ class TreeFiles:
         self.client = client
         self.store = client.store
         self.bridge_id = bridge_id
+        self.boot = secrets.token_hex(8)  # this process: a restart loses held writes
         self.view = View(bridge_id)
         self._missed: dict[str, float] = {}  # root -> monotonic time of the last miss refresh
         self._scanned: dict[str, float] = {}  # root -> wall time of its last index scan
@@ -165,7 +167,20 @@ class TreeFiles:
                 self._todo.extend(self.view.on_loaded(root, manifests, refs))
             self._forget_gone(root)
             self._fill_lengths(root)
+            self._first_manifest(root)
             self._ready.add(root)  # published once lengths are known
+
+    def _first_manifest(self, root: str) -> None:
+        """Write this bridge's first manifest of ``root`` before it accepts a write: the
+        oldest of the bridges' newest manifests bounds which objects a rebuild reads,
+        so a bridge that dies before its next manifest still has its objects read."""
+        if not self.bridge_id or (root, self.bridge_id) in self.view.merged:
+            return
+        with self.cond:
+            self.view.roots[root].dirty = True
+            doc = self.view.manifest(root)
+        if doc is not None:
+            self._write_manifest(root, doc)
 
     def _forget_gone(self, root: str) -> None:
         """Objects a loaded manifest's tombstones wait for that were deleted since (by
@@ -210,7 +225,7 @@ class TreeFiles:
             docs = [
                 json.loads(self.store.read(info.url))
                 for bridge, (seq, info) in newest.items()
-                if bridge != self.bridge_id and seq > taken.get((root, bridge), -1)
+                if bridge not in (self.bridge_id, "") and seq > taken.get((root, bridge), -1)
             ]
             with self.cond:
                 self._todo.extend(self.view.on_merge(root, docs))
@@ -277,17 +292,18 @@ class TreeFiles:
     def reserve(self, n: int) -> None:
         """Count ``n`` more bytes held in memory; blocks while over the limit and some
         accepted file is still to become durable (which frees bytes)."""
-        with self.cond:
-            over = self.pending_bytes + n > self.max_pending_bytes
-        if over:
+        while True:
+            with self.cond:
+                if self.pending_bytes + n <= self.max_pending_bytes:
+                    self.pending_bytes += n
+                    return
+                if self._held_bytes == 0 and self.in_flight_bytes == 0:
+                    self.pending_bytes += n  # nothing to wait for: partial puts alone
+                    return
+                if self._held_bytes == 0:  # wait for a persist in flight, briefly
+                    self.cond.wait(timeout=1.0)
+                    continue
             self.flush()  # held writes become durable, which frees bytes
-        with self.cond:
-            self.cond.wait_for(
-                lambda: (
-                    self.pending_bytes + n <= self.max_pending_bytes or self.in_flight_bytes == 0
-                )
-            )
-            self.pending_bytes += n
 
     def unreserve(self, n: int) -> None:
         """Give back ``n`` bytes of a put that was abandoned."""
@@ -390,10 +406,17 @@ class TreeFiles:
             log.info("application %r drives %s from this host: its state files are held", app, root)
         self.ensure(root)
 
-    def commit(self, root: str, app: str, timeout: float) -> int:
+    def commit(self, root: str, app: str, timeout: float, boot: str | None = None) -> int:
         """The driver of ``app`` commits ``root``: from now on ``app``'s writes to it are
         held for the next commit on this bridge; persist the held ones and wait until
-        every file accepted for ``root`` is durable (:meth:`wait_durable`)."""
+        every file accepted for ``root`` is durable (:meth:`wait_durable`). Raises
+        WireError(``unavailable``) when ``boot`` (the process the driver's ``drive``
+        reached) is not this one: the bridge restarted since and held files of the
+        batch may be lost."""
+        if boot is not None and boot != self.boot:
+            raise WireError(
+                "unavailable", "the bridge restarted during the batch: held state files lost"
+            )
         self.ensure(root)
         with self.cond:
             self._committers[(root, app)] = self._clock()

@@ -207,15 +207,20 @@ class View:
 
     def on_merge(self, root: str, manifests: Iterable[Mapping[str, Any]]) -> list[Instruction]:
         """Other bridges' newer manifests of ``root``: their entries newer than this
-        view's replace them (this bridge's replaced segments die). Raises ValueError for
-        a manifest of another format or root."""
+        view's replace them (this bridge's replaced segments die), and this view's
+        entries of such a bridge missing from its newer manifest go (it replaced or
+        deleted them). Raises ValueError for a manifest of another format or root."""
         rv = self.roots[root]
         out: list[Instruction] = []
         for m in manifests:
             bridge = str(m.get("bridge", ""))
-            if bridge == self.me or int(m["seq"]) <= self.merged.get((root, bridge), -1):
+            legacy = m.get("format") == 1  # its files were adopted at load
+            if bridge == self.me or legacy or int(m["seq"]) <= self.merged.get((root, bridge), -1):
                 continue
-            for path, e in self._manifest_entries(rv, m).items():
+            entries = self._manifest_entries(rv, m)
+            for path in [p for p, e in rv.files.items() if e.by == bridge and p not in entries]:
+                del rv.files[path]  # gone from its writer's durable view: not served here
+            for path, e in entries.items():
                 cur = rv.files.get(path)
                 if cur is not None and e.sqn <= cur.sqn:
                     continue

@@ -179,10 +179,13 @@ class Delete:
 
 @dataclass(frozen=True)
 class Commit:
-    """Wait until every file accepted for ``root`` is durable, at most ``timeout`` s."""
+    """Wait until every file accepted for ``root`` is durable, at most ``timeout`` s.
+    ``boot``: the bridge process the driver's ``drive`` reply named (None: not sent);
+    another one means the bridge restarted since and may have lost held files."""
 
     root: str
     timeout: float
+    boot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -306,11 +309,14 @@ def _delete(h: Header, _: bytes) -> Delete:
 
 
 def _commit(h: Header, _: bytes) -> Commit:
-    root, timeout = _fields(h, "root", "timeout")
+    boot = h.get("boot")
+    root, timeout = _fields({k: v for k, v in h.items() if k != "boot"}, "root", "timeout")
     ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
     if not ok or not 0 <= timeout <= MAX_TIMEOUT:
         raise WireError("malformed", f"timeout: expected seconds in [0, {MAX_TIMEOUT}]")
-    return Commit(check_root(root), float(timeout))
+    if boot is not None and not (isinstance(boot, str) and 0 < len(boot) <= 64 and boot.isalnum()):
+        raise WireError("malformed", "boot: expected 1..64 letters and digits")
+    return Commit(check_root(root), float(timeout), boot)
 
 
 def _drive(h: Header, _: bytes) -> Drive:

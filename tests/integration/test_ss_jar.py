@@ -94,6 +94,8 @@ class _Handler(socketserver.BaseRequestHandler):
             return {"ok": True, "files": files, "dirs": []}, b""
         if op == "delete":
             return {"ok": True, "deleted": server.files.pop(key, None) is not None}, b""
+        if op == "drive":
+            return {"ok": True, "boot": "b00t"}, b""
         if op == "commit" and server.commit_error:
             return {"ok": False, "error": "a file failed", "code": server.commit_error}, b""
         if op == "commit":
@@ -276,11 +278,22 @@ def test_the_driver_announces_itself_when_it_writes_offsets(
 ) -> None:
     root = f"file:{tmp_path}/ckpt"
     m = _manager(spark, f"{root}/offsets")
-    _write(spark, m, f"{root}/offsets/0", b"v1\n{}")  # refused as unknown: only advice
+    _write(spark, m, f"{root}/offsets/0", b"v1\n{}")
     assert {"op": "drive", "root": root} in bridge.ops
     assert (tmp_path / "ckpt/offsets/0").read_bytes() == b"v1\n{}"
     hello = next(op for op in bridge.ops if op["op"] == "hello")
     assert hello["app"] == spark.sparkContext.applicationId
+    _write(spark, m, f"{root}/commits/0", b"v1\n{}")  # names the process drive reached
+    assert {"op": "commit", "root": root, "timeout": 120, "boot": "b00t"} in bridge.ops
+    bridge.shutdown()  # the bridge goes away before the next commit
+    bridge.server_close()
+    for conn in bridge.conns:
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+    Path(bridge.server_address).unlink()
+    with pytest.raises(Py4JJavaError, match="not durable"):  # it held the batch's files
+        _write(spark, m, f"{root}/commits/1", b"v1\n{}")
+    assert not (tmp_path / "ckpt/commits/1").exists()
 
 
 def _copy_through(spark: Any, fs: Any, bridge: ScriptedBridge, tmp_path: Path, root: str) -> None:

@@ -249,3 +249,27 @@ def test_a_format_1_manifest_is_adopted() -> None:
     assert v.root(R).manifest_seq == 5
     with pytest.raises(ValueError, match="format 3"):
         _bridge("x", {**old, "format": 3})
+
+
+def test_merge_drops_what_the_writer_no_longer_has_and_skips_format_1() -> None:
+    a = _bridge("a")
+    _durable(a, P, 10, "o1")
+    m1 = a.manifest(R)
+    b = _bridge("b", m1)
+    assert b.get(R, P).by == "a"
+    a.new_sqn(20)
+    a.on_accepted(R, P, b"v2", 20)  # rewritten, not durable yet: out of a's manifest
+    m2 = a.manifest(R)
+    assert P not in m2["files"]
+    b.on_merge(R, [m2])
+    assert b.get(R, P) is None  # not served from an object a may release
+    b.validate()
+    legacy = {**m1, "format": 1, "seq": 99}
+    legacy.pop("bridge")
+    v = _bridge("host-x", legacy)
+    v.new_sqn(20)
+    v.on_accepted(R, P, b"n", 20)
+    v.on_failed(R, P, 20)
+    v.on_merge(R, [legacy])  # adopted at load: not taken again
+    assert v.get(R, P) is None
+    v.validate()

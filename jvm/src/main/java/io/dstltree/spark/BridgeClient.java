@@ -63,8 +63,11 @@ final class BridgeClient implements AutoCloseable {
   static BridgeClient connect(String socket, long timeoutMillis) throws BridgeException {
     String app = applicationId(); // a JVM that outlives a session names the next one
     String key = socket + "\n" + app;
-    ConcurrentLinkedDeque<BridgeClient> pool =
-        POOLS.computeIfAbsent(key, s -> new ConcurrentLinkedDeque<>());
+    ConcurrentLinkedDeque<BridgeClient> pool = POOLS.get(key);
+    if (pool == null) {
+      pool = POOLS.computeIfAbsent(key, s -> new ConcurrentLinkedDeque<>());
+      closeIdleOfOtherApplications(socket, key);
+    }
     for (BridgeClient idle = pool.poll(); idle != null; idle = pool.poll()) {
       if (idle.alive()) {
         return idle;
@@ -101,6 +104,18 @@ final class BridgeClient implements AutoCloseable {
     return id.length() > 256 ? id.substring(0, 256) : id;
   }
 
+  /** Idle connections to {@code socket} of earlier applications: each holds a bridge thread. */
+  private static void closeIdleOfOtherApplications(String socket, String keep) {
+    for (Map.Entry<String, ConcurrentLinkedDeque<BridgeClient>> e : POOLS.entrySet()) {
+      if (e.getKey().startsWith(socket + "\n") && !e.getKey().equals(keep)) {
+        for (BridgeClient idle = e.getValue().poll(); idle != null; idle = e.getValue().poll()) {
+          idle.close();
+        }
+        POOLS.remove(e.getKey(), e.getValue());
+      }
+    }
+  }
+
   /** True unless the bridge closed this idle connection (a read would see its end). */
   private boolean alive() {
     try {
@@ -116,7 +131,7 @@ final class BridgeClient implements AutoCloseable {
   /** Returns this connection to its pool (after a complete request and reply). */
   void release() {
     ConcurrentLinkedDeque<BridgeClient> pool = POOLS.get(poolKey);
-    if (!channel.isOpen() || pool.size() >= POOL_SIZE) {
+    if (pool == null || !channel.isOpen() || pool.size() >= POOL_SIZE) {
       close();
     } else {
       pool.push(this);

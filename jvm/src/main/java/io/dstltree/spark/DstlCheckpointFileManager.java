@@ -56,6 +56,8 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   private static final Pattern COMMIT = Pattern.compile("^(.+)/commits/\\d+$");
   /** {@code <root>/offsets/<batch id>}: the driver is about to run a batch. */
   private static final Pattern OFFSETS = Pattern.compile("^(.+)/offsets/\\d+$");
+  /** Roots whose batches this driver announced ({@code drive}): the bridge process's boot id. */
+  private static final Map<String, String> DRIVEN = new ConcurrentHashMap<>();
   /** Roots with files accepted by a bridge in this JVM since their last commit. */
   private static final Set<String> PENDING_ROOTS = ConcurrentHashMap.newKeySet();
 
@@ -196,7 +198,10 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   private void drive(String root) {
     try {
       ObjectNode h = BridgeClient.JSON.createObjectNode().put("op", "drive").put("root", root);
-      call(h, timeoutMillis);
+      String boot = call(h, timeoutMillis).header().path("boot").asText("");
+      if (!boot.isEmpty()) {
+        DRIVEN.put(root, boot); // the bridge process now holding this batch's files
+      }
     } catch (BridgeException e) {
       LOG.debug("dstltree: drive {} not announced: {}", root, e.getMessage());
     }
@@ -204,8 +209,10 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
 
   /**
    * Waits until every state file the bridge accepted for {@code root} is durable. No bridge:
-   * fine unless this JVM handed files of {@code root} to a bridge since the last commit (they
-   * may be lost); otherwise, and when the bridge says a file is not durable, throws.
+   * fine unless this JVM handed files of {@code root} to a bridge since the last commit, or
+   * its driver announced the batch to one (it holds the batch's files: they may be lost);
+   * otherwise, and when the bridge says a file is not durable or that it restarted since the
+   * announcement (another process than {@code drive} reached), throws.
    */
   private void commit(String root, Path commitFile) throws IOException {
     ObjectNode h =
@@ -214,13 +221,18 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
             .put("op", "commit")
             .put("root", root)
             .put("timeout", commitTimeoutSeconds);
+    String boot = DRIVEN.get(root);
+    if (boot != null) {
+      h.put("boot", boot);
+    }
     try {
       call(h, (commitTimeoutSeconds + 10) * 1000);
       PENDING_ROOTS.remove(root);
       StateFileMetrics.INSTANCE.commits.incrementAndGet();
     } catch (BridgeException e) {
       boolean connected = !e.getMessage().contains("no bridge on ");
-      if (e.unavailable() && !connected && !PENDING_ROOTS.contains(root)) {
+      boolean handed = PENDING_ROOTS.contains(root) || boot != null;
+      if (e.unavailable() && !connected && !handed) {
         noBridge(e, commitFile);
         return;
       }
