@@ -326,8 +326,8 @@ class Connection:
             case wire.Delete():
                 return {"ok": True, "deleted": f.delete(req.root, req.path, self.app)}, b""
             case wire.Commit():
-                files = f.commit(req.root, self.app, req.timeout, req.boot)
-                return {"ok": True, "files": files}, b""
+                waited = f.commit(req.root, self.app, req.timeout, req.boot)
+                return {"ok": True, "files": waited}, b""
             case wire.Drive():
                 f.drive(req.root, self.app)
                 return {"ok": True, "boot": f.boot}, b""
