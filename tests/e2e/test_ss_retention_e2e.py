@@ -21,6 +21,7 @@ import pytest
 
 from dstltree.cli.commands.inspect import inspect_base
 from dstltree.structured_streaming.configure import start_local
+from dstltree.structured_streaming.files import manifest_name
 from tests.integration.test_ss_cluster import _expected, _finish, _start, _write_input
 from tests.support.ss_session import STATE_SUFFIXES, ss_session
 
@@ -69,5 +70,6 @@ def test_300_batches_leave_no_orphan_and_no_missing_object(tmp_path: Path) -> No
 
 
 def _newest(base: Path) -> Path:
-    """The newest manifest under ``base/ss`` (one query)."""
-    return max(base.glob("ss/*/manifest-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    """The newest manifest under ``base/ss`` (one query, one bridge)."""
+    found = [(manifest_name(str(p)), p) for p in base.glob("ss/*/manifest-*.json")]
+    return max((named[1], p) for named, p in found if named is not None)[1]
