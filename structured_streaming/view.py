@@ -76,6 +76,7 @@ class Entry:
     failed: bool = False
     older: set[str] = field(default_factory=set)
     by: str = ""  # the bridge that wrote it
+    prev: Entry | None = None  # the durable version a write not yet durable replaces
 
     @property
     def durable(self) -> bool:
@@ -271,10 +272,17 @@ class View:
 
     # -- writes --------------------------------------------------------------------------
     def on_accepted(self, root: str, path: str, data: bytes, sqn: int) -> None:
-        """A whole file was accepted (its bytes in memory, handed to the writer)."""
+        """A whole file was accepted (its bytes in memory, handed to the writer). The
+        durable version it replaces, this bridge's own, stays alive (and in manifests)
+        until the new one is durable: a crash before then leaves the older version."""
         rv = self.roots[root]
-        self._supersede(rv, path)
-        rv.files[path] = Entry(sqn, len(data), data=data, by=self.me)
+        cur = rv.files.get(path)
+        prev = None
+        if cur is not None and cur.by == self.me and not cur.deleted:
+            prev = cur if cur.ref is not None else cur.prev
+        if prev is None:
+            self._supersede(rv, path)
+        rv.files[path] = Entry(sqn, len(data), data=data, by=self.me, prev=prev)
         rv.dirty = True
 
     def on_delete(self, root: str, path: str, sqn: int) -> bool:
@@ -296,10 +304,12 @@ class View:
         if cur is None:
             return set()
         older = set(cur.older)
-        if cur.ref is not None:
-            if cur.by == self.me:  # another bridge's segment is its own to release
-                self._kill(rv, path, cur.sqn, cur.ref.path)
-            older.add(cur.ref.path)
+        for e in (cur, cur.prev):
+            if e is not None and e.ref is not None:
+                if e.by == self.me:  # another bridge's segment is its own to release
+                    self._kill(rv, path, e.sqn, e.ref.path)
+                older.add(e.ref.path)
+        cur.prev = None
         return older
 
     def _kill(self, rv: RootView, path: str, sqn: int, url: str) -> list[Instruction]:
@@ -322,7 +332,11 @@ class View:
         cur.older.discard(ref.path)
         self._obj(ref.path).live.add((rv.key, path, sqn))
         rv.dirty = True
-        return self._prune_tombstone(rv, path)
+        out: list[Instruction] = []
+        prev, cur.prev = cur.prev, None
+        if prev is not None and prev.ref is not None:  # replaced now that this is durable
+            out += self._kill(rv, path, prev.sqn, prev.ref.path)
+        return out + self._prune_tombstone(rv, path)
 
     def on_failed(self, root: str, path: str, sqn: int) -> None:
         """The write ``sqn`` of ``path`` failed: the file is lost (a tombstone that
@@ -332,7 +346,9 @@ class View:
         if cur is None or cur.sqn != sqn:
             return
         rv.failed.add(path)
-        if cur.deleted and cur.older:
+        if cur.prev is not None:
+            rv.files[path] = cur.prev  # the version it was to replace is still there
+        elif cur.deleted and cur.older:
             cur.failed, cur.data = True, None
         else:
             del rv.files[path]
@@ -397,12 +413,12 @@ class View:
                 "sqn": e.sqn,
                 "length": e.length,
                 "deleted": e.deleted,
-                "segment": e.ref.to_dict(),
+                "segment": ref.to_dict(),
                 "older": sorted(e.older),
                 "by": e.by,
             }
-            for p, e in rv.files.items()
-            if e.ref is not None and (e.length >= 0 or e.deleted) and e.by == self.me
+            for p, e, ref in self._durable_versions(rv)
+            if (e.length >= 0 or e.deleted) and e.by == self.me
         }
         seq = rv.manifest_seq
         rv.manifest_seq += 1
@@ -414,6 +430,17 @@ class View:
             "seq": seq,
             "files": files,
         }
+
+    @staticmethod
+    def _durable_versions(rv: RootView) -> list[tuple[str, Entry, SegmentRef]]:
+        """Each file's newest durable version and its segment: its entry, or the one a
+        write not yet durable replaces."""
+        out = []
+        for p, e in rv.files.items():
+            d = e if e.ref is not None else e.prev
+            if d is not None and d.ref is not None:
+                out.append((p, d, d.ref))
+        return out
 
     def on_manifest_written(self, root: str, seq: int) -> list[Instruction]:
         """Manifest ``seq`` of ``root`` is durable: objects waiting for it may go."""
@@ -495,5 +522,7 @@ class View:
             for key, path, sqn in obj.live:
                 (rv,) = [r for r in self.roots.values() if r.key == key]
                 e = rv.files[path]
+                if e.sqn != sqn and e.prev is not None:
+                    e = e.prev  # the durable version a pending write replaces
                 assert e.sqn == sqn and e.ref is not None and e.ref.path == url
                 assert (log_id(key, path), sqn) not in obj.dead

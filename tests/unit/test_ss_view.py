@@ -255,21 +255,52 @@ def test_merge_drops_what_the_writer_no_longer_has_and_skips_format_1() -> None:
     a = _bridge("a")
     _durable(a, P, 10, "o1")
     m1 = a.manifest(R)
+    a.on_manifest_written(R, m1["seq"])
     b = _bridge("b", m1)
     assert b.get(R, P).by == "a"
     a.new_sqn(20)
-    a.on_accepted(R, P, b"v2", 20)  # rewritten, not durable yet: out of a's manifest
-    m2 = a.manifest(R)
-    assert P not in m2["files"]
-    b.on_merge(R, [m2])
-    assert b.get(R, P) is None  # not served from an object a may release
+    a.on_delete(R, P, 20)  # deleted, the tombstone durable, o1 released: P is gone
+    a.on_durable(R, P, 20, ref(P, 20, "t1", kg=1))
+    a.on_manifest_written(R, a.manifest(R)["seq"])
+    a.on_index("o1", [ref(P, 10, "o1")])
+    a.on_object_deleted("o1")
+    m3 = a.manifest(R)
+    assert P not in m3["files"]
+    b.on_merge(R, [m3])  # b never saw the tombstone's manifest
+    assert b.get(R, P) is None and P not in b.root(R).files  # not served from o1
     b.validate()
     legacy = {**m1, "format": 1, "seq": 99}
     legacy.pop("bridge")
     v = _bridge("host-x", legacy)
     v.new_sqn(20)
-    v.on_accepted(R, P, b"n", 20)
-    v.on_failed(R, P, 20)
-    v.on_merge(R, [legacy])  # adopted at load: not taken again
-    assert v.get(R, P) is None
+    assert v.on_delete(R, P, 20)
+    v.on_merge(R, [legacy])  # adopted at load: not taken again (P stays deleted)
+    assert v.get(R, P) is None and v.root(R).files[P].deleted
     v.validate()
+
+
+def test_a_rewrite_keeps_the_older_version_until_it_is_durable() -> None:
+    b = _bridge("b")
+    _durable(b, P, 10, "X", b"v1")
+    b.on_manifest_written(R, b.manifest(R)["seq"])
+    b.new_sqn(20)
+    b.on_accepted(R, P, b"v2", 20)  # held: only in memory
+    assert b.get(R, P).data == b"v2"  # readers see the new version
+    m2 = b.manifest(R)
+    assert m2["files"][P]["sqn"] == 10 and m2["files"][P]["segment"]["path"] == "X"
+    assert b.on_manifest_written(R, m2["seq"]) == []  # X is not released
+    b.validate()
+    crashed = _bridge("b", m2)  # a restart before v2 was persisted: v1 is there
+    assert crashed.get(R, P).sqn == 10
+    b.new_sqn(30)
+    b.on_accepted(R, P, b"v3", 30)  # rewritten again before v2 was durable
+    assert b.on_durable(R, P, 20, ref(P, 20, "Y")) == []  # v2 replaced: dies
+    assert b.get(R, P).prev.sqn == 10
+    b.on_failed(R, P, 30)  # v3 failed: v1 is current again, the commit fails
+    assert b.get(R, P).sqn == 10 and b.take_failures(R) == {P}
+    b.validate()
+    b.new_sqn(40)
+    b.on_accepted(R, P, b"v4", 40)
+    b.on_durable(R, P, 40, ref(P, 40, "Z"))  # durable: v1 dies now
+    assert b.on_manifest_written(R, b.manifest(R)["seq"]) == [ReadIndex("X"), ReadIndex("Y")]
+    b.validate()
