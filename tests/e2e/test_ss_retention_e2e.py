@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 
 from dstltree.cli.commands.inspect import inspect_base
-from dstltree.structured_streaming.configure import start_local
 from dstltree.structured_streaming.files import manifest_name
 from tests.integration.test_ss_cluster import _expected, _finish, _start, _write_input
-from tests.support.ss_session import STATE_SUFFIXES, ss_session
+from tests.support.ss_session import STATE_SUFFIXES, ss_session, start_tree
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -33,18 +32,10 @@ QUERY_TIMEOUT = 900.0  # seconds for the 300 batches (about 200 s on a busy 2-co
 
 @pytest.mark.timeout(1200)
 def test_300_batches_leave_no_orphan_and_no_missing_object(tmp_path: Path) -> None:
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(
-        "base_path: dstl\n"
-        "persist_delay: 0.02\n"
-        "nodes:\n"
-        "  - {id: root, bind: auto}\n"
-        "  - {id: a, bind: auto, parent: root}\n"
-    )
     source, checkpoint, base = tmp_path / "in", tmp_path / "ckpt", tmp_path / "dstl"
     for n in range(1, BATCHES + 1):
         _write_input(source, n)
-    services = start_local(topology, base_path=str(base))
+    services = start_tree(tmp_path)  # its objects under tmp_path / "dstl"
     try:
         spark = ss_session(master="local[2]", socket=services.socket)
         try:
