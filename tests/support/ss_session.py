@@ -28,9 +28,11 @@ def ss_builder(master: str = "local[4]", partitions: int = 4) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(partitions))
-        # Spark's default off local[N]; explicit: a JVM reused from a sparkplug session
-        # (maxFailures 1) must not make a killed executor's task fail the query
+        # Spark's defaults off local[N]; explicit: a JVM reused from a sparkplug session
+        # (maxFailures 1, maxConsecutiveAttempts 1) must not make a killed executor's
+        # task, or the fetch failure its lost shuffle output causes, fail the query
         .config("spark.task.maxFailures", "4")
+        .config("spark.stage.maxConsecutiveAttempts", "4")
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.driver.host", "127.0.0.1")
