@@ -2,14 +2,16 @@
 
 A checkpoint is a consistent cut (docs/design.md, Terms): per task, the source offset, the
 materialized-state snapshot and the changelog handles covering the changes made after
-that snapshot. Records are frozen and convert to and from JSON-compatible dicts
-(:meth:`to_dict` / :meth:`from_dict`); ``from_dict`` raises ``KeyError``, ``TypeError``
-or ``ValueError`` on malformed input.
+that snapshot, and for an unaligned checkpoint (FLIP-76) the handles of its in-flight
+records (channel state) with the task's alignment figures. Records are frozen and
+convert to and from JSON-compatible dicts (:meth:`to_dict` / :meth:`from_dict`);
+``from_dict`` raises ``KeyError``, ``TypeError`` or ``ValueError`` on malformed input.
 
 Validation of what tasks send (pure, no I/O): :func:`path_problem` (a path is the
 canonical form of a path under one of the job's object prefixes) and
 :func:`checkpoint_problem` (bounds, SQN ranges, key groups and paths of one
-acknowledgement); both return None or a :class:`Refusal`.
+acknowledgement); both return None or a :class:`Refusal`. Figures of a completed
+checkpoint: :func:`checkpoint_phases` and :func:`checkpoint_alignment`.
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ from dstltree.sparkplug.sources.base import EnumeratorState, SplitState
 from dstltree.storage.store import CHANGELOG_DIR, SNAPSHOT_DIR, ObjectStore
 
 #: Format version of checkpoint metadata written; :data:`METADATA_VERSIONS` are read.
-METADATA_VERSION = 3
-METADATA_VERSIONS = (2, 3)
+#: A checkpoint with channel state (FLIP-76) is written as version 4, every other one as
+#: :data:`METADATA_VERSION_ALIGNED`: a reader of version 3 would restore the former
+#: without its in-flight records, so it must refuse it, and it still reads the latter.
+METADATA_VERSION = 4
+METADATA_VERSION_ALIGNED = 3
+METADATA_VERSIONS = (2, 3, 4)
 #: Largest SQN, byte offset / size (8 TiB) and count accepted from a task.
 MAX_SQN = 2**63 - 1
 MAX_OBJECT_BYTES = 2**43
@@ -140,6 +146,27 @@ class TaskCheckpoint:
     task (barrier aligned to the persist started and the sink output staged) and of
     its asynchronous phase (to the persist durable, when the acknowledgement leaves;
     Flink's two checkpoint phases); 0 when not measured.
+
+    Unaligned checkpoints (FLIP-76, "Unaligned checkpoints"; docs/design.md, Terms):
+
+    ``channel_state``: handles of the records in flight at this checkpoint (FLIP-76
+    input channel state: records that arrived on an input channel before its barrier
+    but after the snapshot; output channel state: batches in the task's outboxes that
+    the barrier overtook), written by the task's channel-state writer (log
+    ``<job_id>-t<task>-a<attempt>-cs``) beside its state changelog. They cover this
+    checkpoint's in-flight records only (not cumulative), are never replayed as state
+    changes (restore processes those records again, before any new one) and keep their
+    objects alive in the shared state registry exactly like ``changelog``; empty for
+    an aligned checkpoint;
+    ``unaligned``: the task took this checkpoint unaligned: at the first barrier, or
+    after its alignment took longer than the aligned-checkpoint timeout;
+    ``alignment_s``: seconds from the first barrier of this checkpoint on any input
+    channel of the task to the last one (FLIP-76's alignment time);
+    ``start_delay_s``: seconds from the task's receipt of the trigger to the first
+    barrier on any of its input channels, on the task's clock (FLIP-76's checkpoint
+    start delay);
+    ``inflight_bytes``: bytes of in-flight records the task persisted for this
+    checkpoint (FLIP-76's persisted channel state size); 0 when aligned.
     """
 
     task: int
@@ -152,6 +179,11 @@ class TaskCheckpoint:
     committables: tuple[Committable, ...] = ()
     sync_s: float = 0.0
     async_s: float = 0.0
+    channel_state: tuple[ChangelogHandle, ...] = ()
+    unaligned: bool = False
+    alignment_s: float = 0.0
+    start_delay_s: float = 0.0
+    inflight_bytes: int = 0
 
     @property
     def key_group_range(self) -> range:
@@ -159,15 +191,34 @@ class TaskCheckpoint:
         return range(*self.key_groups)
 
     def referenced_paths(self) -> frozenset[str]:
-        """Every DFS path this task state references: changelog objects and snapshot."""
+        """Every DFS path this task state references: the objects of its changelog and
+        channel-state segments, and its snapshot files."""
         paths: set[str] = set()
-        for h in self.changelog:
+        for h in (*self.changelog, *self.channel_state):
             paths |= h.object_paths()
         if self.materialized is not None:
             paths |= self.materialized.paths()
         return frozenset(paths)
 
+    def log_ids(self) -> frozenset[str]:
+        """The id of every log this task state names: its state changelog writers' and
+        its channel-state writer's (logs of the job's own writers)."""
+        return frozenset(h.log_id for h in (*self.changelog, *self.channel_state))
+
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form; the unaligned-checkpoint fields only when they are not their
+        defaults (an aligned checkpoint's form is as before them)."""
+        d = self._base_dict()
+        if self.channel_state:
+            d["channel_state"] = [h.to_dict() for h in self.channel_state]
+        if self.unaligned:
+            d["unaligned"] = True
+        for k in ("alignment_s", "start_delay_s", "inflight_bytes"):
+            if getattr(self, k):
+                d[k] = getattr(self, k)
+        return d
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "task": self.task,
             "attempt": self.attempt,
@@ -196,7 +247,26 @@ class TaskCheckpoint:
             committables=tuple(Committable.from_wire(c) for c in d.get("committables", ())),
             sync_s=float(d.get("sync_s", 0.0)),
             async_s=float(d.get("async_s", 0.0)),
+            channel_state=tuple(
+                ChangelogHandle.from_dict(h) for h in _list(d.get("channel_state", ()))
+            ),
+            unaligned=_flag(d.get("unaligned", False), "unaligned"),
+            alignment_s=float(d.get("alignment_s", 0.0)),
+            start_delay_s=float(d.get("start_delay_s", 0.0)),
+            inflight_bytes=int(d.get("inflight_bytes", 0)),
         )
+
+
+def _list(x: Any) -> list[Any]:
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(f"channel_state: expected a list, got {type(x).__name__}")
+    return list(x)
+
+
+def _flag(x: Any, what: str) -> bool:
+    if not isinstance(x, bool):
+        raise TypeError(f"{what}: expected true or false, got {type(x).__name__}")
+    return x
 
 
 @dataclass(frozen=True)
@@ -284,8 +354,9 @@ class CompletedCheckpoint:
         return replace(self, enumerator=enum, finished_log=replace(ref, ids=ids))
 
     def to_dict(self) -> dict[str, Any]:
-        """The metadata (format :data:`METADATA_VERSION`): with a ``finished_log`` whose
-        ids are known, the enumerator names only the splits finished beyond it."""
+        """The metadata (format :data:`METADATA_VERSION`, or
+        :data:`METADATA_VERSION_ALIGNED` without channel state): with a ``finished_log``
+        whose ids are known, the enumerator names only the splits finished beyond it."""
         enum = None if self.enumerator is None else self.enumerator.as_record()
         ref = self.finished_log
         if enum is not None and ref is not None:
@@ -293,8 +364,9 @@ class CompletedCheckpoint:
                 ref = None  # not usable here: every finished id in the metadata
             else:
                 enum["finished"] = sorted(set(enum["finished"]) - ref.ids)
+        channel_state = any(t.channel_state for t in self.tasks.values())
         return {
-            "version": METADATA_VERSION,
+            "version": METADATA_VERSION if channel_state else METADATA_VERSION_ALIGNED,
             "checkpoint_id": self.checkpoint_id,
             "attempt": self.attempt,
             "materialization_epoch": self.materialization_epoch,
@@ -461,11 +533,18 @@ def checkpoint_problem(
     ``[0, max_parallelism)`` when it claims none), SQN ranges that are not ordered
     (``from <= to``; a log's handles contiguous, its segments ordered and not
     overlapping), offsets and sizes out of ``[0, MAX_OBJECT_BYTES]``, or a path
-    outside ``prefixes`` (:func:`path_problem`)."""
+    outside ``prefixes`` (:func:`path_problem`). Channel-state handles are checked as
+    changelog handles, but need not be contiguous with any other handle and their
+    segments may hold any key group of the job (output channel state is bound for
+    other tasks' key groups); ``alignment_s`` and ``start_delay_s`` must lie in
+    ``[0, MAX_PHASE_S]`` and ``inflight_bytes`` in ``[0, MAX_OBJECT_BYTES]``."""
     if not 0 <= tc.records <= MAX_COUNT:
         return Refusal("bounds", f"records {tc.records} out of range")
     if not (0 <= tc.sync_s <= MAX_PHASE_S and 0 <= tc.async_s <= MAX_PHASE_S):
         return Refusal("bounds", f"checkpoint phases {tc.sync_s} / {tc.async_s} s out of range")
+    problem = _alignment_problem(tc)
+    if problem is not None:
+        return problem
     start, stop = tc.key_groups
     if not 0 <= start <= stop <= max_parallelism or (
         start < stop and not owned.start <= start <= stop <= owned.stop
@@ -484,6 +563,22 @@ def checkpoint_problem(
         problem = _handle_problem(h, prefixes, kgs)
         if problem is not None:
             return problem
+    for h in tc.channel_state:
+        problem = _handle_problem(h, prefixes, range(max_parallelism))
+        if problem is not None:
+            return Refusal(problem.kind, f"channel state: {problem.reason}")
+    return None
+
+
+def _alignment_problem(tc: TaskCheckpoint) -> Refusal | None:
+    """Why the unaligned-checkpoint figures of ``tc`` are refused (None if they are
+    not); NaN is refused too."""
+    for name in ("alignment_s", "start_delay_s"):
+        value = getattr(tc, name)
+        if not 0 <= value <= MAX_PHASE_S:
+            return Refusal("bounds", f"{name} {value} s out of [0, {MAX_PHASE_S:.0f}]")
+    if not 0 <= tc.inflight_bytes <= MAX_OBJECT_BYTES:
+        return Refusal("bounds", f"inflight_bytes {tc.inflight_bytes} out of range")
     return None
 
 
@@ -494,8 +589,26 @@ def checkpoint_phases(checkpoint: CompletedCheckpoint) -> tuple[float, float]:
     return max((t.sync_s for t in tasks), default=0.0), max((t.async_s for t in tasks), default=0.0)
 
 
+def checkpoint_alignment(checkpoint: CompletedCheckpoint) -> tuple[float, float, int, bool]:
+    """The unaligned-checkpoint figures of ``checkpoint`` (FLIP-76; :class:`TaskCheckpoint`
+    ``alignment_s``, ``start_delay_s``, ``inflight_bytes``, ``unaligned``): the longest
+    alignment at any task (seconds), the longest start delay (seconds), the in-flight
+    bytes of all tasks together, and whether any task took it unaligned;
+    (0, 0, 0, False) for none."""
+    tasks = checkpoint.tasks.values()
+    return (
+        max((t.alignment_s for t in tasks), default=0.0),
+        max((t.start_delay_s for t in tasks), default=0.0),
+        sum(t.inflight_bytes for t in tasks),
+        any(t.unaligned for t in tasks),
+    )
+
+
 def log_spans(tc: TaskCheckpoint) -> dict[str, tuple[int, int]]:
-    """log id -> the SQN span ``(from, to)`` its handles in ``tc`` cover."""
+    """log id -> the SQN span ``(from, to)`` the state changelog handles of ``tc``
+    cover. Channel-state handles are not included: their SQNs are not state SQNs (no
+    materialization or truncation refers to them) and a checkpoint's channel state
+    does not continue the previous one's."""
     spans: dict[str, tuple[int, int]] = {}
     for h in tc.changelog:
         lo, hi = h.sqn_range

@@ -10,7 +10,8 @@ as they are everywhere else:
   node writing outside the job) stays as it is;
 - a segment is an array ``[path, offset, length, sqn_from, sqn_to, crc32, runs]``, its
   key groups as runs ``[[start, stop], ...]``, or ``null`` when they are its task's
-  whole key-group range (as they mostly are);
+  whole key-group range (as they mostly are); so are the segments of a task's channel
+  state (``channel_state``, FLIP-76), present only when it has some;
 - a snapshot part is an array ``[path, first key group, end key group, size, delta]``;
 - object paths are written once per checkpoint, in a table (``paths``), and named by
   their index there (the tasks' segments share the few objects of a checkpoint);
@@ -57,7 +58,7 @@ def pack(d: dict[str, Any], base: str) -> dict[str, Any]:
     out = _map_paths(d, intern)
     for t in out["tasks"]:
         own = [list(t.get("key_groups", (0, 0)))]
-        for h in t.get("changelog", ()):
+        for h in _handles(t):
             h["segments"] = [_segment_row(s, own) for s in h["segments"]]
         t["committables"] = [_lean_committable(c) for c in t.get("committables", ())]
         mat = t.get("materialized")
@@ -79,6 +80,8 @@ def unpack(d: dict[str, Any], base: str) -> dict[str, Any]:
     d["tasks"] = [dict(t) for t in d["tasks"]]
     for t in d["tasks"]:
         t["changelog"] = [dict(h) for h in t.get("changelog", ())]
+        if "channel_state" in t:
+            t["channel_state"] = [dict(h) for h in t["channel_state"]]
 
     def absolute(p: Any) -> str:
         if isinstance(p, int) and not isinstance(p, bool):
@@ -91,7 +94,7 @@ def unpack(d: dict[str, Any], base: str) -> dict[str, Any]:
 
     for t in d["tasks"]:
         own = list(t.get("key_groups", (0, 0)))
-        for h in t.get("changelog", ()):
+        for h in _handles(t):
             h["segments"] = [_segment_dict(s, own) for s in h["segments"]]
         t["committables"] = [_full_committable(c) for c in t.get("committables", ())]
         mat = t.get("materialized")
@@ -103,6 +106,11 @@ def unpack(d: dict[str, Any], base: str) -> dict[str, Any]:
 
 
 _SEGMENT_FIELDS = ("path", "offset", "length", "sqn_from", "sqn_to", "crc32")
+
+
+def _handles(t: dict[str, Any]) -> list[dict[str, Any]]:
+    """The handle dicts of task dict ``t``: its changelog's, then its channel state's."""
+    return [*t.get("changelog", ()), *t.get("channel_state", ())]
 
 
 def _segment_row(s: dict[str, Any], own: list[list[int]]) -> list[Any]:
@@ -259,8 +267,10 @@ def _task_paths(t: dict[str, Any], fn: Callable[[Any], Any]) -> dict[str, Any]:
         if "parts" in mat:
             mat["parts"] = [{**p, "path": fn(p["path"])} for p in mat["parts"]]
         out["materialized"] = mat
-    out["changelog"] = [
-        {**h, "segments": [{**s, "path": fn(s["path"])} for s in h["segments"]]}
-        for h in t.get("changelog", ())
-    ]
+    for key in ("changelog", "channel_state"):
+        if key in t or key == "changelog":
+            out[key] = [
+                {**h, "segments": [{**s, "path": fn(s["path"])} for s in h["segments"]]}
+                for h in t.get(key, ())
+            ]
     return out

@@ -9,6 +9,7 @@ import pytest
 
 from dstltree.client.handle import ChangelogHandle, SegmentRef
 from dstltree.client.segment import SegmentMeta
+from dstltree.coordinator import checkpoint as checkpoint_module
 from dstltree.coordinator.checkpoint import (
     CompletedCheckpoint,
     MaterializedRef,
@@ -121,3 +122,87 @@ def test_a_segment_of_its_task_s_whole_range_names_no_key_groups() -> None:
     packed = pack(cp.to_dict(), BASE)
     assert packed["tasks"][0]["changelog"][0]["segments"][0][-1] is None
     assert CompletedCheckpoint.from_dict(unpack(json.loads(json.dumps(packed)), BASE)) == cp
+
+
+# -- unaligned checkpoints (FLIP-76): channel state and alignment figures ----------------
+
+
+def _unaligned() -> CompletedCheckpoint:
+    """``_checkpoint`` whose task took it unaligned: its in-flight records in an object
+    of its own and in the object of its state changes, one of another task's key
+    groups (output channel state)."""
+    cp = _checkpoint()
+    shared = cp.tasks[0].changelog[0].segments[0].path
+    own = f"{BASE}/changelog/ef/{99:032x}.dstl"
+    segs = (
+        SegmentRef(SegmentMeta("log-0-cs", 0, 1, (0, 1, 2), 40, 3), own, 0),
+        SegmentRef(SegmentMeta("log-0-cs", 1, 2, (50,), 60, 4), shared, 100),
+    )
+    tc = replace(
+        cp.tasks[0],
+        channel_state=(ChangelogHandle("log-0-cs", (0, 2), segs),),
+        unaligned=True,
+        alignment_s=0.125,
+        start_delay_s=0.5,
+        inflight_bytes=100,
+    )
+    return replace(cp, tasks={0: tc})
+
+
+def test_channel_state_and_alignment_figures_round_trip_through_a_record() -> None:
+    cp = _unaligned()
+    d = cp.to_dict()
+    assert d["version"] == 4  # a reader of version 3 would drop the in-flight records
+    t = d["tasks"][0]
+    assert (t["unaligned"], t["alignment_s"], t["start_delay_s"], t["inflight_bytes"]) == (
+        True,
+        0.125,
+        0.5,
+        100,
+    )
+    packed = pack(d, BASE)
+    rows = packed["tasks"][0]["channel_state"][0]["segments"]
+    # compact like changelog segments: paths in the table, shared with the state's
+    assert packed["paths"][rows[0][0]] == f"./changelog/ef/{99:032x}.dstl"
+    assert rows[1][0] == packed["tasks"][0]["changelog"][0]["segments"][0][0]
+    assert rows[1][1:] == [100, 60, 1, 2, 4, [[50, 51]]]
+    back = CompletedCheckpoint.from_dict(unpack(json.loads(json.dumps(packed)), BASE))
+    assert back == cp and back.tasks[0].channel_state == cp.tasks[0].channel_state
+    assert CompletedCheckpoint.from_dict(json.loads(json.dumps(d))) == cp
+    assert d == cp.to_dict()  # pack copies
+
+
+def test_an_aligned_checkpoint_is_written_as_before_and_old_metadata_loads() -> None:
+    cp = _checkpoint()
+    d = cp.to_dict()
+    assert d["version"] == 3  # still read by the previous version
+    fields = {"channel_state", "unaligned", "alignment_s", "start_delay_s", "inflight_bytes"}
+    assert not fields & set(d["tasks"][0])
+    assert "channel_state" not in pack(d, BASE)["tasks"][0]
+    # metadata written before the fields existed decodes to their defaults
+    tc = CompletedCheckpoint.from_dict(unpack(pack(d, BASE), BASE)).tasks[0]
+    assert (tc.channel_state, tc.unaligned, tc.alignment_s) == ((), False, 0.0)
+    assert (tc.start_delay_s, tc.inflight_bytes) == (0.0, 0)
+    # figures without channel state (nothing in flight) round trip in version 3
+    quiet = replace(cp.tasks[0], unaligned=True, start_delay_s=0.25)
+    d = replace(cp, tasks={0: quiet}).to_dict()
+    assert d["version"] == 3 and TaskCheckpoint.from_dict(d["tasks"][0]) == quiet
+
+
+def test_malformed_channel_state_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _unaligned().to_dict()
+    for key, bad in (("channel_state", {"log_id": "x"}), ("unaligned", "false")):
+        t = {**d["tasks"][0], key: bad}
+        with pytest.raises(TypeError, match=key):
+            TaskCheckpoint.from_dict(t)
+    packed = pack(d, BASE)
+    packed["tasks"][0]["channel_state"][0]["segments"][0] = [0, 1]
+    with pytest.raises(ValueError, match="segment row"):
+        unpack(packed, BASE)
+    # a reader of versions 2 and 3 only refuses it rather than drop the in-flight
+    # records, and still reads an aligned checkpoint
+    monkeypatch.setattr(checkpoint_module, "METADATA_VERSIONS", (2, 3))
+    with pytest.raises(ValueError, match="version 4 is not known"):
+        CompletedCheckpoint.from_dict(d)
+    aligned = _checkpoint()
+    assert CompletedCheckpoint.from_dict(json.loads(json.dumps(aligned.to_dict()))) == aligned
