@@ -253,7 +253,7 @@ class Coordinator:
         retained = self.checkpoints.list_retained()
         if self._storage.shared is not None:  # earlier runs' orphans are the job's too
             self._storage.shared.add_namespaces(
-                h.log_id for cp in retained for tc in cp.tasks.values() for h in tc.changelog
+                lid for cp in retained for tc in cp.tasks.values() for lid in tc.log_ids()
             )
         with self._lock:
             self._state = self._new_state(retained)

@@ -53,9 +53,10 @@ dask/distributed's ``worker_state_machine``). Behaviour:
   :class:`DeleteObjects` names only paths it released (no retained checkpoint
   references them any more), and of those only paths under ``config.object_prefixes``
   (others are kept and counted in ``deletions_refused``), with the log ids of the job's
-  writers (an object of a node shared with other jobs is deleted only if each of its
-  segments is of one of them: the storage worker reads its index); no path taken from a task's
-  message is ever deleted directly (not on abort, not on a refused ack), and
+  writers, state changelogs and channel-state logs (FLIP-76) alike (an object of a node
+  shared with other jobs is deleted only if each of its segments is of one of them:
+  the storage worker reads its index); no path taken from a task's message is ever
+  deleted directly (not on abort, not on a refused ack), and
   :class:`CleanOrphans` deletes by listing, sparing what the registry references.
 - Source (FLIP-27 split enumerator, coordinator/splits.py): the enumerator is rebuilt
   at every attempt from the latest completed checkpoint; a :class:`ListSplits` every
@@ -331,6 +332,9 @@ class CoordinatorState:
         self._logs: dict[int, dict[str, tuple[int, int]]] = {}
         self._restored_logs: dict[str, tuple[int, int]] = {}
         self._acked_to: dict[int, int] = {}  # task -> highest SQN it acknowledged
+        # channel-state logs (FLIP-76) of the restored checkpoint and of this attempt's
+        # acknowledgements: the job's own, but with no SQN span to keep (not replayed)
+        self._channel_logs: set[str] = set()
         self._applied_sqn: dict[int, int] = {}  # task -> SQN of its applied snapshot
         # The dispatchers, bound once (a singledispatchmethod builds a wrapper on every
         # attribute access: a flood of messages would pay for it each time).
@@ -488,6 +492,7 @@ class CoordinatorState:
         self._logs, self._acked_to, self._applied_sqn = {}, {}, {}
         last = self.latest
         self._restored_logs = {} if last is None else _restored_spans(last)
+        self._channel_logs = set() if last is None else _channel_logs(last)
         self._checkpoint_due = self.now + self.config.checkpoint_interval
         self._materialization_due = self.now + self.config.materialization_interval
         if self.splits is not None and enumerator is not None:
@@ -762,6 +767,7 @@ class CoordinatorState:
         for log, span in log_spans(tc).items():
             known[log] = span
             self._acked_to[task] = max(self._acked_to.get(task, 0), span[1])
+        self._channel_logs.update(h.log_id for h in tc.channel_state)
         out: list[Instruction] = []
         if len(p.acks) == p.num_tasks:
             p.ready_at = self.now
@@ -1034,14 +1040,15 @@ class CoordinatorState:
     def _job_logs(self, released: CompletedCheckpoint) -> frozenset[str]:
         """The log ids this job's writers own as far as this coordinator knows: those
         of ``released``, of the retained checkpoints, of this attempt's acknowledgements
-        and of the restored checkpoint (a shared object holding a segment of any other
-        log is kept: it may be another job's)."""
-        logs = set(self._restored_logs)
+        and of the restored checkpoint, state changelogs and channel-state logs alike
+        (a shared object holding a segment of any other log is kept: it may be another
+        job's)."""
+        logs = set(self._restored_logs) | self._channel_logs
         for spans in self._logs.values():
             logs.update(spans)
         for cp in (released, *self.retained):
             for tc in cp.tasks.values():
-                logs.update(h.log_id for h in tc.changelog)
+                logs.update(tc.log_ids())
         return frozenset(logs)
 
     def _abort(self, cid: int, reason: str) -> list[Instruction]:
@@ -1244,6 +1251,11 @@ def _ack_problem(p: _Pending, tc: TaskCheckpoint) -> str | None:
 def _require(ok: bool, invariant: str) -> None:
     if not ok:
         raise InvariantError(invariant)
+
+
+def _channel_logs(cp: CompletedCheckpoint) -> set[str]:
+    """The channel-state log ids of every task of ``cp``."""
+    return {h.log_id for tc in cp.tasks.values() for h in tc.channel_state}
 
 
 def _restored_spans(cp: CompletedCheckpoint) -> dict[str, tuple[int, int]]:

@@ -298,5 +298,7 @@ def _range(r: range) -> tuple[int, int]:
 
 def _metadata_bytes(cp: CompletedCheckpoint) -> int:
     """The estimated size of ``cp``'s metadata file, bytes."""
-    segments = sum(len(h.segments) for tc in cp.tasks.values() for h in tc.changelog)
+    segments = sum(
+        len(h.segments) for tc in cp.tasks.values() for h in (*tc.changelog, *tc.channel_state)
+    )
     return METADATA_BYTES_PER_TASK * len(cp.tasks) + METADATA_BYTES_PER_SEGMENT * segments

@@ -6,7 +6,7 @@ every event, and :func:`_feed` calls ``validate()`` once more."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -66,8 +66,15 @@ def ack(
     cid: int,
     paths: Iterable[str] = (),
     snapshot: str | None = None,
+    inflight: Iterable[str] = (),
 ) -> MessageFromTask:
+    """Task ``task``'s ack of ``cid``: its state changes in ``paths``, and its in-flight
+    records (channel state, log ``log-<task>-cs``) in ``inflight``: unaligned if any."""
     tc = task_checkpoint(task, attempt, paths, snapshot)
+    inflight = list(inflight)
+    if inflight:
+        cs = (handle(f"log-{task}-cs", inflight, 100 * cid),)
+        tc = replace(tc, channel_state=cs, unaligned=True, inflight_bytes=10 * len(inflight))
     return MessageFromTask(now, ident(task, attempt), protocol.Ack(task, attempt, cid, tc))
 
 
@@ -102,17 +109,23 @@ def _started(
     return s
 
 
-def _complete(s: CoordinatorState, now: float, paths: dict[int, list[str]]) -> list:
-    """Trigger at ``now``, ack every task with ``paths[task]``, write at ``now + 0.1``;
-    returns the instructions after the write, without the CheckpointCompleted notice
-    and the CheckpointComplete sent to every task (no sink: right after the write)."""
+def _complete(
+    s: CoordinatorState,
+    now: float,
+    paths: dict[int, list[str]],
+    inflight: dict[int, list[str]] | None = None,
+) -> list:
+    """Trigger at ``now``, ack every task with ``paths[task]`` (and in-flight records in
+    ``inflight[task]``), write at ``now + 0.1``; returns the instructions after the
+    write, without the CheckpointCompleted notice and the CheckpointComplete sent to
+    every task (no sink: right after the write)."""
     assert s.attempt is not None
     out = _feed(s, Tick(now))
     cid = s.next_checkpoint_id - 1
     assert out == triggers(cid, s.attempt, len(paths))
     persist: list = []
     for t, ps in paths.items():
-        persist = _feed(s, ack(now, t, s.attempt, cid, ps))
+        persist = _feed(s, ack(now, t, s.attempt, cid, ps, inflight=(inflight or {}).get(t, ())))
     assert len(persist) == 1 and isinstance(persist[0], PersistCheckpoint)
     done, *rest = _feed(s, CheckpointWritten(now + 0.1, cid))
     assert done == CheckpointCompleted(persist[0].checkpoint, pytest.approx(0.1))
@@ -273,6 +286,39 @@ def test_retention_subsumes_and_deletes_unreferenced() -> None:
     assert _feed(s, CheckpointDeleted(7.2, 2)) == []
     assert _feed(s, ObjectsDeleted(7.2, ("o/a", "o/b"), 2)) == []
     assert s.objects_deleted == 2
+
+
+def test_objects_of_in_flight_records_live_exactly_while_a_retained_checkpoint_needs_them() -> None:
+    """Channel state (FLIP-76) is not cumulative: checkpoint 1's in-flight records are
+    referenced by checkpoint 1 alone, so their objects live until it is subsumed (also
+    when no later checkpoint references them) and are deleted then, unless a retained
+    checkpoint still references the object for its state changes."""
+    s = _started()  # retains 2
+    # checkpoint 1: task 0 unaligned, its in-flight records in an object of their own
+    # and in one that checkpoint 2's state changes use too
+    assert _complete(s, 1.0, {0: ["o/a"], 1: ["o/x"]}, {0: ["o/cs1", "o/m"]}) == []
+    assert s.latest is not None
+    assert s.latest.referenced_paths() == {"o/a", "o/x", "o/cs1", "o/m"}
+    assert s.latest.tasks[0].unaligned and not s.latest.tasks[1].unaligned
+    assert _complete(s, 3.0, {0: ["o/a", "o/m"], 1: ["o/x"]}, {1: ["o/cs2"]}) == []
+    assert s.registry.counts() == {"o/a": 2, "o/x": 2, "o/m": 2, "o/cs1": 1, "o/cs2": 1}
+    # checkpoint 3 subsumes 1: o/cs1 goes, o/m stays (checkpoint 2's state changes)
+    out = _complete(s, 5.0, {0: ["o/a", "o/b"], 1: ["o/x"]})
+    logs = frozenset({"log-0", "log-1", "log-0-cs", "log-1-cs"})  # the job's writers
+    assert out == [DeleteCheckpoint(1), DeleteObjects(("o/cs1",), logs)]
+    # checkpoint 4 subsumes 2: its in-flight object and o/m go
+    out = _complete(s, 7.0, {0: ["o/a", "o/b"], 1: ["o/x"]})
+    assert out == [DeleteCheckpoint(2), DeleteObjects(("o/cs2", "o/m"), logs)]
+    assert s.registry.counts() == {"o/a": 2, "o/b": 2, "o/x": 2}
+
+
+def test_a_sweep_spares_the_in_flight_records_of_a_pending_acknowledgement() -> None:
+    s = _started()
+    _complete(s, 1.0, {0: ["o/a"], 1: ["o/x"]}, {0: ["o/cs1"]})
+    _feed(s, Tick(3.0, wall=1000.0))
+    _feed(s, ack(3.0, 0, 0, 2, ["o/a"], inflight=["o/cs2"]))
+    scope = s.sweep_scope()
+    assert scope is not None and {"o/cs1", "o/cs2"} <= scope[0]
 
 
 def test_persist_names_retained_ids() -> None:

@@ -220,6 +220,14 @@ def _with_handles(*handles: ChangelogHandle) -> TaskCheckpoint:
 
 
 P = f"{CL}ab/obj.dstl"
+CS = "log-0-cs"  # task 0's channel-state log
+
+
+def _with_channel_state(*segments: SegmentRef, lo: int = 0) -> TaskCheckpoint:
+    """Task 0 took the checkpoint unaligned: its in-flight records in ``segments``."""
+    hi = max((sg.sqn_to for sg in segments), default=lo)
+    h = ChangelogHandle(CS, (lo, hi), segments)
+    return replace(_with_handles(), channel_state=(h,), unaligned=True, inflight_bytes=10)
 
 
 @pytest.mark.parametrize(
@@ -262,6 +270,21 @@ P = f"{CL}ab/obj.dstl"
         (replace(_with_handles(), materialized=MaterializedRef(f"{CL}../s", 0, 1)), "path"),
         (replace(_with_handles(), materialized=MaterializedRef(f"{MAT}s", 0, -1)), "bounds"),
         (replace(_with_handles(), task=1), "identity"),
+        # channel state (FLIP-76): checked as changelog handles
+        (_with_channel_state(_seg("/etc/passwd", 0, 1, log=CS)), "path"),
+        (_with_channel_state(_seg(f"{CL}../x", 0, 1, log=CS)), "path"),
+        (_with_channel_state(_seg(f"{MAT}a//b", 0, 1, log=CS)), "path"),
+        (_with_channel_state(_seg(P, 0, 3, log=CS), _seg(P, 2, 4, log=CS)), "sqn"),
+        (_with_channel_state(_seg(P, 0, 1, log="log-0")), "sqn"),  # another log's segment
+        (_with_channel_state(_seg(P, 0, 1, length=2**62, log=CS)), "bounds"),
+        (_with_channel_state(_seg(P, 0, 1, kgs=(8,), log=CS)), "key_groups"),  # not the job's
+        (replace(_with_handles(), alignment_s=-0.001), "bounds"),
+        (replace(_with_handles(), alignment_s=float("nan")), "bounds"),
+        (replace(_with_handles(), alignment_s=86_400.5), "bounds"),
+        (replace(_with_handles(), start_delay_s=-1.0), "bounds"),
+        (replace(_with_handles(), start_delay_s=float("inf")), "bounds"),
+        (replace(_with_handles(), inflight_bytes=-1), "bounds"),
+        (replace(_with_handles(), inflight_bytes=2**43 + 1), "bounds"),
     ],
 )
 def test_bad_acknowledgements_are_refused_and_change_nothing(tc: TaskCheckpoint, kind: str) -> None:
@@ -295,6 +318,67 @@ def test_valid_acknowledgements_of_several_forms_are_accepted() -> None:
     )
     (persist,) = feed(s, _ack(0, cid, tc))
     assert isinstance(persist, PersistCheckpoint) and persist.checkpoint.tasks[0] == tc
+
+
+@pytest.mark.parametrize(
+    ("tc", "field"),
+    [
+        (replace(_with_handles(), alignment_s=-1.0), "alignment_s"),
+        (replace(_with_handles(), start_delay_s=1e9), "start_delay_s"),
+        (replace(_with_handles(), inflight_bytes=-5), "inflight_bytes"),
+        (_with_channel_state(_seg("s3://b/job/x", 0, 1, log=CS)), "channel state"),
+    ],
+)
+def test_a_refusal_names_the_field(tc: TaskCheckpoint, field: str) -> None:
+    s = _state()
+    _refused(feed(s, _ack(0, _triggered(s), tc)), ident(0, 0), field)
+
+
+def test_channel_state_of_any_sqns_and_key_groups_of_the_job_is_accepted() -> None:
+    s = _state(num_tasks=2)
+    cid = _triggered(s)
+    first = replace(
+        _tc(0, 0, 2),
+        channel_state=(
+            # input channel state, then output channel state bound for task 1's key
+            # groups (4..7), in the object of its state changes; a second handle of the
+            # log that does not continue the first
+            ChangelogHandle(CS, (5, 7), (_seg(P, 5, 6, log=CS), _seg(P, 6, 7, kgs=(6,), log=CS))),
+            ChangelogHandle(CS, (9, 10), (_seg(f"{CL}cs/a.dstl", 9, 10, kgs=(0, 7), log=CS),)),
+        ),
+        unaligned=True,
+        alignment_s=0.25,
+        start_delay_s=0.01,
+        inflight_bytes=30,
+    )
+    assert feed(s, _ack(0, cid, first)) == []
+    (persist,) = feed(s, _ack(1, cid, _tc(1)))
+    assert isinstance(persist, PersistCheckpoint) and persist.checkpoint.tasks[0] == first
+    feed(s, CheckpointWritten(1.1, cid))
+    # the next checkpoint's channel state starts anywhere: it continues nothing
+    cid = _triggered(s, 2.1)
+    second = replace(
+        _tc(0, 0, 3), channel_state=(ChangelogHandle(CS, (0, 1), (_seg(P, 0, 1, log=CS),)),)
+    )
+    assert feed(s, _ack(0, cid, second)) == []
+    assert s.rejections == {}
+
+
+def test_channel_state_sqns_do_not_let_a_snapshot_run_ahead_of_the_state() -> None:
+    s = _state(num_tasks=1)
+    cid = _triggered(s)
+    tc = replace(
+        _tc(0, 0, 5), channel_state=(ChangelogHandle(CS, (0, 50), (_seg(P, 0, 50, log=CS),)),)
+    )
+    feed(s, _ack(0, cid, tc), CheckpointWritten(1.1, cid))
+    epoch = _epoch_started(s)
+    # state acknowledged up to SQN 5: a snapshot at 20 waits, whatever the channel
+    # state's SQNs (they are not state SQNs: truncating there would lose changes)
+    ahead = MaterializedRef(f"{MAT}s.snap", 20, 10)
+    assert feed(s, _msg(0, protocol.Report(0, 0, epoch, ahead))) == []
+    assert s.materializations_completed == 0
+    cid = _triggered(s, 11.0)
+    assert of_type(feed(s, _ack(0, cid, _tc(0, 0, 20))), MaterializationApplied)
 
 
 def test_never_triggered_checkpoints_and_second_acks_are_refused() -> None:
@@ -341,6 +425,24 @@ def test_only_registry_released_paths_under_the_prefixes_are_deleted() -> None:
     bad = _with_handles(ChangelogHandle("log-0", (0, 1), (_seg("/etc/passwd", 0, 1),)))
     out = feed(s, _ack(0, cid, bad), Tick(7.0), Tick(9.0))
     assert not of_type(out, DeleteObjects) and s.checkpoints_aborted == 1
+
+
+def test_objects_of_channel_state_are_released_with_the_channel_state_logs() -> None:
+    """An object holding only in-flight records is the job's like any: released once no
+    retained checkpoint references it, named with the channel-state log among the job's
+    logs (so the object of a shared node holding it may be deleted), never one outside
+    the prefixes."""
+    cs = ChangelogHandle(
+        CS, (0, 2), (_seg(f"{CL}cs.dstl", 0, 1, log=CS), _seg("/etc/x", 1, 2, log=CS))
+    )
+    first = completed(1, {0: [f"{CL}a.dstl"]})
+    first = replace(first, tasks={0: replace(first.tasks[0], channel_state=(cs,))})
+    s = CoordinatorState(CFG, [first, completed(2, {0: [f"{CL}a.dstl"]})], validate=True)
+    out = feed(s, Started(0.0))
+    logs = frozenset({"log-0", CS})
+    assert of_type(out, DeleteObjects) == [DeleteObjects((f"{CL}cs.dstl",), logs)]
+    assert s.deletions_refused == 1  # /etc/x
+    assert s.registry.counts() == {f"{CL}a.dstl": 1}
 
 
 # -- paths and metrics -------------------------------------------------------------------
