@@ -8,12 +8,21 @@ see :attr:`CoordinatorMetrics.url`); off by default.
   commit record (its metadata) written on DFS.
 - ``dstl_checkpoint_size_bytes`` (histogram): the changelog bytes a checkpoint adds,
   i.e. the lengths of the segments its handles reference that the previous completed
-  checkpoint did not reference (what the tasks persisted for it). Materialized
-  snapshots and the metadata file itself are not counted.
+  checkpoint did not reference (what the tasks persisted for it), channel-state
+  segments (FLIP-76 in-flight records) counted like state changelog segments.
+  Materialized snapshots and the metadata file itself are not counted.
 - ``dstl_checkpoint_sync_seconds`` and ``dstl_checkpoint_async_seconds``
   (histograms): per checkpoint, the longest synchronous phase at any task (from its
   aligned barrier to its persist started and sink output staged; the task stops for
   it) and the longest asynchronous phase (to the persist durable; the task goes on).
+- Unaligned checkpoints (FLIP-76), per completed checkpoint:
+  ``dstl_checkpoint_alignment_seconds`` (histogram): the longest alignment at any task
+  (from the first barrier of the checkpoint on any of its input channels to the last);
+  ``dstl_checkpoint_start_delay_seconds`` (histogram): the longest start delay (from a
+  task's receipt of the trigger to its first barrier); ``dstl_checkpoint_inflight_bytes``
+  (histogram, 0 B and 1 KiB to 4 GiB in steps of 4x): the bytes of in-flight records
+  all tasks persisted for it; ``dstl_checkpoints_unaligned_total``: checkpoints that
+  some task took unaligned (at once, or after an aligned-checkpoint timeout).
 - ``dstl_checkpoint_interval_seconds`` (histogram): the interval achieved, from one
   checkpoint's trigger to the next (the first trigger is not observed); with
   overlapping checkpoints it follows the configured interval while earlier checkpoints
@@ -58,7 +67,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dstltree.client.metrics_endpoint import MetricsEndpoint
-from dstltree.coordinator.checkpoint import checkpoint_phases
+from dstltree.coordinator.checkpoint import checkpoint_alignment, checkpoint_phases
 
 if TYPE_CHECKING:
     from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
@@ -74,6 +83,9 @@ INTERVAL_BUCKETS += (0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0
 COMPLETION_REQUEST_BUCKETS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0)
 #: Checkpoint metadata size buckets, bytes: 256 B to 4 MiB in steps of 4x.
 METADATA_BUCKETS = tuple(float(256 * 4**i) for i in range(8))
+#: In-flight bytes of a checkpoint (FLIP-76 channel state): 0 (an aligned checkpoint,
+#: or an unaligned one with nothing in flight) apart, then :data:`SIZE_BUCKETS`.
+INFLIGHT_BUCKETS = (0.0, *SIZE_BUCKETS)
 
 
 class CoordinatorMetrics:
@@ -114,6 +126,7 @@ class CoordinatorMetrics:
             "dstl_checkpoints_aborted", "Checkpoints aborted.", registry=r
         )
         self._add_overlap_metrics(r)
+        self._add_alignment_metrics(r)
         self._add_materialization_metrics(r)
         self.objects_deleted = Counter(
             "dstl_objects_deleted", "Objects deleted after release by the registry.", registry=r
@@ -181,6 +194,32 @@ class CoordinatorMetrics:
             buckets=METADATA_BUCKETS,
         )
 
+    def _add_alignment_metrics(self, r: CollectorRegistry) -> None:
+        """Figures of unaligned checkpoints (FLIP-76), per completed checkpoint."""
+        self.checkpoint_alignment = Histogram(
+            "dstl_checkpoint_alignment_seconds",
+            "Longest alignment of a checkpoint at any task (first barrier to last).",
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
+        self.checkpoint_start_delay = Histogram(
+            "dstl_checkpoint_start_delay_seconds",
+            "Longest start delay of a checkpoint at any task (trigger to first barrier).",
+            registry=r,
+            buckets=DURATION_BUCKETS,
+        )
+        self.checkpoint_inflight = Histogram(
+            "dstl_checkpoint_inflight_bytes",
+            "Bytes of in-flight records (channel state) all tasks persisted for a checkpoint.",
+            registry=r,
+            buckets=INFLIGHT_BUCKETS,
+        )
+        self.checkpoints_unaligned = Counter(
+            "dstl_checkpoints_unaligned",
+            "Completed checkpoints some task took unaligned.",
+            registry=r,
+        )
+
     def _add_materialization_metrics(self, r: CollectorRegistry) -> None:
         """Histograms and counters of materialization epochs."""
         self.materialization_duration = Histogram(
@@ -230,7 +269,7 @@ class CoordinatorMetrics:
         segments = frozenset(
             (s.path, s.offset, s.length)
             for task in checkpoint.tasks.values()
-            for h in task.changelog
+            for h in (*task.changelog, *task.channel_state)
             for s in h.segments
         )
         with self._lock:
@@ -241,6 +280,12 @@ class CoordinatorMetrics:
         self.checkpoint_sync.observe(sync_s)
         self.checkpoint_async.observe(async_s)
         self.checkpoint_size.observe(sum(length for _, _, length in new))
+        alignment_s, start_delay_s, inflight_bytes, unaligned = checkpoint_alignment(checkpoint)
+        self.checkpoint_alignment.observe(alignment_s)
+        self.checkpoint_start_delay.observe(start_delay_s)
+        self.checkpoint_inflight.observe(inflight_bytes)
+        if unaligned:
+            self.checkpoints_unaligned.inc()
         self.checkpoints_completed.inc()
         self.last_checkpoint_id.set(checkpoint.checkpoint_id)
 

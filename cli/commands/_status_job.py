@@ -53,8 +53,20 @@ def _metadata(s: Samples) -> str:
     return "-" if mean is None else f"{_bytes(mean)} mean"
 
 
+def _inflight(s: Samples) -> str:
+    """Mean and p99 of a checkpoint's in-flight bytes (``-`` without observations)."""
+    from dstltree.cli.commands.status import _bytes
+
+    mean = _mean(s, "dstl_checkpoint_inflight_bytes")
+    p99 = _quantile_s(s, "dstl_checkpoint_inflight_bytes", 0.99)
+    if mean is None or p99 is None:
+        return "-"
+    return f"{_bytes(mean)} mean / {_bytes(p99)} p99"
+
+
 def _gauge(s: Samples, name: str) -> str:
-    """A gauge's value, ``-`` when the coordinator does not export it (an older one)."""
+    """A gauge's (or counter's) value, ``-`` when the coordinator does not export it
+    (an older one)."""
     return f"{_total(s, name):.0f}" if name in s else "-"
 
 
@@ -63,9 +75,12 @@ def job_rows(s: Samples) -> list[tuple[str, str]]:
     completed and aborted, in flight (at the latest trigger), the interval achieved
     (trigger to trigger) and the duration p50 / p99, the longest synchronous and
     asynchronous phase p99 (quantiles interpolated in the histograms' buckets), the
-    mean storage requests on a checkpoint's completion path and the mean metadata
-    size; materializations, their duration p99, and the snapshot bytes written and
-    reused (referenced again from earlier materializations) over all epochs."""
+    longest alignment and start delay p99 and the checkpoints taken unaligned
+    (FLIP-76; ``-`` from a coordinator without these metrics), the in-flight bytes
+    per checkpoint (mean and p99), the mean storage requests on a checkpoint's
+    completion path and the mean metadata size; materializations, their duration
+    p99, and the snapshot bytes written and reused (referenced again from earlier
+    materializations) over all epochs."""
     size = _total(s, "dstl_materialization_size_bytes_sum")
     written = _total(s, "dstl_materialization_written_bytes_sum")
     completed = _total(s, "dstl_checkpoints_completed_total")
@@ -74,12 +89,19 @@ def job_rows(s: Samples) -> list[tuple[str, str]]:
         _quantile_s(s, "dstl_checkpoint_sync_seconds", 0.99),
         _quantile_s(s, "dstl_checkpoint_async_seconds", 0.99),
     )
+    alignment = _ms(
+        _quantile_s(s, "dstl_checkpoint_alignment_seconds", 0.99),
+        _quantile_s(s, "dstl_checkpoint_start_delay_seconds", 0.99),
+    )
     return [
         ("checkpoints completed / aborted", f"{completed:.0f} / {aborted:.0f}"),
         ("checkpoints in flight", _gauge(s, "dstl_checkpoints_in_flight")),
         ("interval achieved p50 / p99", _p50_p99_ms(s, "dstl_checkpoint_interval_seconds")),
         ("duration p50 / p99", _p50_p99_ms(s, "dstl_checkpoint_duration_seconds")),
         ("  sync / async phase p99", phases),
+        ("  alignment / start delay p99", alignment),
+        ("unaligned checkpoints", _gauge(s, "dstl_checkpoints_unaligned_total")),
+        ("in-flight data / checkpoint", _inflight(s)),
         ("completion requests / checkpoint", _requests(s)),
         ("metadata / checkpoint", _metadata(s)),
         ("materializations", f"{_total(s, 'dstl_materializations_completed_total'):.0f}"),

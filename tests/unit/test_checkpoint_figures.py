@@ -1,13 +1,16 @@
 """Figures of overlapping checkpoints with one commit point: the coordinator's
 metrics of the interval achieved, checkpoints in flight, completion-path requests and
-metadata bytes, read back from its registry as Prometheus text; the demo report's
-figures from the runs' statistics and the summary that prints them."""
+metadata bytes, read back from its registry as Prometheus text; its metrics of
+unaligned checkpoints (FLIP-76: alignment, start delay, in-flight bytes) and the lines
+``dstl status`` prints from them; the demo report's figures from the runs' statistics
+and the summary that prints them."""
 
 from __future__ import annotations
 
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,13 +19,19 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from dstltree.cli.commands import status as status_command
+from dstltree.cli.commands._status_job import job_rows, job_table
 from dstltree.cli.commands.demo import _summary
+from dstltree.client.handle import SegmentRef
 from dstltree.coordinator import CoordinatorStatistics
+from dstltree.coordinator.checkpoint import CompletedCheckpoint, checkpoint_alignment
 from dstltree.coordinator.metrics import (
     COMPLETION_REQUEST_BUCKETS,
+    INFLIGHT_BUCKETS,
     METADATA_BUCKETS,
     CoordinatorMetrics,
 )
+from dstltree.coordinator.testing import handle, task_checkpoint
 from dstltree.demo.report import run_figures
 
 
@@ -99,6 +108,131 @@ def test_commits_observe_requests_and_metadata_bytes(metrics: CoordinatorMetrics
         3,  # 4 MiB: the 5 MiB metadata is above
     ]
     assert got["dstl_checkpoint_metadata_bytes_bucket{le=inf}"] == 4
+
+
+# -- unaligned checkpoints (FLIP-76) -----------------------------------------------
+
+
+def _unaligned_checkpoint(
+    cid: int, figures: dict[int, tuple[float, float, int, bool]]
+) -> CompletedCheckpoint:
+    """Checkpoint ``cid`` whose task ``t`` reports ``figures[t]`` = (alignment s, start
+    delay s, in-flight bytes, unaligned), its in-flight records in one segment of that
+    many bytes in object ``cs-<cid>`` (none when 0), its state changes in
+    ``st-<cid>-<t>``."""
+    tasks = {}
+    for t, (align, delay, size, unaligned) in figures.items():
+        tc = task_checkpoint(t, 0, [f"o/st-{cid}-{t}"])
+        cs = handle(f"log-{t}-cs", [f"o/cs-{cid}"])
+        cs = replace(cs, segments=tuple(_sized(sg, size, t) for sg in cs.segments))
+        tasks[t] = replace(
+            tc,
+            channel_state=(cs,) if size else (),
+            unaligned=unaligned,
+            alignment_s=align,
+            start_delay_s=delay,
+            inflight_bytes=size,
+        )
+    return CompletedCheckpoint(cid, 0, 0, 0.0, 0.1, tasks)
+
+
+def _sized(seg: SegmentRef, length: int, task: int) -> SegmentRef:
+    return replace(seg, offset=100 * task, meta=replace(seg.meta, length=length))
+
+
+def test_checkpoint_alignment_takes_the_longest_waits_and_the_bytes_of_all_tasks() -> None:
+    cp = _unaligned_checkpoint(1, {0: (0.2, 0.01, 3000, True), 1: (0.05, 0.3, 1000, False)})
+    assert checkpoint_alignment(cp) == (0.2, 0.3, 4000, True)
+    aligned = _unaligned_checkpoint(2, {0: (0.01, 0.02, 0, False), 1: (0.03, 0.0, 0, False)})
+    assert checkpoint_alignment(aligned) == (0.03, 0.02, 0, False)
+    assert checkpoint_alignment(CompletedCheckpoint(3, 0, 0, 0.0, 0.0)) == (0.0, 0.0, 0, False)
+
+
+def _observe_unaligned(m: CoordinatorMetrics) -> None:
+    """Four checkpoints, two of them unaligned at some task (one after an aligned
+    timeout of 0.2 s), with 5000 and 64 KiB in flight; the others aligned."""
+    for cid, figures in (
+        (1, {0: (0.004, 0.002, 0, False), 1: (0.003, 0.001, 0, False)}),
+        (2, {0: (0.0, 0.003, 4000, True), 1: (0.002, 0.004, 1000, True)}),
+        (3, {0: (0.2, 0.002, 65536, True), 1: (0.006, 0.002, 0, False)}),
+        (4, {0: (0.007, 0.02, 0, False), 1: (0.004, 0.001, 0, False)}),
+    ):
+        m.checkpoint_completed(_unaligned_checkpoint(cid, figures), 0.1)
+
+
+def test_completed_checkpoints_observe_alignment_start_delay_and_in_flight_bytes(
+    metrics: CoordinatorMetrics,
+) -> None:
+    _observe_unaligned(metrics)
+    got = samples(metrics)
+    assert got["dstl_checkpoints_unaligned_total"] == 2
+    assert got["dstl_checkpoint_alignment_seconds_count"] == 4
+    assert got["dstl_checkpoint_alignment_seconds_sum"] == pytest.approx(
+        0.004 + 0.002 + 0.2 + 0.007
+    )
+    assert got["dstl_checkpoint_alignment_seconds_bucket{le=0.01}"] == 3
+    assert got["dstl_checkpoint_alignment_seconds_bucket{le=0.25}"] == 4
+    assert got["dstl_checkpoint_start_delay_seconds_count"] == 4
+    assert got["dstl_checkpoint_start_delay_seconds_sum"] == pytest.approx(
+        0.002 + 0.004 + 0.002 + 0.02
+    )
+    assert got["dstl_checkpoint_inflight_bytes_count"] == 4
+    assert got["dstl_checkpoint_inflight_bytes_sum"] == 5000 + 65536
+    assert INFLIGHT_BUCKETS[:3] == (0.0, 1024.0, 4096.0)
+    # the two aligned checkpoints in the bucket of 0 bytes, 5000 B in (4 KiB, 16 KiB]
+    assert got["dstl_checkpoint_inflight_bytes_bucket{le=0.0}"] == 2
+    assert got["dstl_checkpoint_inflight_bytes_bucket{le=4096.0}"] == 2
+    assert got["dstl_checkpoint_inflight_bytes_bucket{le=16384.0}"] == 3
+    assert got["dstl_checkpoint_inflight_bytes_bucket{le=65536.0}"] == 4
+    # in-flight segments are new bytes of their checkpoint, as changelog segments:
+    # 10 B of state changes per task, and the in-flight bytes
+    assert got["dstl_checkpoint_size_bytes_sum"] == 4 * 2 * 10 + 5000 + 65536
+
+
+def _scraped(m: CoordinatorMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """What ``dstl status`` reads from the coordinator's endpoint (status.scrape)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(generate_latest(m.registry).decode()):
+        for smp in fam.samples:
+            out.setdefault(smp.name, []).append((dict(smp.labels), float(smp.value)))
+    return out
+
+
+def test_the_status_panel_gives_alignment_start_delay_in_flight_and_unaligned(
+    metrics: CoordinatorMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _observe_unaligned(metrics)
+    rows = dict(job_rows(_scraped(metrics)))
+    # p99 interpolated in the buckets: alignment in (0.1, 0.25], start delay in
+    # (0.01, 0.025], in-flight bytes in (16 KiB, 64 KiB]
+    assert rows["  alignment / start delay p99"] == "244.0 / 24.4 ms"
+    assert rows["unaligned checkpoints"] == "2"
+    assert rows["in-flight data / checkpoint"] == "17.2 KiB mean / 62.1 KiB p99"
+    assert rows["  sync / async phase p99"] == "9.9 / 9.9 ms"  # the figures before stay
+    # the panel still reads at 80 columns
+    monkeypatch.setattr(status_command, "scrape", lambda url, timeout: _scraped(metrics))
+    text = summary_text_of(job_table("http://127.0.0.1:9464/metrics", 1.0, " at 12:00:00"))
+    assert max(len(r) for r in text.splitlines()) <= 80, text
+    lines = summary_lines(text)
+    assert "alignment / start delay p99 244.0 / 24.4 ms" in lines
+    assert "unaligned checkpoints 2" in lines
+
+
+def test_the_status_panel_without_unaligned_figures_shows_dashes(
+    metrics: CoordinatorMetrics,
+) -> None:
+    rows = dict(job_rows(_scraped(metrics)))  # nothing completed yet
+    assert rows["  alignment / start delay p99"] == "-"
+    assert rows["in-flight data / checkpoint"] == "-"
+    assert rows["unaligned checkpoints"] == "0"
+    old = {k: v for k, v in _scraped(metrics).items() if "unaligned" not in k}
+    assert dict(job_rows(old))["unaligned checkpoints"] == "-"  # an older coordinator
+
+
+def summary_text_of(table: Any) -> str:
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(table)
+    return console.export_text()
 
 
 # -- the demo's report and summary -------------------------------------------------
