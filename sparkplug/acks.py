@@ -32,6 +32,7 @@ class _AwaitingPersist:
     state: TaskCheckpoint  # without the persist's handle
     persisted: Future[ChangelogHandle] | None
     deadline: float  # monotonic seconds
+    channel: Future[ChangelogHandle] | None = None  # the channel state's persist
 
 
 class PendingAcks:
@@ -57,13 +58,19 @@ class PendingAcks:
         return len(self._pending)
 
     def add(
-        self, checkpoint_id: int, state: TaskCheckpoint, persisted: Future[ChangelogHandle] | None
+        self,
+        checkpoint_id: int,
+        state: TaskCheckpoint,
+        persisted: Future[ChangelogHandle] | None,
+        channel: Future[ChangelogHandle] | None = None,
     ) -> None:
         """Checkpoint ``checkpoint_id``'s synchronous phase is done: ``state`` is its
         acknowledgement without the changelog handle ``persisted`` will give (None: no
-        changelog). Sends what is ready; blocks while more than ``limit`` wait."""
+        changelog) and the channel-state handle ``channel`` will give (None: none;
+        sparkplug/channel_state.py). Sends what is ready; blocks while more than
+        ``limit`` wait."""
         deadline = self._clock() + self.timeout
-        self._pending.append(_AwaitingPersist(checkpoint_id, state, persisted, deadline))
+        self._pending.append(_AwaitingPersist(checkpoint_id, state, persisted, deadline, channel))
         self.send_ready()
         while len(self._pending) > self.limit:
             self._send_oldest(block=True)
@@ -80,7 +87,7 @@ class PendingAcks:
         p = self._pending[0]
         f = p.persisted
         handle: ChangelogHandle | None
-        if f is not None and not f.done():
+        if any(x is not None and not x.done() for x in (f, p.channel)):
             left = p.deadline - self._clock()
             if left <= 0:
                 raise TimeoutError(
@@ -91,11 +98,18 @@ class PendingAcks:
                 return False
         # a failed persist raises here; a blocking wait past the deadline: TimeoutError
         handle = None if f is None else f.result(timeout=p.deadline - self._clock())
+        channel = None if p.channel is None else p.channel.result(p.deadline - self._clock())
         self._pending.popleft()
         started = p.deadline - self.timeout  # the barrier's synchronous phase ended
         changelog = p.state.changelog if handle is None else (*p.state.changelog, handle)
+        channel_state = p.state.channel_state
+        if channel is not None and any(not s.meta.is_marker for s in channel.segments):
+            channel_state = (*channel_state, channel)
         state = replace(
-            p.state, changelog=changelog, async_s=round(max(0.0, self._clock() - started), 6)
+            p.state,
+            changelog=changelog,
+            channel_state=channel_state,
+            async_s=round(max(0.0, self._clock() - started), 6),
         )
         self._ack(p.checkpoint_id, state)
         return True

@@ -1,7 +1,8 @@
 """The keyed exchange between the tasks of a job: every task's source reader sends
 ``(key, record)`` pairs to the task owning the key's group, and every task's keyed
 operator receives from all P tasks (P input channels, one of them itself), with
-checkpoint barriers aligned across the channels (Flink aligned checkpoints).
+checkpoint barriers taken aligned or unaligned across the channels
+(sparkplug/barriers.py: Flink aligned checkpoints, FLIP-76 unaligned checkpoints).
 
 Wire: one ZeroMQ PUSH socket per downstream task, connected to a PULL socket that the
 downstream task bound for this sender alone, so a channel that waits for alignment is
@@ -11,7 +12,11 @@ simply left unread: its messages stay in ZeroMQ's queues, the sender's sends fai
 ever dropped, and the task thread never blocks on a send: one thread calls
 ``send``/``barrier``/``flush``/``receive`` in a loop. The channel to itself is an
 in-memory queue of the same encoded frames, going through the same decoding and
-alignment.
+barrier handling. Unaligned, a barrier is put ahead of the batches still queued in
+this task (its outboxes and own queue; FLIP-76: barriers overtake in-flight data);
+those batches are sent after it, and the caller persists them as output channel
+state. Batches already handed to ZeroMQ stay before the barrier: the receiver reads
+them ahead of its processing and persists them as input channel state.
 
 Frames are msgpack: ``[0, [[key, record], ...]]`` for a batch of records,
 ``[1, checkpoint_id]`` for a barrier.
@@ -28,8 +33,26 @@ import msgpack
 import zmq
 
 from dstltree.security.curve import Curve, configure_client, configure_server
+from dstltree.sparkplug.barriers import (
+    BarrierEvent,
+    BarriersComplete,
+    CheckpointBarriers,
+    ExchangeError,
+    Mode,
+    TakeSnapshot,
+)
 from dstltree.sparkplug.keygroups import canonical_key
-from dstltree.storage.errors import DstlError
+
+__all__ = [
+    "BarrierEvent",
+    "BarriersComplete",
+    "Exchange",
+    "ExchangeError",
+    "Records",
+    "TakeSnapshot",
+    "decode_batch",
+    "encode_batch",
+]
 
 Key: TypeAlias = "None | bool | int | str | bytes | tuple[Key, ...]"
 """A record key: None, bool, int, str, bytes, or a (nested) tuple of those."""
@@ -39,89 +62,21 @@ _BARRIER = 1
 _UNPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
 
 
-class ExchangeError(DstlError):
-    """The exchange received something it cannot accept: a malformed frame, or a barrier
-    out of order. The message names the input channel (the sending task)."""
-
-
 @dataclass(frozen=True, slots=True)
 class Records:
     """One batch received on input ``channel`` (the sending task's index): ``items`` are
-    ``(key, record)`` pairs in the order the sender sent them."""
+    ``(key, record)`` pairs in the order the sender sent them. ``inflight``: the
+    checkpoint whose input channel state the batch is (FLIP-76: it was sent before that
+    barrier and arrived after the snapshot), else None; ``frame``: the batch as
+    received (what is persisted as channel state)."""
 
     channel: int
     items: list[tuple[Key, dict[str, Any]]]
+    inflight: int | None = None
+    frame: bytes = b""
 
 
-@dataclass(frozen=True, slots=True)
-class Aligned:
-    """Barrier ``checkpoint_id`` arrived on every input channel: every record sent
-    before it by any sender was delivered before this, none sent after it."""
-
-    checkpoint_id: int
-
-
-class BarrierAligner:
-    """Alignment of checkpoint barriers over ``channels`` input channels (Flink aligned
-    checkpoints): once barrier ``cp`` arrived on a channel, that channel is blocked (its
-    caller must not read it) until ``cp`` arrived on every channel; then ``cp`` is
-    aligned and every channel is unblocked. Pure: no I/O.
-
-    Every sender puts every barrier on every channel, in increasing checkpoint order, so
-    a barrier that does not fit raises :class:`ExchangeError`: a checkpoint id not
-    greater than the last one of its channel, a barrier on a blocked channel, or a
-    barrier of another checkpoint than the one being aligned.
-    """
-
-    def __init__(self, channels: int) -> None:
-        if channels < 1:
-            raise ValueError(f"channels must be >= 1, got {channels}")
-        self.channels = channels
-        self._last: list[int | None] = [None] * channels
-        self._blocked = [False] * channels
-        self._arrived = 0
-        self._pending: int | None = None
-
-    @property
-    def pending(self) -> int | None:
-        """The checkpoint being aligned (arrived on some channels, not all), or None."""
-        return self._pending
-
-    def blocked(self, channel: int) -> bool:
-        """True while ``channel`` delivered the pending barrier and others have not."""
-        return self._blocked[channel]
-
-    def on_barrier(self, channel: int, cp: int) -> int | None:
-        """Barrier ``cp`` arrived on ``channel`` (0..channels-1). Returns ``cp`` when it
-        has now arrived on every channel (aligned), else None. Raises ExchangeError when
-        the barrier is out of order (see the class), IndexError for a bad channel."""
-        last = self._last[channel]
-        if self._blocked[channel]:
-            raise ExchangeError(
-                f"channel {channel}: barrier {cp} while blocked on checkpoint {self._pending}"
-            )
-        if last is not None and cp <= last:
-            raise ExchangeError(
-                f"channel {channel}: barrier {cp} after barrier {last} (checkpoint ids "
-                "must increase)"
-            )
-        if self._pending is not None and cp != self._pending:
-            raise ExchangeError(
-                f"channel {channel}: barrier {cp} while aligning checkpoint {self._pending}"
-            )
-        self._last[channel] = cp
-        self._arrived += 1
-        if self._arrived == self.channels:
-            self._blocked = [False] * self.channels
-            self._arrived = 0
-            self._pending = None
-            return cp
-        self._blocked[channel] = True
-        self._pending = cp
-        return None
-
-
-def _encode(items: list[tuple[Key, dict[str, Any]]]) -> bytes:
+def encode_batch(items: list[tuple[Key, dict[str, Any]]]) -> bytes:
     """The frame of a batch. Raises TypeError naming the key or column that msgpack
     cannot encode (or a record that is not a dict)."""
     try:
@@ -147,7 +102,17 @@ def _check_encodable(value: Any, what: str, key: Any) -> None:
         ) from e
 
 
-def _decode(channel: int, frame: bytes) -> tuple[int, Any]:
+def decode_batch(frame: bytes, where: str) -> list[tuple[Key, dict[str, Any]]]:
+    """The ``(key, record)`` pairs of a batch frame (as persisted in channel state).
+    Raises ExchangeError naming ``where`` for anything but a batch."""
+    kind, body = _decode(where, frame)
+    if kind != _BATCH:
+        raise ExchangeError(f"{where}: a barrier where a batch of records was expected")
+    pairs: list[tuple[Key, dict[str, Any]]] = body
+    return pairs
+
+
+def _decode(channel: int | str, frame: bytes) -> tuple[int, Any]:
     """``(_BATCH, pairs)`` or ``(_BARRIER, checkpoint_id)``; raises ExchangeError naming
     ``channel`` for anything else."""
     try:
@@ -165,7 +130,8 @@ def _decode(channel: int, frame: bytes) -> tuple[int, Any]:
             append((canonical_key(key) if type(key) is list else key, record))
         return _BATCH, pairs
     except _UNPACK_ERRORS as e:
-        raise ExchangeError(f"channel {channel}: malformed frame ({len(frame)} B): {e}") from e
+        where = f"channel {channel}" if isinstance(channel, int) else channel
+        raise ExchangeError(f"{where}: malformed frame ({len(frame)} B): {e}") from e
 
 
 class Exchange:
@@ -183,7 +149,11 @@ class Exchange:
     thread drives it). ``security``: CURVE with the per-job keys (``Curve.shared``):
     the PULL sockets serve, the PUSH sockets connect with them; None = plaintext.
     ``max_message_bytes``: the largest frame a PULL socket accepts (a larger one
-    drops the connection). Raises ValueError for bad sizes.
+    drops the connection). ``mode`` and ``aligned_timeout`` (seconds): how barriers
+    are taken (sparkplug/barriers.py); with ``mode="unaligned"`` and no timeout a
+    barrier also overtakes the batches queued in this task's outboxes (FLIP-76: the
+    sender's output channel state, returned by :meth:`barrier`). Raises ValueError for
+    bad sizes.
     """
 
     def __init__(
@@ -198,6 +168,8 @@ class Exchange:
         receive_batches: int = 64,
         security: Curve | None = None,
         max_message_bytes: int = 64 * 1024 * 1024,
+        mode: Mode = "aligned",
+        aligned_timeout: float = 0.0,
     ) -> None:
         if not 0 <= task < parallelism:
             raise ValueError(f"task {task} outside 0..{parallelism - 1}")
@@ -212,11 +184,14 @@ class Exchange:
         self._security = security
         self._max_message_bytes = max_message_bytes
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._aligner = BarrierAligner(parallelism)
+        self.barriers = CheckpointBarriers(parallelism, mode, aligned_timeout)
+        """The input side's barriers (pending checkpoint, blocked and owing channels)."""
+        self._overtake = mode == "unaligned" and aligned_timeout <= 0
         self._open: list[list[tuple[Key, dict[str, Any]]]] = [[] for _ in range(parallelism)]
         self._waited = [False] * parallelism
-        self._outbox: list[deque[bytes]] = [deque() for _ in range(parallelism)]
-        self._inbox: deque[bytes] = deque()  # the channel to itself
+        # per target: closed frames not yet accepted by ZeroMQ, (is a barrier, frame)
+        self._outbox: list[deque[tuple[bool, bytes]]] = [deque() for _ in range(parallelism)]
+        self._inbox: deque[tuple[bool, bytes]] = deque()  # the channel to itself
         self._last_barrier: int | None = None
         self._connected = False
         self._closed = False
@@ -275,18 +250,30 @@ class Exchange:
         if len(batch) >= self._batch_records:
             self._close_batch(target)
 
-    def barrier(self, checkpoint_id: int) -> None:
-        """Put barrier ``checkpoint_id`` after everything sent so far on every outgoing
-        channel (this task's own included); never blocks. Raises ValueError if it is not
-        greater than the previous barrier, TypeError as :meth:`send`."""
+    def barrier(self, checkpoint_id: int) -> list[bytes]:
+        """Put barrier ``checkpoint_id`` on every outgoing channel (this task's own
+        included) after everything sent so far; never blocks. Unaligned (no timeout):
+        the barrier overtakes the batches still queued here (after the earlier
+        barriers); they are sent after it and returned, in order per channel, as this
+        task's output channel state of the checkpoint (FLIP-76); else returns [].
+        Raises ValueError if it is not greater than the previous barrier, TypeError as
+        :meth:`send`."""
         if self._last_barrier is not None and checkpoint_id <= self._last_barrier:
             raise ValueError(f"barrier {checkpoint_id} after barrier {self._last_barrier}")
         self._last_barrier = checkpoint_id
         frame = msgpack.packb([_BARRIER, checkpoint_id])
+        overtaken: list[bytes] = []
         for target in range(self.parallelism):
             if self._open[target]:
                 self._close_batch(target)
-            self._enqueue(target, frame)
+            if not self._overtake:
+                self._enqueue(target, frame, barrier=True)
+                continue
+            queue = self._inbox if target == self.task else self._outbox[target]
+            overtaken.extend(_overtake(queue, frame))
+            if target != self.task:
+                self._drain_outbox(target)
+        return overtaken
 
     def flush(self) -> bool:
         """Close the batches that were already open at the previous flush, and hand
@@ -314,31 +301,47 @@ class Exchange:
 
     @property
     def aligning(self) -> int | None:
-        """The checkpoint whose barrier arrived on some input channels but not all yet
-        (those channels are not read meanwhile), or None."""
-        return self._aligner.pending
+        """The checkpoint whose barrier arrived on some input channels but not all yet,
+        or None."""
+        return self.barriers.pending
 
-    def receive(self, timeout: float) -> list[Records | Aligned]:
-        """What arrived on the input channels not blocked by alignment, in order per
-        channel, up to ``receive_batches`` frames; waits up to ``timeout`` seconds for the
-        first one if none is there. ``Aligned(cp)`` comes once barrier cp arrived on
-        every channel (Flink aligned checkpoints): a channel that delivered barrier cp is
-        not read until then. Raises ExchangeError (naming the channel) for a malformed
-        frame or an out-of-order barrier."""
-        out: list[Records | Aligned] = []
-        self._read_available(out)
-        if out or timeout <= 0:
+    def receive(
+        self, timeout: float, max_frames: int | None = None
+    ) -> list[Records | BarrierEvent]:
+        """What arrived on the input channels not blocked (sparkplug/barriers.py), in
+        order per channel, up to ``max_frames`` frames (default ``receive_batches``);
+        waits up to ``timeout`` seconds for the first one if none is there. Barrier
+        events come in place: ``TakeSnapshot`` before the records the snapshot must not
+        hold, ``BarriersComplete`` once the checkpoint's barrier arrived everywhere.
+        Raises ExchangeError (naming the channel) for a malformed frame or an
+        out-of-order barrier."""
+        budget = self._receive_batches if max_frames is None else max_frames
+        out: list[Records | BarrierEvent] = list(self.barriers.on_time(time.monotonic()))
+        self._read_available(out, budget, range(self.parallelism))
+        if out or timeout <= 0 or budget <= 0:
             return out
         waiting = [
             (sock, zmq.POLLIN)
             for channel, sock in enumerate(self._pull)
-            if sock is not None and not self._aligner.blocked(channel)
+            if sock is not None and not self.barriers.blocked(channel)
         ]
         if waiting:
             if zmq.zmq_poll(waiting, int(timeout * 1000)):
-                self._read_available(out)
+                self._read_available(out, budget, range(self.parallelism))
         else:
             time.sleep(timeout)  # only the own channel: nothing can arrive meanwhile
+        return out
+
+    def receive_inflight(self, max_frames: int) -> list[Records | BarrierEvent]:
+        """Read ahead, without waiting, up to ``max_frames`` frames of the channels
+        that still owe the pending unaligned checkpoint its barrier (their records are
+        its input channel state): the checkpoint completes when their barriers arrive,
+        not when the records before them are processed (FLIP-76). [] when no unaligned
+        checkpoint is pending. Raises as :meth:`receive`."""
+        out: list[Records | BarrierEvent] = []
+        owing = self.barriers.owing()
+        if owing:
+            self._read_available(out, max_frames, owing)
         return out
 
     def close(self) -> None:
@@ -360,14 +363,14 @@ class Exchange:
         items = self._open[target]
         self._open[target] = []
         self._waited[target] = False
-        self._enqueue(target, _encode(items))
+        self._enqueue(target, encode_batch(items))
 
-    def _enqueue(self, target: int, frame: bytes) -> None:
+    def _enqueue(self, target: int, frame: bytes, barrier: bool = False) -> None:
         if target == self.task:
-            self._inbox.append(frame)
+            self._inbox.append((barrier, frame))
             return
         outbox = self._outbox[target]
-        outbox.append(frame)
+        outbox.append((barrier, frame))
         if len(outbox) == 1:
             self._drain_outbox(target)
 
@@ -379,7 +382,7 @@ class Exchange:
             return not outbox
         while outbox:
             try:
-                sock.send(outbox[0], zmq.NOBLOCK)
+                sock.send(outbox[0][1], zmq.NOBLOCK)
             except zmq.Again:
                 return False
             outbox.popleft()
@@ -387,7 +390,7 @@ class Exchange:
 
     def _next_frame(self, channel: int) -> bytes | None:
         if channel == self.task:
-            return self._inbox.popleft() if self._inbox else None
+            return self._inbox.popleft()[1] if self._inbox else None
         sock = self._pull[channel]
         assert sock is not None
         try:
@@ -395,15 +398,17 @@ class Exchange:
         except zmq.Again:
             return None
 
-    def _read_available(self, out: list[Records | Aligned]) -> None:
-        """Read unblocked channels round-robin, one frame each per round, until none has
-        anything or ``receive_batches`` frames were read."""
-        budget = self._receive_batches
+    def _read_available(
+        self, out: list[Records | BarrierEvent], budget: int, channels: Any
+    ) -> None:
+        """Read ``channels`` that are not blocked round-robin, one frame each per round,
+        until none has anything or ``budget`` frames were read."""
         progress = True
+        barriers = self.barriers
         while progress and budget > 0:
             progress = False
-            for channel in range(self.parallelism):
-                if budget == 0 or self._aligner.blocked(channel):
+            for channel in channels:
+                if budget == 0 or barriers.blocked(channel):
                     continue
                 frame = self._next_frame(channel)
                 if frame is None:
@@ -413,8 +418,18 @@ class Exchange:
                 kind, body = _decode(channel, frame)
                 if kind == _BATCH:
                     if body:
-                        out.append(Records(channel, body))
+                        out.append(Records(channel, body, barriers.inflight_for(channel), frame))
                 else:
-                    aligned = self._aligner.on_barrier(channel, body)
-                    if aligned is not None:
-                        out.append(Aligned(aligned))
+                    out.extend(barriers.on_barrier(channel, body, time.monotonic()))
+
+
+def _overtake(queue: deque[tuple[bool, bytes]], barrier: bytes) -> list[bytes]:
+    """Put ``barrier`` into ``queue`` after its last barrier, ahead of the batches
+    queued after that one; returns those batches (FLIP-76: a barrier overtakes the
+    in-flight data of its channel)."""
+    at = len(queue)
+    while at > 0 and not queue[at - 1][0]:
+        at -= 1
+    overtaken = [frame for _, frame in list(queue)[at:]]
+    queue.insert(at, (True, barrier))
+    return overtaken

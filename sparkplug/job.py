@@ -18,6 +18,7 @@ from dstltree.coordinator.service import Coordinator, CoordinatorStatistics
 from dstltree.coordinator.state import DEFAULT_MAX_CONCURRENT_CHECKPOINTS
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.security.settings import JobSecurity, SecuritySettings, cluster_keys_for_nodes
+from dstltree.sparkplug.barriers import MODES
 from dstltree.sparkplug.keygroups import DEFAULT_MAX_PARALLELISM
 from dstltree.sparkplug.nodes import NodePlacement, executor_nodes, local_nodes
 from dstltree.sparkplug.pipeline import Pipeline
@@ -49,7 +50,14 @@ class RunOptions:
     started by hosts' supervisors follow the topology's ``security``). ``compression``:
     the codec of the tasks' changelog segments (None: off; ``"zstd"``).
     ``max_concurrent_checkpoints``: checkpoints in flight at most (Flink's
-    ``maxConcurrentCheckpoints``); each task keeps as many persisting while it goes on."""
+    ``maxConcurrentCheckpoints``); each task keeps as many persisting while it goes on.
+    ``checkpointing``: ``"aligned"`` (default) or ``"unaligned"`` (FLIP-76: barriers
+    overtake in-flight records, which are persisted with the checkpoint);
+    ``aligned_checkpoint_timeout`` (seconds, 0: none; only with ``"unaligned"``, as
+    Flink's ``aligned-checkpoint-timeout``): a checkpoint starts aligned and switches
+    to unaligned once its alignment at a task takes longer; ``max_inflight_bytes``:
+    bytes of in-flight records a task reads ahead of its processing for one unaligned
+    checkpoint (beyond, it reads them as it processes them: never drops)."""
 
     name: str
     base_path: str
@@ -72,6 +80,30 @@ class RunOptions:
     auth: bool = True
     compression: str | None = None
     max_concurrent_checkpoints: int = DEFAULT_MAX_CONCURRENT_CHECKPOINTS
+    checkpointing: str = "aligned"
+    aligned_checkpoint_timeout: float = 0.0
+    max_inflight_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        check_checkpointing(
+            self.checkpointing, self.aligned_checkpoint_timeout, self.max_inflight_bytes
+        )
+
+
+def check_checkpointing(mode: str, aligned_timeout: float, max_inflight_bytes: int) -> None:
+    """Raise ValueError naming the option for a mode other than "aligned" or
+    "unaligned", an aligned-checkpoint timeout below 0 or set with aligned
+    checkpoints (Flink accepts it only with unaligned ones), or ``max_inflight_bytes``
+    below 1."""
+    if mode not in MODES:
+        raise ValueError(f"checkpointing must be one of {MODES}, got {mode!r}")
+    if aligned_timeout < 0 or (aligned_timeout > 0 and mode != "unaligned"):
+        raise ValueError(
+            f"aligned_checkpoint_timeout {aligned_timeout}: must be >= 0, and > 0 only "
+            "with checkpointing='unaligned' (start aligned, switch after the timeout)"
+        )
+    if max_inflight_bytes < 1:
+        raise ValueError(f"max_inflight_bytes must be >= 1, got {max_inflight_bytes}")
 
 
 @dataclass
@@ -365,6 +397,9 @@ class _Attempts:
             kill_after_checkpoints=drill.after_checkpoints if drill is not None else 0,
             security=self.security,
             compression=o.compression,
+            checkpointing=o.checkpointing,
+            aligned_checkpoint_timeout=o.aligned_checkpoint_timeout,
+            max_inflight_bytes=o.max_inflight_bytes,
         )
 
     def _ack_timeout(self) -> float:

@@ -32,6 +32,7 @@ from dstltree.coordinator.checkpoint import CompletedCheckpoint, MaterializedRef
 from dstltree.coordinator.store import CheckpointStore
 from dstltree.coordinator.task_link import TaskLink
 from dstltree.security.settings import JobSecurity
+from dstltree.sparkplug.channel_state import channel_log_id, restore_inflight
 from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.pipeline import Pipeline
 from dstltree.sparkplug.restore import restore_key_groups
@@ -73,18 +74,24 @@ class TaskConfig:
     # None = plaintext. Shipped in the closure: see docs/deploy.md (spark.authenticate)
     security: JobSecurity | None = None
     compression: str | None = None  # segment codec of the task's writer (None: off)
+    # how the keyed exchange takes barriers (sparkplug/barriers.py; FLIP-76)
+    checkpointing: str = "aligned"
+    aligned_checkpoint_timeout: float = 0.0
+    max_inflight_bytes: int = 64 * 1024 * 1024  # read ahead for one unaligned checkpoint
 
 
 @dataclass
 class Restored:
     """What a task starts from: ``materialized`` and ``handles`` to reference in its
-    acknowledgements, the records processed before, and the parallelism restored from
-    when it differs (None otherwise)."""
+    acknowledgements, the records processed before, the parallelism restored from
+    when it differs (None otherwise), and the checkpoint's in-flight records of its key
+    groups, to process before any new record (sparkplug/channel_state.py)."""
 
     materialized: MaterializedRef | None = None
     handles: tuple[ChangelogHandle, ...] = ()
     records: int = 0
     rescaled_from: int | None = None
+    inflight: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
 
 
 def kill_if_drilled(cfg: TaskConfig, task: int, checkpoint_id: int) -> None:
@@ -129,11 +136,16 @@ def run_task(
     try:
         latest = _restore_point(cfg, store)
         restored = restore(store, latest, task, cfg.parallelism, backend)
+        restored.inflight = restore_inflight(store, latest, kgs).records
+        channels = None
         if cfg.persist_changelog:
-            backend.writer = client.create_writer(f"{cfg.job_id}-t{task}-a{cfg.attempt}", kgs)
+            log_id = f"{cfg.job_id}-t{task}-a{cfg.attempt}"
+            backend.writer = client.create_writer(log_id, kgs)
+            if cfg.checkpointing == "unaligned":
+                channels = client.create_writer(channel_log_id(log_id), kgs)
             if restored.rescaled_from is not None:
                 restored.materialized = snapshot_now(store, backend)
-        loop = TaskLoop(cfg, task, store, backend, restored, executor_host(executor))
+        loop = TaskLoop(cfg, task, store, backend, restored, executor_host(executor), channels)
         loop.connect(gather)
         link = TaskLink(cfg.coordinator, task, cfg.attempt, node=node or "", security=sec.job)
         with link:

@@ -6,11 +6,23 @@ thread, driven by coordinator commands and exchange deliveries.
   each record and sends it to the task owning the key's key group. At a
   TriggerCheckpoint it records its split states and sends barrier ``cp`` on every
   channel; it reports splits read to their end (SplitsFinished).
-- Operator: processes the records of every input channel with the user's function;
-  when barrier ``cp`` arrived on all channels (aligned), starts the changelog's persist,
-  stages the sink output and goes on processing; ``cp`` is acknowledged, with the
-  reader's split states of ``cp``, once the persist is durable (sparkplug/acks.py:
-  asynchronous checkpoints, at most ``TaskConfig.max_pending_acks`` waiting).
+- Operator: processes the records of every input channel with the user's function,
+  a slice of at most ``PROCESS_SLICE`` seconds per round (received batches wait in a
+  backlog of a bounded number of batches, so commands and barriers are never stuck
+  behind a slow function); at its snapshot of ``cp`` (aligned: barrier ``cp`` on every
+  channel; unaligned: the first barrier ``cp``, or the alignment timeout, FLIP-76;
+  sparkplug/barriers.py) it starts the changelog's persist and stages the sink output,
+  and goes on processing; once barrier ``cp`` arrived on every channel, the in-flight
+  records of ``cp`` (unaligned) are persisted through the channel-state writer
+  (sparkplug/channel_state.py); ``cp`` is acknowledged, with the reader's split states
+  of ``cp``, once both are durable (sparkplug/acks.py: asynchronous checkpoints, at
+  most ``TaskConfig.max_pending_acks`` waiting).
+- Unaligned: while a checkpoint waits for barriers, the channels that owe it theirs
+  are read ahead of the processing (their batches logged as its input channel state)
+  up to ``TaskConfig.max_inflight_bytes`` in the backlog; beyond, they are read as the
+  processing goes (nothing is dropped). The reader's barrier overtakes the batches it
+  had queued (their output channel state). Restored in-flight records are processed
+  before anything else.
 - Materialization: a Materialize command starts it (its synchronous part); every round
   of the loop packs a few key groups and writes them in the background
   (sparkplug/materialize.py); it is reported once written.
@@ -23,14 +35,21 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from dstltree.client.collector import serving_collector
+from dstltree.client.handle import ChangelogHandle
+from dstltree.client.writer import ChangelogWriter
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.task_link import TaskLink
 from dstltree.sparkplug.acks import PendingAcks
-from dstltree.sparkplug.exchange import Aligned, Exchange
+from dstltree.sparkplug.barriers import BarriersComplete, TakeSnapshot
+from dstltree.sparkplug.channel_state import input_change, output_change
+from dstltree.sparkplug.exchange import Exchange, Records, encode_batch
 from dstltree.sparkplug.keygroups import task_of_key
 from dstltree.sparkplug.materialize import Materializer
 from dstltree.sparkplug.pipeline import apply_steps, key_of
@@ -42,8 +61,12 @@ from dstltree.sparkplug.task import Restored, TaskConfig, kill_if_drilled
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
+RECEIVE_BATCHES = 64  # batches received ahead of the processing, at most
+READ_AHEAD_BATCHES = 256  # batches an unaligned checkpoint's owing channels read per round
 IDLE_WAIT = 0.005  # seconds a task with nothing to do waits for deliveries
 ACK_WAIT = 0.001  # ... while an acknowledgement waits for its persist
+PROCESS_SLICE = 0.01  # seconds of processing per round, at most (plus one chunk)
+CHUNK = 32  # records processed between two looks at the clock
 
 
 def _interface(host: str) -> str:
@@ -84,6 +107,16 @@ class _Output:
             self.writer.write(row)
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """The snapshot of a checkpoint, taken; its acknowledgement waits for the barriers."""
+
+    persisted: Future[ChangelogHandle] | None
+    unaligned: bool
+    start_delay_s: float
+    sync_s: float
+
+
 class TaskLoop:
     """One task attempt's loop (module docstring). ``host``: the executor's host, where
     the exchange binds. ``run`` returns the records its keyed operator processed in
@@ -97,6 +130,7 @@ class TaskLoop:
         backend: KeyedStateBackend,
         restored: Restored,
         host: str = "127.0.0.1",
+        channels: ChangelogWriter | None = None,
     ) -> None:
         p = cfg.pipeline
         self.cfg, self.task, self.store, self.backend = cfg, task, store, backend
@@ -119,7 +153,22 @@ class TaskLoop:
             host=_interface(host),
             batch_records=cfg.batch_records,
             security=None if cfg.security is None else cfg.security.job,
+            mode="unaligned" if cfg.checkpointing == "unaligned" else "aligned",
+            aligned_timeout=cfg.aligned_checkpoint_timeout,
         )
+        # the channel-state writer (unaligned checkpoints), its SQN after the last persist
+        self.channels = channels
+        self._cs_after = 0 if channels is None else channels.next_sqn()
+        self._cs_key_group = backend.key_groups.start
+        self.inflight = restored.inflight  # processed before anything else
+        self._backlog: deque[Records | TakeSnapshot | BarriersComplete] = deque()
+        self._offset = 0  # records of the backlog's first batch already processed
+        self._backlog_bytes = 0  # frame bytes of the batches in the backlog
+        self._triggered: dict[int, float] = {}  # checkpoint -> when its trigger came
+        self._output: dict[int, list[bytes]] = {}  # output channel state before its snapshot
+        self._snapshots: dict[int, _Snapshot] = {}  # taken, barriers still owed
+        self._logging: int | None = None  # the checkpoint whose channel state is logged
+        self._inflight_bytes: dict[int, int] = {}
         self._steps, self._key, self._fn = p.steps, p.key_by, p.function
         self._link: TaskLink | None = None
         self._rate_start: float | None = None
@@ -148,6 +197,9 @@ class TaskLoop:
     def run(self, link: TaskLink) -> int:
         """Loop until Finish, taking commands from ``link`` (after :meth:`connect`)."""
         self._link = link
+        if self.inflight:  # FLIP-76 "Recovery": before any new record
+            self._process(self.inflight)
+            self.inflight = []
         # what exists now (the restored state's containers, Spark's worker, the
         # libraries) lives as long as the task: the collector's full collections leave
         # it unscanned, so one does not stall the loop for tens of milliseconds, and
@@ -178,13 +230,71 @@ class TaskLoop:
         self._materialize_step()
         busy = self._read()
         self.exchange.flush()
-        wait = 0.0 if busy else ACK_WAIT if self.acks else IDLE_WAIT
-        for item in self.exchange.receive(wait):
-            if isinstance(item, Aligned):
-                self._checkpoint(item.checkpoint_id)
-            else:
-                self._process(item.items)
+        self._receive(busy)
+        self._work()
         return False
+
+    # -- receiving ---------------------------------------------------------------------
+    def _receive(self, busy: bool) -> None:
+        """Take deliveries into the backlog: the channels owing an unaligned checkpoint
+        its barrier read ahead (bounded by bytes), the others up to a backlog of
+        ``RECEIVE_BATCHES`` batches."""
+        ex = self.exchange
+        if ex.barriers.unaligned and self._backlog_bytes < self.cfg.max_inflight_bytes:
+            self._take(ex.receive_inflight(READ_AHEAD_BATCHES))
+        room = max(0, RECEIVE_BATCHES - len(self._backlog))
+        wait = 0.0 if busy or self._backlog or not room else ACK_WAIT if self.acks else IDLE_WAIT
+        self._take(ex.receive(wait, room))
+
+    def _take(self, items: list[Any]) -> None:
+        for item in items:
+            if isinstance(item, Records):
+                if item.inflight is not None:
+                    self._log(item.inflight, input_change(item.frame))
+                self._backlog.append(item)
+                self._backlog_bytes += len(item.frame)
+            elif isinstance(item, TakeSnapshot) and item.unaligned:
+                self._unaligned_snapshot(item)
+            elif isinstance(item, BarriersComplete) and item.checkpoint_id in self._snapshots:
+                self._complete(item)  # unaligned: its in-flight records are all logged
+            else:  # aligned: in order with the records before it
+                self._backlog.append(item)
+
+    def _work(self, until_events: bool = False) -> None:
+        """Process the backlog for ``PROCESS_SLICE`` seconds (aligned barrier events in
+        their place); ``until_events``: until no barrier event is left in it."""
+        deadline = time.monotonic() + PROCESS_SLICE
+        backlog = self._backlog
+        while backlog:
+            if until_events and not any(not isinstance(i, Records) for i in backlog):
+                return
+            item = backlog[0]
+            if isinstance(item, Records):
+                if not self._process_batch(item, None if until_events else deadline):
+                    return
+                backlog.popleft()
+                self._offset = 0
+                self._backlog_bytes -= len(item.frame)
+            else:
+                backlog.popleft()
+                if isinstance(item, TakeSnapshot):
+                    self._snapshot(item.checkpoint_id, False, item.first_barrier_at)
+                else:
+                    self._complete(item)
+            if not until_events and time.monotonic() >= deadline:
+                return
+
+    def _process_batch(self, batch: Records, deadline: float | None) -> bool:
+        """Process the rest of ``batch`` (from ``_offset``) in chunks until ``deadline``;
+        True when all of it is processed."""
+        items = batch.items
+        while self._offset < len(items):
+            end = self._offset + CHUNK
+            self._process(items[self._offset : end])
+            self._offset = min(end, len(items))
+            if deadline is not None and time.monotonic() >= deadline:
+                return self._offset >= len(items)
+        return True
 
     # -- reader ------------------------------------------------------------------------
     def _read(self) -> bool:
@@ -239,10 +349,36 @@ class TaskLoop:
             self.max_gap_s = now - self._last_batch
         self._last_batch = now
 
-    def _checkpoint(self, cp: int) -> None:
-        """Barrier ``cp`` aligned, the synchronous phase: start the changelog's persist
-        (its SQN range ends here), stage the sink output, and leave the acknowledgement
-        to :class:`PendingAcks` (sent once the persist is durable)."""
+    # -- checkpoints -------------------------------------------------------------------
+    def _unaligned_snapshot(self, ev: TakeSnapshot) -> None:
+        """FLIP-76: snapshot at once; what the backlog holds was sent before the
+        barriers and is not in the snapshot: the checkpoint's channel state, with the
+        output channel state its trigger left."""
+        if any(not isinstance(i, Records) for i in self._backlog):
+            self._work(until_events=True)  # an earlier aligned checkpoint comes first
+        cp = ev.checkpoint_id
+        self._snapshot(cp, True, ev.first_barrier_at)
+        self._logging = cp
+        for frame in self._output.pop(cp, ()):
+            self._log(cp, output_change(frame))
+        for n, item in enumerate(self._backlog):
+            if isinstance(item, Records):
+                frame = item.frame
+                if n == 0 and self._offset:  # its first records are in the snapshot
+                    frame = encode_batch(item.items[self._offset :])
+                self._log(cp, input_change(frame))
+
+    def _log(self, cp: int, change: bytes) -> None:
+        """Log ``change`` as channel state of ``cp`` (the checkpoint being logged)."""
+        if self.channels is None or self._logging != cp:
+            raise RuntimeError(f"channel state of checkpoint {cp} while logging {self._logging}")
+        self.channels.append(self._cs_key_group, change)
+        self._inflight_bytes[cp] = self._inflight_bytes.get(cp, 0) + len(change)
+
+    def _snapshot(self, cp: int, unaligned: bool, first_barrier_at: float) -> None:
+        """The synchronous phase of ``cp``: start the changelog's persist (its SQN range
+        ends here) and stage the sink output; the acknowledgement waits for
+        :meth:`_complete`."""
         t0 = time.monotonic()
         writer = self.backend.writer
         future = None
@@ -252,6 +388,22 @@ class TaskLoop:
             staged = self.sink.prepare_commit(cp)
             if staged is not None:
                 self.uncommitted.append(staged)
+        triggered = self._triggered.get(cp)
+        delay = 0.0 if triggered is None else max(0.0, first_barrier_at - triggered)
+        sync_s = round(time.monotonic() - t0, 6)  # microseconds: short metadata
+        self._snapshots[cp] = _Snapshot(future, unaligned, round(delay, 6), sync_s)
+
+    def _complete(self, ev: BarriersComplete) -> None:
+        """Barrier ``cp`` arrived on every channel: persist its channel state and leave
+        the acknowledgement to :class:`PendingAcks` (sent once both are durable)."""
+        cp = ev.checkpoint_id
+        snap = self._snapshots.pop(cp)
+        channel = None
+        if self.channels is not None:
+            channel = self.channels.persist_durably(self._cs_after, checkpoint_id=cp)
+            self._cs_after = self.channels.next_sqn()
+        self._logging = None
+        self._triggered.pop(cp, None)
         kgs = self.backend.key_groups
         state = TaskCheckpoint(
             self.task,
@@ -262,13 +414,19 @@ class TaskLoop:
             (kgs.start, kgs.stop),
             self.barrier_states.pop(cp, ()),
             tuple(self.uncommitted),
-            sync_s=round(time.monotonic() - t0, 6),  # microseconds: short metadata
+            sync_s=snap.sync_s,
+            unaligned=snap.unaligned,
+            alignment_s=round(ev.alignment_s, 6),
+            start_delay_s=snap.start_delay_s,
+            inflight_bytes=self._inflight_bytes.pop(cp, 0),
         )
-        self.acks.add(cp, state, future)
+        self.acks.add(cp, state, snap.persisted, channel)
 
     def _send_ack(self, cp: int, state: TaskCheckpoint) -> None:
         assert self._link is not None
         self._link.ack_checkpoint(cp, state)
+        if self.channels is not None and state.channel_state:  # durable: drop the copies
+            self.channels.truncate(state.channel_state[-1].sqn_range[1])
 
     @property
     def busy_s(self) -> float:
@@ -297,11 +455,21 @@ class TaskLoop:
         return False
 
     def _barrier(self, cmd: protocol.TriggerCheckpoint) -> None:
-        kill_if_drilled(self.cfg, self.task, cmd.checkpoint_id)
-        self.barrier_states[cmd.checkpoint_id] = self.splits.states()
-        self.exchange.barrier(cmd.checkpoint_id)
+        """The reader's part of a checkpoint: split states, then the barrier on every
+        channel (unaligned: overtaking the batches queued here, whose output channel
+        state is logged at the operator's snapshot of the checkpoint)."""
+        cp = cmd.checkpoint_id
+        kill_if_drilled(self.cfg, self.task, cp)
+        self._triggered[cp] = time.monotonic()
+        self.barrier_states[cp] = self.splits.states()
+        overtaken = self.exchange.barrier(cp)
+        if overtaken and self._logging == cp:
+            for frame in overtaken:
+                self._log(cp, output_change(frame))
+        elif overtaken:
+            self._output[cp] = overtaken
         if cmd.final:
-            self.final = cmd.checkpoint_id
+            self.final = cp
 
     def _materialize(self, epoch: int) -> None:
         """Materialization ``epoch``: its synchronous part only (sparkplug/materialize.py);

@@ -1,5 +1,5 @@
-"""The keyed exchange over real ZeroMQ on loopback: aligned barriers, order, exact counts,
-back-pressure, key round-trips and refused input."""
+"""The keyed exchange over real ZeroMQ on loopback: aligned and unaligned barriers, order,
+exact counts, channel state, back-pressure, key round-trips and refused input."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ import msgpack
 import pytest
 import zmq
 
-from dstltree.sparkplug.exchange import Aligned, Exchange, ExchangeError, Records
+from dstltree.sparkplug.exchange import (
+    BarriersComplete,
+    Exchange,
+    ExchangeError,
+    Records,
+    TakeSnapshot,
+    decode_batch,
+)
 from tests.support.waiting import wait_until
 
 Event = tuple[str, int, int, int]  # ("rec", channel, seq, phase) or ("aligned", -1, 0, cp)
@@ -37,7 +44,10 @@ def _collect(ex: Exchange, events: list[Event], timeout: float = 0.0) -> int:
     """Receive once into ``events``; returns the number of records received."""
     n = 0
     for item in ex.receive(timeout):
-        if isinstance(item, Aligned):
+        if isinstance(item, TakeSnapshot):
+            assert not item.unaligned
+            continue
+        if isinstance(item, BarriersComplete):
             events.append(("aligned", -1, 0, item.checkpoint_id))
             continue
         for key, record in item.items:
@@ -333,3 +343,100 @@ def test_bad_use_is_refused() -> None:
             a.barrier(3)
     with Exchange(0, 2) as lone, pytest.raises(ValueError, match="addresses"):
         lone.connect([lone.addresses])
+
+
+class UnalignedDriver:
+    """One task's loop in unaligned mode: sends ``per_phase`` records to each target per
+    phase (barriers 1..``barriers`` between phases), processes what arrives at once,
+    and keeps what a checkpoint's snapshot holds, its input channel state and the
+    output channel state its barriers overtook."""
+
+    def __init__(self, ex: Exchange, per_phase: int, barriers: int, deadline: float) -> None:
+        self.ex, self.per_phase, self.barriers, self.deadline = ex, per_phase, barriers, deadline
+        self.processed: list[tuple[int, int]] = []  # (src, seq), in processing order
+        self.snapshot: dict[int, set[tuple[int, int]]] = {}
+        self.inflight: dict[int, list[tuple[int, int]]] = {}
+        self.output: dict[int, list[dict[str, Any]]] = {}  # records overtaken by barrier cp
+        self.completed: list[int] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # reported by the test thread
+            self.error = e
+
+    def _loop(self) -> None:
+        ex, p = self.ex, self.ex.parallelism
+        total = p * self.per_phase * (self.barriers + 1)
+        phase, sent, seq = 0, 0, 0
+        idle = False
+        while not (idle and len(self.processed) == total and len(self.completed) == self.barriers):
+            assert time.monotonic() < self.deadline, "driver timed out"
+            while phase <= self.barriers and sent < self.per_phase * p and not ex.backpressured:
+                target = seq % p
+                record = {"src": ex.task, "seq": seq, "phase": phase, "dst": target}
+                ex.send(target, (ex.task, seq), record)
+                seq, sent = seq + 1, sent + 1
+            if sent == self.per_phase * p and phase < self.barriers:
+                phase, sent = phase + 1, 0
+                frames = ex.barrier(phase)
+                self.output[phase] = [r for f in frames for _, r in decode_batch(f, "out")]
+            elif sent == self.per_phase * p:
+                phase = self.barriers + 1
+            idle = ex.flush() and phase > self.barriers  # everything sent
+            for item in ex.receive(0.002):
+                if isinstance(item, TakeSnapshot):
+                    assert item.unaligned
+                    self.snapshot[item.checkpoint_id] = set(self.processed)
+                elif isinstance(item, BarriersComplete):
+                    self.completed.append(item.checkpoint_id)
+                else:
+                    pairs = [(r["src"], r["seq"]) for _, r in item.items]
+                    if item.inflight is not None:
+                        assert decode_batch(item.frame, "in") == item.items
+                        self.inflight.setdefault(item.inflight, []).extend(pairs)
+                    self.processed.extend(pairs)
+
+
+def test_unaligned_every_record_is_in_the_snapshot_or_in_flight_exactly_once() -> None:
+    """FLIP-76 over real sockets: for each checkpoint and receiver, the records sent to it
+    before the barriers are either processed before its snapshot, or its input channel
+    state, or a sender's output channel state, each exactly once; none sent after."""
+    per_phase, barriers, p = 120, 4, 3
+    options = dict(batch_records=5, max_outbox_batches=4, hwm=2, receive_batches=3)
+    with exchanges(p, mode="unaligned", **options) as group:
+        deadline = time.monotonic() + 60
+        drivers = [UnalignedDriver(ex, per_phase, barriers, deadline) for ex in group]
+        for d in drivers:
+            d.thread.start()
+        for d in drivers:
+            d.thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
+            assert not d.thread.is_alive(), "driver did not finish"
+    for d in drivers:
+        if d.error is not None:
+            raise d.error
+    overtaken_total = sum(len(v) for d in drivers for v in d.output.values())
+    assert overtaken_total > 0, "no barrier overtook anything: the test proves little"
+    for receiver, d in enumerate(drivers):
+        assert d.completed == list(range(1, barriers + 1))
+        assert len(d.processed) == len(set(d.processed)) == p * per_phase * (barriers + 1)
+        for cp in range(1, barriers + 1):
+            # records sent to this receiver before barrier cp: phase < cp (seq encodes it)
+            before = {
+                (src, seq)
+                for src in range(p)
+                for seq in range(cp * per_phase * p)
+                if seq % p == receiver
+            }
+            output = [
+                (r["src"], r["seq"])
+                for s in drivers
+                for r in s.output.get(cp, ())
+                if r["dst"] == receiver
+            ]
+            parts = [d.snapshot[cp], d.inflight.get(cp, []), output]
+            union = set().union(*map(set, parts))
+            assert sum(len(x) for x in parts) == len(union), f"checkpoint {cp}: counted twice"
+            assert union == before, f"checkpoint {cp}: lost or late records"
