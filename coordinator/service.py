@@ -76,7 +76,10 @@ class CoordinatorStatistics:
     completion path (from its last acknowledgement to its commit point: 1 when its
     conditional create succeeds at once); ``metadata_bytes``: per completed checkpoint,
     the bytes of its metadata as written; ``max_concurrent_checkpoints``: the bound on
-    checkpoints in flight, ``checkpoints_in_flight_max`` the most seen at once."""
+    checkpoints in flight, ``checkpoints_in_flight_max`` the most seen at once;
+    ``checkpoint_alignments``: per completed checkpoint, its longest alignment and start
+    delay at any task (seconds), the in-flight bytes all tasks persisted with it, and
+    whether a task took it unaligned (FLIP-76; ``checkpoint_alignment``)."""
 
     checkpoints_completed: int
     checkpoints_aborted: int
@@ -109,6 +112,7 @@ class CoordinatorStatistics:
     fenced: str | None = None
     materializations: tuple[tuple[float, int, int], ...] = ()
     checkpoint_phases_s: tuple[tuple[float, float], ...] = ()
+    checkpoint_alignments: tuple[tuple[float, float, int, bool], ...] = ()
     checkpoint_intervals_s: tuple[float, ...] = ()
     completion_requests: tuple[int, ...] = ()
     metadata_bytes: tuple[int, ...] = ()
@@ -414,6 +418,7 @@ class Coordinator:
                 checkpoint_durations_s=tuple(s.checkpoint_durations_s),
                 materializations=tuple(s.materializations),
                 checkpoint_phases_s=tuple(s.checkpoint_phases_s),
+                checkpoint_alignments=tuple(s.checkpoint_alignments),
                 checkpoint_intervals_s=tuple(s.checkpoint_intervals_s),
                 completion_requests=tuple(s.completion_requests),
                 metadata_bytes=tuple(s.metadata_bytes),

@@ -98,6 +98,7 @@ from dstltree.coordinator.checkpoint import (
     Refusal,
     SplitLogRef,
     TaskCheckpoint,
+    checkpoint_alignment,
     checkpoint_phases,
     checkpoint_problem,
     log_spans,
@@ -347,6 +348,8 @@ class CoordinatorState:
         self.checkpoints_aborted = 0
         self.checkpoint_durations_s: list[float] = []
         self.checkpoint_phases_s: list[tuple[float, float]] = []  # (sync, async) per checkpoint
+        # per checkpoint: (alignment s, start delay s, in-flight bytes, unaligned)
+        self.checkpoint_alignments: list[tuple[float, float, int, bool]] = []
         self.checkpoint_intervals_s: list[float] = []  # trigger to trigger
         self.completion_requests: list[int] = []  # per completed checkpoint
         self.metadata_bytes: list[int] = []  # per completed checkpoint
@@ -558,6 +561,7 @@ class CoordinatorState:
             self.checkpoints_completed += 1
             self.checkpoint_durations_s.append(duration)
             self.checkpoint_phases_s.append(checkpoint_phases(cp))
+            self.checkpoint_alignments.append(checkpoint_alignment(cp))
             size = dict(ev.metadata_bytes).get(cid, 0)
             self.completion_requests.append(ev.requests)
             self.metadata_bytes.append(size)

@@ -21,6 +21,11 @@ channel and the barriers still owed by the others depends on the mode:
   to unaligned: snapshot at once, blocked channels released, the records still owed
   by the others become its channel state.
 
+A barrier can demand alignment (``aligned=True``): its checkpoint is taken aligned
+whatever the mode, as the final checkpoint of a run must be (every record read before
+it is processed before the job ends; Flink takes savepoints and final checkpoints
+aligned, FLIP-147).
+
 One checkpoint is pending at a time: a channel that delivers the barrier of a later
 checkpoint while one is pending is blocked until the pending one has every barrier
 (as Flink, unaligned checkpoints are not concurrent within a task); that barrier is
@@ -92,7 +97,9 @@ class CheckpointBarriers:
         self._pending: int | None = None
         self._first_at = 0.0
         self._unaligned = False  # the pending checkpoint's snapshot was taken unaligned
-        self._held: dict[int, int] = {}  # channel -> barrier of a later checkpoint
+        self._forced = False  # the pending checkpoint's barriers demand alignment
+        # channel -> (checkpoint, demands alignment) of a barrier of a later checkpoint
+        self._held: dict[int, tuple[int, bool]] = {}
 
     @property
     def pending(self) -> int | None:
@@ -126,11 +133,15 @@ class CheckpointBarriers:
             return []
         return [c for c in range(self.channels) if not self._arrived[c]]
 
-    def on_barrier(self, channel: int, cp: int, now: float) -> list[BarrierEvent]:
-        """Barrier ``cp`` arrived on ``channel`` (0..channels-1) at ``now`` (seconds).
-        Returns what follows from it, in order. Raises ExchangeError for a barrier out
-        of order: a checkpoint id not greater than the channel's last, a barrier on a
-        blocked channel, or one that skips the pending checkpoint; IndexError for a
+    def on_barrier(
+        self, channel: int, cp: int, now: float, aligned: bool = False
+    ) -> list[BarrierEvent]:
+        """Barrier ``cp`` arrived on ``channel`` (0..channels-1) at ``now`` (seconds);
+        ``aligned``: it demands alignment (module docstring; the first barrier of a
+        checkpoint decides). Returns what follows from it, in order. Raises
+        ExchangeError for a barrier out of order: a checkpoint id not greater than the
+        channel's last, a barrier on a blocked channel, or one that skips the pending
+        checkpoint; IndexError for a
         bad channel."""
         last = self._last[channel]
         if channel in self._held or (self.blocked(channel) and self._arrived[channel]):
@@ -149,10 +160,10 @@ class CheckpointBarriers:
                     f"channel {channel}: barrier {cp} while checkpoint {pending} is pending"
                 )
             self._last[channel] = cp
-            self._held[channel] = cp
+            self._held[channel] = (cp, aligned)
             return []
         self._last[channel] = cp
-        return self._arrive(channel, cp, now)
+        return self._arrive(channel, cp, now, aligned)
 
     def on_time(self, now: float) -> list[BarrierEvent]:
         """The clock moved to ``now``: the pending aligned checkpoint switches to
@@ -160,6 +171,7 @@ class CheckpointBarriers:
         if (
             self._pending is None
             or self._unaligned
+            or self._forced
             or self.aligned_timeout <= 0
             or now - self._first_at < self.aligned_timeout
         ):
@@ -167,11 +179,11 @@ class CheckpointBarriers:
         self._unaligned = True
         return [TakeSnapshot(self._pending, True, self._first_at)]
 
-    def _arrive(self, channel: int, cp: int, now: float) -> list[BarrierEvent]:
+    def _arrive(self, channel: int, cp: int, now: float, aligned: bool) -> list[BarrierEvent]:
         out: list[BarrierEvent] = []
         if self._pending is None:
-            self._pending, self._first_at = cp, now
-            self._unaligned = self.mode == "unaligned" and self.aligned_timeout <= 0
+            self._pending, self._first_at, self._forced = cp, now, aligned
+            self._unaligned = self.mode == "unaligned" and self.aligned_timeout <= 0 and not aligned
             if self._unaligned:
                 out.append(TakeSnapshot(cp, True, now))
         self._arrived[channel] = True
@@ -185,9 +197,10 @@ class CheckpointBarriers:
         self._arrived = [False] * self.channels
         held, self._held = self._held, {}
         for c in sorted(held):  # their barriers arrived while the last one was pending
-            if self._pending is not None and held[c] != self._pending:
+            cp_held, forced = held[c]
+            if self._pending is not None and cp_held != self._pending:
                 raise ExchangeError(
-                    f"channel {c}: barrier {held[c]} while checkpoint {self._pending} is pending"
+                    f"channel {c}: barrier {cp_held} while checkpoint {self._pending} is pending"
                 )
-            out.extend(self._arrive(c, held[c], now))
+            out.extend(self._arrive(c, cp_held, now, forced))
         return out

@@ -19,7 +19,8 @@ state. Batches already handed to ZeroMQ stay before the barrier: the receiver re
 them ahead of its processing and persists them as input channel state.
 
 Frames are msgpack: ``[0, [[key, record], ...]]`` for a batch of records,
-``[1, checkpoint_id]`` for a barrier.
+``[1, checkpoint_id]`` for a barrier, ``[2, checkpoint_id]`` for a barrier that
+demands alignment (a run's final checkpoint).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ Key: TypeAlias = "None | bool | int | str | bytes | tuple[Key, ...]"
 
 _BATCH = 0
 _BARRIER = 1
+_ALIGNED_BARRIER = 2  # a barrier that demands alignment (a run's final checkpoint)
 _UNPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
 
 
@@ -118,8 +120,8 @@ def _decode(channel: int | str, frame: bytes) -> tuple[int, Any]:
     try:
         msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
         kind, body = msg
-        if kind == _BARRIER and type(body) is int and body >= 0:
-            return _BARRIER, body
+        if kind in (_BARRIER, _ALIGNED_BARRIER) and type(body) is int and body >= 0:
+            return kind, body
         if kind != _BATCH or type(body) is not list:
             raise ValueError(f"unknown message kind {kind!r}")
         pairs: list[tuple[Key, dict[str, Any]]] = []
@@ -250,23 +252,25 @@ class Exchange:
         if len(batch) >= self._batch_records:
             self._close_batch(target)
 
-    def barrier(self, checkpoint_id: int) -> list[bytes]:
+    def barrier(self, checkpoint_id: int, aligned: bool = False) -> list[bytes]:
         """Put barrier ``checkpoint_id`` on every outgoing channel (this task's own
         included) after everything sent so far; never blocks. Unaligned (no timeout):
         the barrier overtakes the batches still queued here (after the earlier
         barriers); they are sent after it and returned, in order per channel, as this
         task's output channel state of the checkpoint (FLIP-76); else returns [].
+        ``aligned``: the checkpoint is taken aligned whatever the mode (a run's final
+        checkpoint: sparkplug/barriers.py); nothing is overtaken.
         Raises ValueError if it is not greater than the previous barrier, TypeError as
         :meth:`send`."""
         if self._last_barrier is not None and checkpoint_id <= self._last_barrier:
             raise ValueError(f"barrier {checkpoint_id} after barrier {self._last_barrier}")
         self._last_barrier = checkpoint_id
-        frame = msgpack.packb([_BARRIER, checkpoint_id])
+        frame = msgpack.packb([_ALIGNED_BARRIER if aligned else _BARRIER, checkpoint_id])
         overtaken: list[bytes] = []
         for target in range(self.parallelism):
             if self._open[target]:
                 self._close_batch(target)
-            if not self._overtake:
+            if aligned or not self._overtake:
                 self._enqueue(target, frame, barrier=True)
                 continue
             queue = self._inbox if target == self.task else self._outbox[target]
@@ -420,7 +424,8 @@ class Exchange:
                     if body:
                         out.append(Records(channel, body, barriers.inflight_for(channel), frame))
                 else:
-                    out.extend(barriers.on_barrier(channel, body, time.monotonic()))
+                    aligned = kind == _ALIGNED_BARRIER
+                    out.extend(barriers.on_barrier(channel, body, time.monotonic(), aligned))
 
 
 def _overtake(queue: deque[tuple[bool, bytes]], barrier: bytes) -> list[bytes]:

@@ -112,11 +112,12 @@ def run_task(
     """Run task ``task`` of ``cfg.attempt`` until the coordinator says Finish. Blocking.
     ``gather(str) -> list[str]`` exchanges one string with every task of the stage
     (Spark's ``BarrierTaskContext.allGather``). Returns ``{"task", "attempt",
-    "records", "max_gap_s", "busy_s", "materialization_sync_s",
+    "records", "max_gap_s", "busy_s", "materialization_sync_s", "restored_inflight",
     "last_materialization"}`` (the longest time between two batches of records
     processed, from the first batch to the last, the longest
-    synchronous part of a materialization, seconds; the last materialization's
-    figures). Raises SourceError / RecordError for input it cannot use."""
+    synchronous part of a materialization, seconds; the in-flight records of the
+    restored checkpoint it processed first; the last materialization's figures).
+    Raises SourceError / RecordError for input it cannot use."""
     from dstltree.sparkplug.task_loop import TaskLoop
 
     store = ObjectStore(cfg.base_path, cfg.storage_options)
@@ -160,6 +161,7 @@ def run_task(
         "max_gap_s": loop.max_gap_s,
         "busy_s": loop.busy_s,
         "materialization_sync_s": loop.materialization_sync_s,
+        "restored_inflight": loop.restored_inflight,
         "last_materialization": None if last is None else dataclasses.asdict(last),
     }
 

@@ -161,6 +161,7 @@ class TaskLoop:
         self._cs_after = 0 if channels is None else channels.next_sqn()
         self._cs_key_group = backend.key_groups.start
         self.inflight = restored.inflight  # processed before anything else
+        self.restored_inflight = len(restored.inflight)
         self._backlog: deque[Records | TakeSnapshot | BarriersComplete] = deque()
         self._offset = 0  # records of the backlog's first batch already processed
         self._backlog_bytes = 0  # frame bytes of the batches in the backlog
@@ -197,8 +198,10 @@ class TaskLoop:
     def run(self, link: TaskLink) -> int:
         """Loop until Finish, taking commands from ``link`` (after :meth:`connect`)."""
         self._link = link
-        if self.inflight:  # FLIP-76 "Recovery": before any new record
-            self._process(self.inflight)
+        if self.inflight:  # FLIP-76 "Recovery": first in the backlog, before any new record
+            restored = Records(self.task, self.inflight, None, encode_batch(self.inflight))
+            self._backlog.append(restored)
+            self._backlog_bytes += len(restored.frame)
             self.inflight = []
         # what exists now (the restored state's containers, Spark's worker, the
         # libraries) lives as long as the task: the collector's full collections leave
@@ -240,11 +243,21 @@ class TaskLoop:
         its barrier read ahead (bounded by bytes), the others up to a backlog of
         ``RECEIVE_BATCHES`` batches."""
         ex = self.exchange
-        if ex.barriers.unaligned and self._backlog_bytes < self.cfg.max_inflight_bytes:
+        ahead = self._backlog_bytes < self.cfg.max_inflight_bytes
+        if ex.barriers.unaligned and ahead:
             self._take(ex.receive_inflight(READ_AHEAD_BATCHES))
         room = max(0, RECEIVE_BATCHES - len(self._backlog))
+        if not room and ahead and self._barrier_expected():
+            room = READ_AHEAD_BATCHES  # its barrier is behind what the backlog holds
         wait = 0.0 if busy or self._backlog or not room else ACK_WAIT if self.acks else IDLE_WAIT
         self._take(ex.receive(wait, room))
+
+    def _barrier_expected(self) -> bool:
+        """Unaligned: this task triggered a checkpoint (not the final one) whose
+        snapshot is still to come: read on, the first barrier is near."""
+        if self.cfg.checkpointing != "unaligned" or self.cfg.aligned_checkpoint_timeout > 0:
+            return False
+        return any(cp not in self._snapshots and cp != self.final for cp in self._triggered)
 
     def _take(self, items: list[Any]) -> None:
         for item in items:
@@ -462,7 +475,7 @@ class TaskLoop:
         kill_if_drilled(self.cfg, self.task, cp)
         self._triggered[cp] = time.monotonic()
         self.barrier_states[cp] = self.splits.states()
-        overtaken = self.exchange.barrier(cp)
+        overtaken = self.exchange.barrier(cp, aligned=cmd.final)  # the last one: aligned
         if overtaken and self._logging == cp:
             for frame in overtaken:
                 self._log(cp, output_change(frame))
