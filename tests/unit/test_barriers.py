@@ -199,3 +199,24 @@ def test_every_record_belongs_to_exactly_the_checkpoints_it_precedes() -> None:
                 assert owner in snapshot_taken  # after the snapshot ...
                 assert seen_barrier[c] < owner  # ... and before its barrier on c
         assert b.pending is None and snapshot_taken == {1, 2, 3}
+
+
+def test_a_barrier_demanding_alignment_is_aligned_in_unaligned_mode() -> None:
+    """A run's final checkpoint: every record read before it is processed first."""
+    for timeout in (0.0, 0.2):
+        u = CheckpointBarriers(2, "unaligned", aligned_timeout=timeout)
+        assert u.on_barrier(0, 9, 1.0, aligned=True) == []
+        assert u.blocked(0) and u.inflight_for(1) is None
+        assert u.on_time(100.0) == []  # never switches
+        assert u.on_barrier(1, 9, 2.0, aligned=True) == [
+            TakeSnapshot(9, False, 1.0),
+            BarriersComplete(9, 1.0),
+        ]
+
+
+def test_a_held_barrier_keeps_its_demand_for_alignment() -> None:
+    u = CheckpointBarriers(2, "unaligned")
+    u.on_barrier(0, 1, 0.0)
+    assert u.on_barrier(0, 2, 0.1, aligned=True) == []  # held behind checkpoint 1
+    assert u.on_barrier(1, 1, 0.2) == [BarriersComplete(1, 0.2)]  # 2 starts aligned
+    assert u.blocked(0) and u.pending == 2 and not u.unaligned

@@ -121,3 +121,41 @@ def test_impossible_checkpoint_phases_are_refused(phases: tuple[float, float]) -
     problem = checkpoint_problem(tc, ["file:///x/"], range(0, 4), 4)
     assert problem is not None and problem.kind == "bounds"
     assert TaskCheckpoint.from_dict(TaskCheckpoint(0, 0, sync_s=0.5).to_dict()).sync_s == 0.5
+
+
+def _channel(lo: int, hi: int, length: int) -> ChangelogHandle:
+    from dstltree.client.handle import SegmentRef
+    from dstltree.client.segment import SegmentMeta
+
+    meta = SegmentMeta("w-cs", lo, hi, (0,), length, 0)
+    return ChangelogHandle("w-cs", (lo, hi), (SegmentRef(meta, "mem://o", 0),))
+
+
+def test_an_unaligned_ack_waits_for_its_channel_state_too() -> None:
+    acks, sent, _ = _acks()
+    state: Future[ChangelogHandle] = Future()
+    channel: Future[ChangelogHandle] = Future()
+    acks.add(4, TaskCheckpoint(0, 0, unaligned=True), state, channel)
+    state.set_result(_handle(0, 2))
+    assert acks.send_ready() == 0, "the in-flight records are not durable yet"
+    channel.set_result(_channel(0, 1, 40))
+    assert acks.send_ready() == 1
+    ((cp, ack),) = sent
+    assert cp == 4 and ack.changelog == (_handle(0, 2),)
+    assert ack.channel_state == (_channel(0, 1, 40),)
+
+
+def test_an_empty_channel_state_is_not_referenced() -> None:
+    acks, sent, _ = _acks()
+    empty: Future[ChangelogHandle] = Future()
+    empty.set_result(_channel(3, 3, 0))  # a marker: nothing was in flight
+    acks.add(5, TaskCheckpoint(0, 0), None, empty)
+    assert sent and sent[0][1].channel_state == ()
+
+
+def test_a_failed_channel_state_persist_fails_the_task() -> None:
+    acks, _, _ = _acks()
+    channel: Future[ChangelogHandle] = Future()
+    channel.set_exception(PersistError("upload failed"))
+    with pytest.raises(PersistError):
+        acks.add(6, TaskCheckpoint(0, 0), None, channel)
