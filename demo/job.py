@@ -85,6 +85,8 @@ class DemoOptions:
     checkpoints of the first run (dstltree.demo.node_kill);
     ``compression``: the codec of the changelog segments (None: off; "zstd");
     ``max_concurrent_checkpoints``: checkpoints in flight at most;
+    ``checkpointing``, ``aligned_checkpoint_timeout``: aligned or unaligned
+    checkpoints (FLIP-76; StreamingJob's options of the same names);
     ``run_id``: this run's folder below the
     base path (default: :func:`new_run_id`); ``fresh``: delete this run's folder
     ``<base>/<run_id>/`` first (nothing else, ever). Raises ValueError for a run id
@@ -114,6 +116,8 @@ class DemoOptions:
     run_id: str = field(default_factory=new_run_id)
     compression: str | None = None
     max_concurrent_checkpoints: int = DEFAULT_MAX_CONCURRENT_CHECKPOINTS
+    checkpointing: str = "aligned"
+    aligned_checkpoint_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         if not RUN_ID.fullmatch(self.run_id):
@@ -212,6 +216,8 @@ def run_job(
         "source_rate": opts.source_rate,
         "compression": opts.compression,
         "max_concurrent_checkpoints": opts.max_concurrent_checkpoints,
+        "checkpointing": opts.checkpointing,
+        "aligned_checkpoint_timeout": opts.aligned_checkpoint_timeout,
     }
     drills = []
     if drill and opts.kill_task_after > 0:
@@ -399,6 +405,7 @@ def run_demo(
         "base_path": opts.base_path,
         "run_id": opts.run_id,
         "run_prefix": opts.prefix(),
+        "checkpointing": opts.checkpointing,
         "metrics": results[-1].run.metrics,
         "wall_s": round(time.monotonic() - started, 1),
     }

@@ -16,7 +16,8 @@ def run_figures(
     """The report's figures up to ``rescaled_from`` for ``results`` (``JobResult`` s in
     run order, at least one; each ``.run`` a ``JobRun``). ``present_objects``: the
     changelog objects under the checkpoint directory now. Durations in ms (a
-    checkpoint's synchronous and asynchronous phases: the longest at any task; the
+    checkpoint's synchronous and asynchronous phases, its alignment and start delay:
+    the longest at any task; in-flight bytes: all tasks', per checkpoint; the
     interval achieved, trigger to trigger, within each run); the completion path and
     metadata per checkpoint and the checkpoints in flight (:func:`completion_figures`);
     materializations: their duration, the last one's size and the bytes written and
@@ -33,6 +34,10 @@ def run_figures(
     intervals_ms = [d * 1000 for s in stats for d in s.checkpoint_intervals_s]
     sync_ms = [p[0] * 1000 for s in stats for p in s.checkpoint_phases_s]
     async_ms = [p[1] * 1000 for s in stats for p in s.checkpoint_phases_s]
+    aligns = [a for s in stats for a in s.checkpoint_alignments]
+    align_ms = [a[0] * 1000 for a in aligns]
+    delay_ms = [a[1] * 1000 for a in aligns]
+    inflight = [float(a[2]) for a in aligns]
     epochs = [m for s in stats for m in s.materializations]
     objects: set[str] = set().union(*(o.objects for o in observed))
     segments: set[tuple[str, int, int]] = set().union(*(o.segments for o in observed))
@@ -54,6 +59,15 @@ def run_figures(
             "interval": [round(i, 1) for i in intervals_ms],
         },
         "checkpoint_async_ms": {"p50": _ms(async_ms, 50), "p99": _ms(async_ms, 99)},
+        # FLIP-76 figures per checkpoint: the longest alignment and start delay at any
+        # task, the in-flight bytes persisted with it (all tasks), unaligned ones
+        "checkpoint_alignment_ms": {"p50": _ms(align_ms, 50), "p99": _ms(align_ms, 99)},
+        "checkpoint_start_delay_ms": {"p50": _ms(delay_ms, 50), "p99": _ms(delay_ms, 99)},
+        "inflight_bytes": {
+            "mean": round(sum(inflight) / len(inflight)) if inflight else 0,
+            "p99": round(percentile(inflight, 99)) if inflight else 0,
+        },
+        "checkpoints_unaligned": sum(1 for a in aligns if a[3]),
         **completion_figures(stats),
         "materializations": sum(s.materializations_completed for s in stats),
         "materialization_ms": {"p50": _ms([m[0] * 1000 for m in epochs], 50)},

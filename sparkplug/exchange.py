@@ -151,7 +151,9 @@ class Exchange:
     thread drives it). ``security``: CURVE with the per-job keys (``Curve.shared``):
     the PULL sockets serve, the PUSH sockets connect with them; None = plaintext.
     ``max_message_bytes``: the largest frame a PULL socket accepts (a larger one
-    drops the connection). ``mode`` and ``aligned_timeout`` (seconds): how barriers
+    drops the connection). ``socket_buffer``: the kernel's send / receive buffer of
+    each socket, bytes (0: the system's default). ``mode`` and ``aligned_timeout``
+    (seconds): how barriers
     are taken (sparkplug/barriers.py); with ``mode="unaligned"`` and no timeout a
     barrier also overtakes the batches queued in this task's outboxes (FLIP-76: the
     sender's output channel state, returned by :meth:`barrier`). Raises ValueError for
@@ -172,6 +174,7 @@ class Exchange:
         max_message_bytes: int = 64 * 1024 * 1024,
         mode: Mode = "aligned",
         aligned_timeout: float = 0.0,
+        socket_buffer: int = 0,
     ) -> None:
         if not 0 <= task < parallelism:
             raise ValueError(f"task {task} outside 0..{parallelism - 1}")
@@ -183,6 +186,7 @@ class Exchange:
         self._max_outbox = max_outbox_batches
         self._receive_batches = receive_batches
         self._hwm = hwm
+        self._socket_buffer = socket_buffer
         self._security = security
         self._max_message_bytes = max_message_bytes
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -216,6 +220,8 @@ class Exchange:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, self._hwm)
+        if self._socket_buffer > 0:  # the kernel's queue too (bytes), not only ZeroMQ's
+            sock.setsockopt(zmq.SNDBUF if kind == zmq.PUSH else zmq.RCVBUF, self._socket_buffer)
         if kind == zmq.PULL:
             sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
             configure_server(sock, self._security, "exchange")
@@ -334,6 +340,14 @@ class Exchange:
                 self._read_available(out, budget, range(self.parallelism))
         else:
             time.sleep(timeout)  # only the own channel: nothing can arrive meanwhile
+        return out
+
+    def receive_own(self, max_frames: int) -> list[Records | BarrierEvent]:
+        """Read up to ``max_frames`` frames of this task's own channel, without waiting
+        (unaligned: its barrier overtook the batches queued there, so the next frame is
+        the barrier). Raises as :meth:`receive`."""
+        out: list[Records | BarrierEvent] = []
+        self._read_available(out, max_frames, (self.task,))
         return out
 
     def receive_inflight(self, max_frames: int) -> list[Records | BarrierEvent]:

@@ -82,7 +82,7 @@ class RunOptions:
     max_concurrent_checkpoints: int = DEFAULT_MAX_CONCURRENT_CHECKPOINTS
     checkpointing: str = "aligned"
     aligned_checkpoint_timeout: float = 0.0
-    max_inflight_bytes: int = 64 * 1024 * 1024
+    max_inflight_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         check_checkpointing(
@@ -109,7 +109,9 @@ def check_checkpointing(mode: str, aligned_timeout: float, max_inflight_bytes: i
 @dataclass
 class Observed:
     """What the driver sees of completed checkpoints while the job runs; ``samples``:
-    (seconds, monotonic, when seen; records in the checkpoint) per checkpoint."""
+    (seconds, monotonic, when seen; records in the checkpoint) per checkpoint;
+    ``objects``, ``segments``: of the state changes and the in-flight records;
+    ``writers``: the state changelog's log ids."""
 
     checkpoint_ids: set[int] = field(default_factory=set)
     objects: set[str] = field(default_factory=set)
@@ -126,8 +128,8 @@ class Observed:
         self.records = sum(t.records for t in cp.tasks.values())
         self.samples.append((time.monotonic(), self.records))
         for t in cp.tasks.values():
-            for h in t.changelog:
-                self.writers.add(h.log_id)
+            self.writers.update(h.log_id for h in t.changelog)
+            for h in (*t.changelog, *t.channel_state):  # in-flight records: same objects
                 for s in h.segments:
                     self.objects.add(s.path)
                     key = (s.path, s.offset, s.length)

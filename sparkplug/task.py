@@ -77,7 +77,7 @@ class TaskConfig:
     # how the keyed exchange takes barriers (sparkplug/barriers.py; FLIP-76)
     checkpointing: str = "aligned"
     aligned_checkpoint_timeout: float = 0.0
-    max_inflight_bytes: int = 64 * 1024 * 1024  # read ahead for one unaligned checkpoint
+    max_inflight_bytes: int = 1024 * 1024  # read ahead for one unaligned checkpoint
 
 
 @dataclass

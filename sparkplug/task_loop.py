@@ -61,7 +61,13 @@ from dstltree.sparkplug.task import Restored, TaskConfig, kill_if_drilled
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
-RECEIVE_BATCHES = 64  # batches received ahead of the processing, at most
+RECEIVE_BATCHES = 16  # batches received ahead of the processing, at most
+# Unaligned: short queues between the tasks. What lies queued before a barrier is the
+# checkpoint's in-flight data, read ahead to reach the barrier or overtaken: the
+# ZeroMQ queues (frames; 2, as CURVE passes nothing at a high-water mark of 1), the
+# kernel's socket buffers (bytes) and the outboxes (batches) of each channel bound it,
+# as Flink's network buffers bound its in-flight data (FLIP-76)
+UNALIGNED_QUEUES: dict[str, int] = {"hwm": 2, "socket_buffer": 8 * 1024, "max_outbox_batches": 16}
 READ_AHEAD_BATCHES = 256  # batches an unaligned checkpoint's owing channels read per round
 IDLE_WAIT = 0.005  # seconds a task with nothing to do waits for deliveries
 ACK_WAIT = 0.001  # ... while an acknowledgement waits for its persist
@@ -155,6 +161,7 @@ class TaskLoop:
             security=None if cfg.security is None else cfg.security.job,
             mode="unaligned" if cfg.checkpointing == "unaligned" else "aligned",
             aligned_timeout=cfg.aligned_checkpoint_timeout,
+            **(UNALIGNED_QUEUES if cfg.checkpointing == "unaligned" else {}),
         )
         # the channel-state writer (unaligned checkpoints), its SQN after the last persist
         self.channels = channels
@@ -246,15 +253,16 @@ class TaskLoop:
         ahead = self._backlog_bytes < self.cfg.max_inflight_bytes
         if ex.barriers.unaligned and ahead:
             self._take(ex.receive_inflight(READ_AHEAD_BATCHES))
+        if self._barrier_expected():  # unaligned: its own barrier leads its own channel
+            self._take(ex.receive_own(1))
         room = max(0, RECEIVE_BATCHES - len(self._backlog))
-        if not room and ahead and self._barrier_expected():
-            room = READ_AHEAD_BATCHES  # its barrier is behind what the backlog holds
         wait = 0.0 if busy or self._backlog or not room else ACK_WAIT if self.acks else IDLE_WAIT
         self._take(ex.receive(wait, room))
 
     def _barrier_expected(self) -> bool:
         """Unaligned: this task triggered a checkpoint (not the final one) whose
-        snapshot is still to come: read on, the first barrier is near."""
+        snapshot is still to come: its barrier overtook everything on its own channel,
+        one frame away whatever the backlog holds."""
         if self.cfg.checkpointing != "unaligned" or self.cfg.aligned_checkpoint_timeout > 0:
             return False
         return any(cp not in self._snapshots and cp != self.final for cp in self._triggered)

@@ -26,7 +26,9 @@ DEFAULT_TOPOLOGY = Path("deploy/bench.yaml")
 
 def register(app: typer.Typer) -> None:
     """``dstl bench`` (the designs, as before) with the sub-commands ``hotpath``,
-    ``chaos``, ``materialization``, ``commit-floor`` and ``structured-streaming``."""
+    ``chaos``, ``materialization``, ``commit-floor``, ``structured-streaming`` and
+    ``backpressure``."""
+    from dstltree.cli.commands._backpressure import backpressure
     from dstltree.cli.commands._chaos import chaos
     from dstltree.cli.commands._commit_floor import commit_floor
     from dstltree.cli.commands._hotpath import hotpath
@@ -40,6 +42,7 @@ def register(app: typer.Typer) -> None:
     group.command("materialization")(materialization)
     group.command("commit-floor")(commit_floor)
     group.command("structured-streaming")(structured_streaming)
+    group.command("backpressure")(backpressure)
     app.add_typer(group, name="bench")
 
 

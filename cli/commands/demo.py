@@ -40,6 +40,15 @@ def _checked_names(run_id: str, compression: str) -> str:
     return run_id
 
 
+def _check_checkpointing(mode: str, timeout: float) -> None:
+    from dstltree.sparkplug.job import check_checkpointing
+
+    try:
+        check_checkpointing(mode, timeout, 1)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--checkpointing") from e
+
+
 def demo(
     tasks: int = typer.Option(4, min=1, max=128, help="Stateful tasks (P)."),
     checkpoint_interval: float = typer.Option(0.3, min=0.01, help="Seconds between checkpoints."),
@@ -48,6 +57,17 @@ def demo(
     ),
     materialization_interval: float = typer.Option(
         3.0, min=0.1, help="Seconds between materializations."
+    ),
+    checkpointing: str = typer.Option(
+        "aligned",
+        help="aligned, or unaligned (FLIP-76: barriers overtake in-flight records, "
+        "persisted with the checkpoint).",
+    ),
+    aligned_checkpoint_timeout: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="With --checkpointing unaligned: start each checkpoint aligned, switch "
+        "after this many seconds of alignment (0: unaligned at once).",
     ),
     kill_task_after: int = typer.Option(
         8, min=0, help="Kill one task hard after N completed checkpoints (0: never)."
@@ -139,6 +159,7 @@ def demo(
     from dstltree.demo.job import DemoOptions
 
     run_id = _checked_names(run_id, compression)
+    _check_checkpointing(checkpointing, aligned_checkpoint_timeout)
     if engine not in ENGINES:
         raise typer.BadParameter(f"{engine!r}: one of {', '.join(ENGINES)}", param_hint="--engine")
     if engine != ENGINES[0] and s3_local:
@@ -156,6 +177,8 @@ def demo(
         tasks=tasks,
         checkpoint_interval=checkpoint_interval,
         max_concurrent_checkpoints=max_concurrent_checkpoints,
+        checkpointing=checkpointing,
+        aligned_checkpoint_timeout=aligned_checkpoint_timeout,
         materialization_interval=materialization_interval,
         kill_task_after=kill_task_after,
         kill_node_after=kill_node_after,
@@ -307,6 +330,13 @@ def _summary(r: dict[str, Any]) -> Any:
     return t
 
 
+def _align(r: dict[str, Any]) -> str:
+    a, d = r.get("checkpoint_alignment_ms"), r.get("checkpoint_start_delay_ms")
+    if a is None or d is None:
+        return "-"
+    return f"{a['p99']} / {d['p99']}"
+
+
 def _checkpoint_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary's checkpoint rows: the interval achieved next to the duration, then
     the phases, the completion path, the metadata and the checkpoints in flight."""
@@ -316,6 +346,8 @@ def _checkpoint_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
         ("checkpoint p50 / p99 (ms)", _figures(r["checkpoint_duration_ms"])),
         ("checkpoint interval p50 / p99 (ms)", _figures(r.get("checkpoint_interval_ms"))),
         ("checkpoint sync / async phase p99 (ms)", phases),
+        (f"{r.get('checkpointing', 'aligned')}: alignment / start delay p99 (ms)", _align(r)),
+        ("in-flight bytes per checkpoint mean / p99", _figures(r.get("inflight_bytes"))),
         (
             "completion-path requests mean / max",
             _figures(r.get("completion_requests_per_checkpoint")),
