@@ -8,7 +8,8 @@ the tasks' changelog and in-flight records through one aggregator node into obje
 on the local filesystem. Its keyed function sleeps on task 0 only, on average
 ``sleep_ms`` per record (FLIP-76's "sleepy map": the time is owed per record and
 slept once a millisecond is owed, oversleeping paid back), so that task back-pressures
-every reader. Each mode runs ``seconds`` at each sleep, one after the other; each run
+every reader. After a warm-up run (``warmup_seconds``, not measured: Spark's Python
+workers start), each mode runs ``seconds`` at each sleep, one after the other; each run
 ends with a graceful stop (its final checkpoint is always aligned and is left out of
 the durations: it measures the stop, not the job under back-pressure).
 
@@ -82,6 +83,7 @@ class BackpressureSettings:
     records: int = 3_000_000
     keys: int = 10_000
     seed: int = 76
+    warmup_seconds: float = 5.0
 
 
 @dataclass
@@ -117,6 +119,11 @@ def run_backpressure(
     data = work / "in"
     write_updates(data, settings.keys, settings.records, settings.seed, files=8)
     (data / "_SUCCESS").touch()
+    if settings.warmup_seconds > 0:  # Spark's Python workers and the JIT, not measured
+        if progress is not None:
+            progress(f"warm-up: {settings.warmup_seconds:g} s, not measured")
+        _run(spark, work, settings, settings.modes[0], 0.0, settings.warmup_seconds)
+        shutil.rmtree(work / "run", ignore_errors=True)
     runs = []
     for sleep_ms in settings.sleeps_ms:
         for mode in settings.modes:
@@ -130,7 +137,12 @@ def run_backpressure(
 
 
 def _run(
-    spark: Any, work: Path, settings: BackpressureSettings, mode: str, sleep_ms: float
+    spark: Any,
+    work: Path,
+    settings: BackpressureSettings,
+    mode: str,
+    sleep_ms: float,
+    seconds: float | None = None,
 ) -> RunFigures:
     run = work / "run"
     run.mkdir(parents=True)
@@ -148,7 +160,7 @@ def _run(
     job.source(FileSource(str(work / "in"), format="parquet")).key_by("key").process(
         SleepyCount(sleep_ms)
     )
-    result = job.run(until=settings.seconds)
+    result = job.run(until=settings.seconds if seconds is None else seconds)
     return figures(result, mode, sleep_ms)
 
 
