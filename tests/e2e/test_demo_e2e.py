@@ -2,7 +2,8 @@
 (the nodes of deploy/local.yaml) with ``--chaos 2`` on top (seed 24: node a1, the node
 of task 3, killed with SIGKILL 4.5 s after the first checkpoint, and task 1 killed in
 the second attempt), and once on local-cluster[2,1,1024] with one node per
-executor whose second node is killed (``--kill-node-after 5``). Runs the real
+executor whose second node is killed (``--kill-node-after 5``), with unaligned
+checkpoints (``--checkpointing unaligned``). Runs the real
 ``dstl demo`` command in a subprocess (its own JVM)."""
 
 from __future__ import annotations
@@ -66,12 +67,16 @@ def test_demo_local_mode_with_task_kill_and_chaos(tmp_path: Path) -> None:
 
 def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:
     # the second executor's node killed hard after 5 checkpoints: its task goes on
-    # through the first executor's node (its second node), the result stays exact
+    # through the first executor's node (its second node), the result stays exact;
+    # checkpoints unaligned (FLIP-76), the task kill recovered from one of them
     tmp = tmp_path / "tmp"  # the executors' temporary directory: the nodes' work dirs
     tmp.mkdir()
     args = ("--tasks", "2", "--master", "local-cluster[2,1,1024]", "--kill-node-after", "5")
-    r = run_demo_cli(tmp_path, str(tmp_path / "dfs"), *args, tmpdir=tmp)
+    unaligned = ("--checkpointing", "unaligned")
+    r = run_demo_cli(tmp_path, str(tmp_path / "dfs"), *args, *unaligned, tmpdir=tmp)
     _check(r, nodes=2)
+    assert r["checkpointing"] == "unaligned"
+    assert r["checkpoints_unaligned"] >= 5  # every checkpoint but a run's final one
     # each node's directory (topology, CURVE key files, statistics) and PID file went
     # with the node: nothing of them outlives the job on the executors' hosts
     assert sorted(p.name for p in tmp.glob("dstl-node*")) == []

@@ -126,3 +126,19 @@ def test_rescaled_from_an_unaligned_checkpoint(
     assert result.rescaled_from == before and result.finished
     assert _restored_inflight(result) > 0
     _check(tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_aligned_checkpoint_timeout_switches_and_recovers(spark: Any, tmp_path: Path) -> None:
+    """Checkpoints start aligned and switch to unaligned after 50 ms of alignment (the
+    slow task's queue takes longer): some are switched, the result stays exact after a
+    task killed hard."""
+    _input(tmp_path)
+    drill = CrashDrill(task=2, after_checkpoints=4)
+    job = _job(spark, tmp_path, 3, crash_drill=drill, aligned_checkpoint_timeout=0.05)
+    result = job.run(until="end")
+    assert result.recoveries == 1 and result.finished
+    figures = result.run.stats.checkpoint_alignments
+    assert any(unaligned for *_, unaligned in figures), "no checkpoint switched"
+    assert any(alignment >= 0.05 for alignment, *_ in figures)
+    _check(tmp_path)
