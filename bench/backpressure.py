@@ -14,8 +14,9 @@ ends with a graceful stop (its final checkpoint is always aligned and is left ou
 the durations: it measures the stop, not the job under back-pressure).
 
 Per run: checkpoints completed and aborted (``checkpoint_timeout``, 10 s, passed);
-the duration of the completed ones (trigger to metadata written) p50, p99 and max; the longest alignment and start delay of each checkpoint at any
-task (p99); in-flight bytes persisted per checkpoint (mean, p99); records per second
+the duration of the completed ones (trigger to metadata written) p50, p99 and max;
+the longest alignment and start delay of each checkpoint at any task (p99);
+in-flight bytes persisted per checkpoint (mean, p99); records per second
 (from the first completed checkpoint to the first holding every record read);
 objects per checkpoint (distinct changelog objects the checkpoints seen reference,
 state changes and channel state, per checkpoint seen).
