@@ -9,7 +9,9 @@ on the local filesystem. Its keyed function sleeps on task 0 only, on average
 ``sleep_ms`` per record (FLIP-76's "sleepy map": the time is owed per record and
 slept once a millisecond is owed, oversleeping paid back), so that task back-pressures
 every reader. After a warm-up run (``warmup_seconds``, not measured: Spark's Python
-workers start), each mode runs ``seconds`` at each sleep, one after the other; each run
+workers start), each mode runs ``seconds`` at each sleep, ``repeats`` times in the
+order A B B A (the runs of a mode and sleep pooled, so that a shared machine's drift
+weighs on both modes alike); each run
 ends with a graceful stop (its final checkpoint is always aligned and is left out of
 the durations: it measures the stop, not the job under back-pressure).
 
@@ -85,6 +87,7 @@ class BackpressureSettings:
     keys: int = 10_000
     seed: int = 76
     warmup_seconds: float = 5.0
+    repeats: int = 2
 
 
 @dataclass
@@ -126,16 +129,28 @@ def run_backpressure(
             progress(f"warm-up: {settings.warmup_seconds:g} s, not measured")
         _run(spark, work, settings, settings.modes[0], 0.0, settings.warmup_seconds)
         shutil.rmtree(work / "run", ignore_errors=True)
-    runs = []
+    results: dict[tuple[str, float], list[Any]] = {}
     for sleep_ms in settings.sleeps_ms:
-        for mode in settings.modes:
+        for mode in _order(settings):
             if progress is not None:
                 progress(f"{mode} checkpoints, {sleep_ms:g} ms per record on task 0")
-            runs.append(_run(spark, work, settings, mode, sleep_ms))
+            results.setdefault((mode, sleep_ms), []).append(
+                _run(spark, work, settings, mode, sleep_ms)
+            )
             shutil.rmtree(work / "run", ignore_errors=True)
+    runs = [figures(rs, mode, sleep_ms) for (mode, sleep_ms), rs in results.items()]
     doc: dict[str, Any] = {"settings": asdict(settings), "runs": [asdict(r) for r in runs]}
     doc["targets"] = targets(runs, settings)
     return doc
+
+
+def _order(settings: BackpressureSettings) -> list[str]:
+    """The modes in the order they run at one sleep: ``repeats`` times, every other
+    time reversed (A B B A ...), so that drift of a shared machine weighs on both."""
+    out: list[str] = []
+    for n in range(settings.repeats):
+        out += list(settings.modes if n % 2 == 0 else reversed(settings.modes))
+    return out
 
 
 def _run(
@@ -145,7 +160,7 @@ def _run(
     mode: str,
     sleep_ms: float,
     seconds: float | None = None,
-) -> RunFigures:
+) -> Any:
     run = work / "run"
     run.mkdir(parents=True)
     topology = run / "topology.yaml"
@@ -162,25 +177,31 @@ def _run(
     job.source(FileSource(str(work / "in"), format="parquet")).key_by("key").process(
         SleepyCount(sleep_ms)
     )
-    result = job.run(until=settings.seconds if seconds is None else seconds)
-    return figures(result, mode, sleep_ms)
+    return job.run(until=settings.seconds if seconds is None else seconds)
 
 
-def figures(result: Any, mode: str, sleep_ms: float) -> RunFigures:
-    """The figures of one run from its JobResult (the final checkpoint left out)."""
-    stats, observed = result.run.stats, result.run.observed
-    durations = list(stats.checkpoint_durations_s)
-    aligns = list(stats.checkpoint_alignments)
-    if result.finished and durations:  # the graceful stop's final, aligned checkpoint
-        durations, aligns = durations[:-1], aligns[:-1]
+def figures(results: list[Any], mode: str, sleep_ms: float) -> RunFigures:
+    """The figures of the runs of one mode and sleep from their JobResults, pooled:
+    checkpoints of all of them (each run's final checkpoint left out), records per
+    second and objects per checkpoint averaged over the runs."""
+    durations: list[float] = []
+    aligns: list[tuple[float, float, int, bool]] = []
+    rates, objects = [], []
+    for result in results:
+        stats, observed = result.run.stats, result.run.observed
+        d, a = list(stats.checkpoint_durations_s), list(stats.checkpoint_alignments)
+        if result.finished and d:  # the graceful stop's final, aligned checkpoint
+            d, a = d[:-1], a[:-1]
+        durations += d
+        aligns += a
+        rates.append(_rate(observed.samples))
+        objects.append(len(observed.objects) / max(1, len(observed.checkpoint_ids)))
     inflight = [float(a[2]) for a in aligns]
-    rate = _rate(observed.samples)
-    seen = max(1, len(observed.checkpoint_ids))
     return RunFigures(
         mode=mode,
         sleep_ms=sleep_ms,
         checkpoints=len(durations),
-        aborted=result.checkpoints_aborted,
+        aborted=sum(r.checkpoints_aborted for r in results),
         duration_p50_s=_q(durations, 50),
         duration_p99_s=_q(durations, 99),
         duration_max_s=round(max(durations, default=0.0), 3),
@@ -189,9 +210,9 @@ def figures(result: Any, mode: str, sleep_ms: float) -> RunFigures:
         inflight_bytes_mean=round(sum(inflight) / len(inflight), 1) if inflight else 0.0,
         inflight_bytes_p99=round(percentile(inflight, 99), 1) if inflight else 0.0,
         unaligned_checkpoints=sum(1 for a in aligns if a[3]),
-        records_per_second=round(rate, 1),
-        objects_per_checkpoint=round(len(observed.objects) / seen, 2),
-        records=result.records,
+        records_per_second=round(sum(rates) / len(rates), 1),
+        objects_per_checkpoint=round(sum(objects) / len(objects), 2),
+        records=sum(r.records for r in results),
         durations_s=[round(d, 4) for d in durations],
     )
 

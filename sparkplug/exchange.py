@@ -152,9 +152,10 @@ class Exchange:
     the PULL sockets serve, the PUSH sockets connect with them; None = plaintext.
     ``max_message_bytes``: the largest frame a PULL socket accepts (a larger one
     drops the connection). ``socket_buffer``: the kernel's send / receive buffer of
-    each socket, bytes (0: the system's default). ``mode`` and ``aligned_timeout``
-    (seconds): how barriers
-    are taken (sparkplug/barriers.py); with ``mode="unaligned"`` and no timeout a
+    each socket, bytes (0: the system's default); ``receive_hwm``: the PULL sockets'
+    high-water mark (None: ``hwm``; at least 2 with CURVE, which passes nothing at
+    1). ``mode`` and ``aligned_timeout`` (seconds): how barriers are taken
+    (sparkplug/barriers.py); with ``mode="unaligned"`` and no timeout a
     barrier also overtakes the batches queued in this task's outboxes (FLIP-76: the
     sender's output channel state, returned by :meth:`barrier`). Raises ValueError for
     bad sizes.
@@ -175,6 +176,7 @@ class Exchange:
         mode: Mode = "aligned",
         aligned_timeout: float = 0.0,
         socket_buffer: int = 0,
+        receive_hwm: int | None = None,
     ) -> None:
         if not 0 <= task < parallelism:
             raise ValueError(f"task {task} outside 0..{parallelism - 1}")
@@ -186,6 +188,7 @@ class Exchange:
         self._max_outbox = max_outbox_batches
         self._receive_batches = receive_batches
         self._hwm = hwm
+        self._receive_hwm = hwm if receive_hwm is None else receive_hwm
         self._socket_buffer = socket_buffer
         self._security = security
         self._max_message_bytes = max_message_bytes
@@ -219,7 +222,10 @@ class Exchange:
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, self._hwm)
+        if kind == zmq.PUSH:
+            sock.setsockopt(zmq.SNDHWM, self._hwm)
+        else:
+            sock.setsockopt(zmq.RCVHWM, self._receive_hwm)
         if self._socket_buffer > 0:  # the kernel's queue too (bytes), not only ZeroMQ's
             sock.setsockopt(zmq.SNDBUF if kind == zmq.PUSH else zmq.RCVBUF, self._socket_buffer)
         if kind == zmq.PULL:

@@ -22,6 +22,9 @@ def backpressure(
     tasks: Annotated[int, typer.Option(min=2, help="Tasks of the job.")] = 4,
     interval: Annotated[float, typer.Option(min=0.05, help="Checkpoint interval, s.")] = 0.3,
     records: Annotated[int, typer.Option(min=1000, help="Records of the input.")] = 3_000_000,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="Runs per mode and sleep, in the order A B B A.")
+    ] = 2,
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Also write the figures as JSON here.")
     ] = None,
@@ -57,10 +60,11 @@ def backpressure(
         parallelism=tasks,
         checkpoint_interval=interval,
         records=records,
+        repeats=repeats,
     )
     meta = run_meta(
         f"dstl bench backpressure --sleeps {sleeps} --seconds {seconds:g} --tasks {tasks} "
-        f"--interval {interval:g} --records {records}"
+        f"--interval {interval:g} --records {records} --repeats {repeats}"
     )
     console = Console(stderr=True)
     spark = spark_session(f"local[{tasks}]", "dstl-bench-backpressure")
