@@ -57,19 +57,12 @@ def _collect(ex: Exchange, events: list[Event], timeout: float = 0.0) -> int:
     return n
 
 
-class Driver:
-    """One task's loop on its own thread: send ``per_phase`` records per target before
-    each barrier 1..``barriers`` and after the last, flush, receive; never blocks on a
-    send and stops reading its 'source' while back-pressured."""
+class _Threaded:
+    """A task's loop (:meth:`_loop`) on its own thread; what it raises is kept in
+    ``error`` for the test thread."""
 
     def __init__(self, ex: Exchange, per_phase: int, barriers: int, deadline: float) -> None:
-        self.ex = ex
-        self.per_phase = per_phase
-        self.barriers = barriers
-        self.deadline = deadline
-        self.events: list[Event] = []
-        self.received = 0
-        self.backpressured_seen = False
+        self.ex, self.per_phase, self.barriers, self.deadline = ex, per_phase, barriers, deadline
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -78,6 +71,21 @@ class Driver:
             self._loop()
         except BaseException as e:  # reported by the test thread
             self.error = e
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class Driver(_Threaded):
+    """One task's loop on its own thread: send ``per_phase`` records per target before
+    each barrier 1..``barriers`` and after the last, flush, receive; never blocks on a
+    send and stops reading its 'source' while back-pressured."""
+
+    def __init__(self, ex: Exchange, per_phase: int, barriers: int, deadline: float) -> None:
+        super().__init__(ex, per_phase, barriers, deadline)
+        self.events: list[Event] = []
+        self.received = 0
+        self.backpressured_seen = False
 
     def _loop(self) -> None:
         ex, p = self.ex, self.ex.parallelism
@@ -345,27 +353,19 @@ def test_bad_use_is_refused() -> None:
         lone.connect([lone.addresses])
 
 
-class UnalignedDriver:
+class UnalignedDriver(_Threaded):
     """One task's loop in unaligned mode: sends ``per_phase`` records to each target per
     phase (barriers 1..``barriers`` between phases), processes what arrives at once,
     and keeps what a checkpoint's snapshot holds, its input channel state and the
     output channel state its barriers overtook."""
 
     def __init__(self, ex: Exchange, per_phase: int, barriers: int, deadline: float) -> None:
-        self.ex, self.per_phase, self.barriers, self.deadline = ex, per_phase, barriers, deadline
+        super().__init__(ex, per_phase, barriers, deadline)
         self.processed: list[tuple[int, int]] = []  # (src, seq), in processing order
         self.snapshot: dict[int, set[tuple[int, int]]] = {}
         self.inflight: dict[int, list[tuple[int, int]]] = {}
         self.output: dict[int, list[dict[str, Any]]] = {}  # records overtaken by barrier cp
         self.completed: list[int] = []
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except BaseException as e:  # reported by the test thread
-            self.error = e
 
     def _loop(self) -> None:
         ex, p = self.ex, self.ex.parallelism
