@@ -61,6 +61,8 @@ Key: TypeAlias = "None | bool | int | str | bytes | tuple[Key, ...]"
 _BATCH = 0
 _BARRIER = 1
 _ALIGNED_BARRIER = 2  # a barrier that demands alignment (a run's final checkpoint)
+_CREDIT = 3  # a receiver's grant: the sender may send that many more batches
+_MAX_CREDIT = 1 << 20
 _UNPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
 
 
@@ -122,6 +124,8 @@ def _decode(channel: int | str, frame: bytes) -> tuple[int, Any]:
         kind, body = msg
         if kind in (_BARRIER, _ALIGNED_BARRIER) and type(body) is int and body >= 0:
             return kind, body
+        if kind == _CREDIT and type(body) is int and 0 < body <= _MAX_CREDIT:
+            return kind, body
         if kind != _BATCH or type(body) is not list:
             raise ValueError(f"unknown message kind {kind!r}")
         pairs: list[tuple[Key, dict[str, Any]]] = []
@@ -151,12 +155,13 @@ class Exchange:
     thread drives it). ``security``: CURVE with the per-job keys (``Curve.shared``):
     the PULL sockets serve, the PUSH sockets connect with them; None = plaintext.
     ``max_message_bytes``: the largest frame a PULL socket accepts (a larger one
-    drops the connection). ``socket_buffer``: the kernel's send / receive buffer of
-    each socket, bytes (0: the system's default); ``receive_hwm``: the PULL sockets'
-    high-water mark (None: ``hwm``; at least 2 with CURVE, which passes nothing at
-    1). ``mode`` and ``aligned_timeout`` (seconds): how barriers are taken
-    (sparkplug/barriers.py); with ``mode="unaligned"`` and no timeout a
-    barrier also overtakes the batches queued in this task's outboxes (FLIP-76: the
+    drops the connection). ``credits`` > 0: credit-based flow control (as Flink's
+    network stack): a sender sends a channel at most that many batches its receiver
+    has not processed yet (:meth:`consumed` grants more; barriers never wait), so
+    what is queued on a channel stays bounded whatever ZeroMQ and the kernel buffer;
+    0: ZeroMQ's high-water marks alone. ``mode`` and ``aligned_timeout`` (seconds):
+    how barriers are taken (sparkplug/barriers.py); with ``mode="unaligned"`` and no
+    timeout a barrier also overtakes the batches queued in this task's outboxes (FLIP-76: the
     sender's output channel state, returned by :meth:`barrier`). Raises ValueError for
     bad sizes.
     """
@@ -175,21 +180,20 @@ class Exchange:
         max_message_bytes: int = 64 * 1024 * 1024,
         mode: Mode = "aligned",
         aligned_timeout: float = 0.0,
-        socket_buffer: int = 0,
-        receive_hwm: int | None = None,
+        credits: int = 0,
     ) -> None:
         if not 0 <= task < parallelism:
             raise ValueError(f"task {task} outside 0..{parallelism - 1}")
-        if min(batch_records, max_outbox_batches, hwm, receive_batches) < 1:
-            raise ValueError("batch_records, max_outbox_batches, hwm, receive_batches >= 1")
+        if min(batch_records, max_outbox_batches, hwm, receive_batches) < 1 or credits < 0:
+            raise ValueError(
+                "batch_records, max_outbox_batches, hwm, receive_batches >= 1, credits >= 0"
+            )
         self.task = task
         self.parallelism = parallelism
         self._batch_records = batch_records
         self._max_outbox = max_outbox_batches
         self._receive_batches = receive_batches
         self._hwm = hwm
-        self._receive_hwm = hwm if receive_hwm is None else receive_hwm
-        self._socket_buffer = socket_buffer
         self._security = security
         self._max_message_bytes = max_message_bytes
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -204,6 +208,11 @@ class Exchange:
         self._last_barrier: int | None = None
         self._connected = False
         self._closed = False
+        # credit-based flow control (0: none): batches a channel may hold unprocessed;
+        # _window drops to 0 (sends not gated) after the run's last, aligned barrier
+        self._initial_window = self._window = credits
+        self._credits = [credits] * parallelism  # per target: batches it may still be sent
+        self._to_grant = [0] * parallelism  # per upstream: batches processed, not granted
         self._pull: list[zmq.Socket[bytes] | None] = [None] * parallelism
         self._push: list[zmq.Socket[bytes] | None] = [None] * parallelism
         self.addresses: list[str] = [""] * parallelism
@@ -222,12 +231,7 @@ class Exchange:
     def _socket(self, kind: int) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
-        if kind == zmq.PUSH:
-            sock.setsockopt(zmq.SNDHWM, self._hwm)
-        else:
-            sock.setsockopt(zmq.RCVHWM, self._receive_hwm)
-        if self._socket_buffer > 0:  # the kernel's queue too (bytes), not only ZeroMQ's
-            sock.setsockopt(zmq.SNDBUF if kind == zmq.PUSH else zmq.RCVBUF, self._socket_buffer)
+        sock.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, self._hwm)
         if kind == zmq.PULL:
             sock.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
             configure_server(sock, self._security, "exchange")
@@ -277,6 +281,8 @@ class Exchange:
         if self._last_barrier is not None and checkpoint_id <= self._last_barrier:
             raise ValueError(f"barrier {checkpoint_id} after barrier {self._last_barrier}")
         self._last_barrier = checkpoint_id
+        if aligned:  # the run's last barrier: what precedes it flows as in aligned mode
+            self._window = 0
         frame = msgpack.packb([_ALIGNED_BARRIER if aligned else _BARRIER, checkpoint_id])
         overtaken: list[bytes] = []
         for target in range(self.parallelism):
@@ -306,7 +312,33 @@ class Exchange:
         for target in range(self.parallelism):
             if target != self.task and not self._drain_outbox(target):
                 idle = False
+        self._grant()
         return idle and not any(self._open)
+
+    def consumed(self, channel: int) -> None:
+        """The caller processed a batch received on ``channel``: with credit-based flow
+        control its sender may send one more (granted at :meth:`flush`, several at a
+        time). Reading a batch ahead grants nothing: only processing does, so what a
+        checkpoint reads ahead of its processing is not sent again behind it."""
+        if self._credit_flow(channel):
+            self._to_grant[channel] += 1
+
+    def _credit_flow(self, channel: int) -> bool:
+        return channel != self.task and self._initial_window > 0
+
+    def _grant(self) -> None:
+        """Send the credits of processed batches back to their senders, at least half
+        a window at a time; a grant ZeroMQ refuses now goes at the next flush."""
+        least = max(1, self._initial_window // 2)
+        for channel, n in enumerate(self._to_grant):
+            sock = self._push[channel]
+            if n < least or sock is None:
+                continue
+            try:
+                sock.send(msgpack.packb([_CREDIT, n]), zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            self._to_grant[channel] = 0
 
     @property
     def backpressured(self) -> bool:
@@ -404,12 +436,19 @@ class Exchange:
         sock = self._push[target]
         if sock is None:
             return not outbox
+        credits = self._credits
         while outbox:
+            barrier, frame = outbox[0]
+            gated = self._window > 0 and not barrier  # barriers never wait for credits
+            if gated and credits[target] <= 0:
+                return False
             try:
-                sock.send(outbox[0][1], zmq.NOBLOCK)
+                sock.send(frame, zmq.NOBLOCK)
             except zmq.Again:
                 return False
             outbox.popleft()
+            if gated:
+                credits[target] -= 1
         return True
 
     def _next_frame(self, channel: int) -> bytes | None:
@@ -443,6 +482,10 @@ class Exchange:
                 if kind == _BATCH:
                     if body:
                         out.append(Records(channel, body, barriers.inflight_for(channel), frame))
+                elif kind == _CREDIT:  # the peer processed batches this task sent it
+                    self._credits[channel] = min(
+                        self._initial_window, self._credits[channel] + body
+                    )
                 else:
                     aligned = kind == _ALIGNED_BARRIER
                     out.extend(barriers.on_barrier(channel, body, time.monotonic(), aligned))

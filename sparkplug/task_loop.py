@@ -62,18 +62,12 @@ from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 RECEIVE_BATCHES = 16  # batches received ahead of the processing, at most
-# Unaligned: short queues between the tasks. What lies queued before a barrier is the
-# checkpoint's in-flight data, read ahead to reach the barrier or overtaken: the
-# ZeroMQ queues (frames: 4 to send, as fewer cost a third of the throughput of a
-# channel; 2 to receive, as CURVE passes nothing at 1), the kernel's socket buffers
-# (bytes) and the outboxes (batches) of each channel bound it, as Flink's network
-# buffers bound its in-flight data (FLIP-76)
-UNALIGNED_QUEUES: dict[str, int] = {
-    "hwm": 4,
-    "receive_hwm": 2,
-    "socket_buffer": 8 * 1024,
-    "max_outbox_batches": 16,
-}
+# Unaligned: what lies queued before a barrier is the checkpoint's in-flight data,
+# overtaken (the outboxes, at most 16 batches a channel) or read ahead to reach the
+# barrier: credit-based flow control keeps at most 8 batches a channel sent and not
+# processed (reading ahead grants no credit), as Flink's credits bound its network
+# buffers (FLIP-76); ZeroMQ's high-water mark leaves room for the grants
+UNALIGNED_QUEUES: dict[str, int] = {"credits": 8, "hwm": 16, "max_outbox_batches": 16}
 READ_AHEAD_BATCHES = 256  # batches an unaligned checkpoint's owing channels read per round
 IDLE_WAIT = 0.005  # seconds a task with nothing to do waits for deliveries
 ACK_WAIT = 0.001  # ... while an acknowledgement waits for its persist
@@ -302,6 +296,7 @@ class TaskLoop:
                 backlog.popleft()
                 self._offset = 0
                 self._backlog_bytes -= len(item.frame)
+                self.exchange.consumed(item.channel)  # credit: its sender may send one more
             else:
                 backlog.popleft()
                 if isinstance(item, TakeSnapshot):

@@ -398,6 +398,7 @@ class UnalignedDriver(_Threaded):
                         assert decode_batch(item.frame, "in") == item.items
                         self.inflight.setdefault(item.inflight, []).extend(pairs)
                     self.processed.extend(pairs)
+                    ex.consumed(item.channel)
 
 
 def test_unaligned_every_record_is_in_the_snapshot_or_in_flight_exactly_once() -> None:
@@ -405,7 +406,7 @@ def test_unaligned_every_record_is_in_the_snapshot_or_in_flight_exactly_once() -
     before the barriers are either processed before its snapshot, or its input channel
     state, or a sender's output channel state, each exactly once; none sent after."""
     per_phase, barriers, p = 120, 4, 3
-    options = dict(batch_records=5, max_outbox_batches=4, hwm=2, receive_batches=3)
+    options = dict(batch_records=5, max_outbox_batches=4, hwm=4, receive_batches=3, credits=2)
     with exchanges(p, mode="unaligned", **options) as group:
         deadline = time.monotonic() + 60
         drivers = [UnalignedDriver(ex, per_phase, barriers, deadline) for ex in group]
@@ -440,3 +441,37 @@ def test_unaligned_every_record_is_in_the_snapshot_or_in_flight_exactly_once() -
             union = set().union(*map(set, parts))
             assert sum(len(x) for x in parts) == len(union), f"checkpoint {cp}: counted twice"
             assert union == before, f"checkpoint {cp}: lost or late records"
+
+
+def test_credits_bound_the_batches_a_channel_holds_unprocessed() -> None:
+    """Credit-based flow control (unaligned mode): a sender has at most ``credits``
+    batches on a channel that its receiver has not processed; reading them ahead grants
+    nothing, processing does; barriers never wait for credits."""
+    with exchanges(2, mode="unaligned", credits=2, batch_records=4, max_outbox_batches=64) as (
+        a,
+        b,
+    ):
+        for seq in range(40):  # ten batches for b
+            a.send(1, (0, seq), {"src": 0, "seq": seq, "phase": 0})
+        got: list[Any] = []
+
+        def rounds(n: int) -> None:
+            for _ in range(n):
+                assert a.receive(0) == []  # reads b's grants (b sends a nothing else)
+                a.flush()
+                got.extend(i for i in b.receive(0.002) if isinstance(i, Records))
+
+        wait_until(lambda: rounds(1) or len(got) >= 2, timeout=10, interval=0.0)
+        rounds(50)  # a's flushes find no credit left: nothing more comes
+        assert len(got) == 2 and not a.flush()
+        b.consumed(0)
+        b.consumed(0)
+        b.flush()  # grants 2
+        wait_until(lambda: rounds(1) or len(got) >= 4, timeout=10, interval=0.0)
+        rounds(50)
+        assert len(got) == 4
+        a.barrier(1)  # ahead of the six batches waiting for credits
+        events: list[Any] = []
+        wait_until(lambda: a.flush() or events.extend(b.receive(0.002)) or bool(events), timeout=10)
+        assert isinstance(events[0], TakeSnapshot) and events[0].checkpoint_id == 1
+    assert [r["seq"] for batch in got for _, r in batch.items] == list(range(16))
