@@ -234,8 +234,9 @@ def _q(values: list[float], q: float) -> float:
 
 
 def targets(runs: list[RunFigures], settings: BackpressureSettings) -> dict[str, Any]:
-    """Issue 36's targets from ``runs``: unaligned p99 at the largest sleep at most 2x its
-    p99 at no sleep and at most a third of aligned p99 at the largest sleep; unaligned
+    """The targets of unaligned checkpoints from ``runs``: unaligned p99 at the largest
+    sleep at most 2x its p99 at no sleep and at most a third of aligned p99 at the
+    largest sleep; unaligned
     records/s at no sleep at least 0.9x aligned; objects per checkpoint of unaligned
     not above aligned at the largest sleep (in-flight bytes in the same objects).
     Empty when a run is missing."""
@@ -331,4 +332,4 @@ def markdown_section(doc: dict[str, Any], meta: dict[str, str]) -> str:
     )
 
 
-SECTION = "Back-pressure: aligned and unaligned checkpoints (issue 36)"
+SECTION = "Back-pressure: aligned and unaligned checkpoints (FLIP-76)"

@@ -34,10 +34,6 @@ def run_figures(
     intervals_ms = [d * 1000 for s in stats for d in s.checkpoint_intervals_s]
     sync_ms = [p[0] * 1000 for s in stats for p in s.checkpoint_phases_s]
     async_ms = [p[1] * 1000 for s in stats for p in s.checkpoint_phases_s]
-    aligns = [a for s in stats for a in s.checkpoint_alignments]
-    align_ms = [a[0] * 1000 for a in aligns]
-    delay_ms = [a[1] * 1000 for a in aligns]
-    inflight = [float(a[2]) for a in aligns]
     epochs = [m for s in stats for m in s.materializations]
     objects: set[str] = set().union(*(o.objects for o in observed))
     segments: set[tuple[str, int, int]] = set().union(*(o.segments for o in observed))
@@ -59,15 +55,7 @@ def run_figures(
             "interval": [round(i, 1) for i in intervals_ms],
         },
         "checkpoint_async_ms": {"p50": _ms(async_ms, 50), "p99": _ms(async_ms, 99)},
-        # FLIP-76 figures per checkpoint: the longest alignment and start delay at any
-        # task, the in-flight bytes persisted with it (all tasks), unaligned ones
-        "checkpoint_alignment_ms": {"p50": _ms(align_ms, 50), "p99": _ms(align_ms, 99)},
-        "checkpoint_start_delay_ms": {"p50": _ms(delay_ms, 50), "p99": _ms(delay_ms, 99)},
-        "inflight_bytes": {
-            "mean": round(sum(inflight) / len(inflight)) if inflight else 0,
-            "p99": round(percentile(inflight, 99)) if inflight else 0,
-        },
-        "checkpoints_unaligned": sum(1 for a in aligns if a[3]),
+        **alignment_figures(stats),
         **completion_figures(stats),
         "materializations": sum(s.materializations_completed for s in stats),
         "materialization_ms": {"p50": _ms([m[0] * 1000 for m in epochs], 50)},
@@ -88,6 +76,25 @@ def run_figures(
         "orphans_deleted_at_start": stats[0].orphans_deleted,
         "source_files": last.source_files,
         "rescaled_from": last.rescaled_from,
+    }
+
+
+def alignment_figures(stats: Sequence[Any]) -> dict[str, Any]:
+    """FLIP-76 figures of the runs' checkpoints (``CoordinatorStatistics`` s): the
+    longest alignment and start delay at any task (ms, p50 and p99), the in-flight bytes
+    persisted with each (all tasks; mean and p99) and how many were taken unaligned."""
+    aligns = [a for s in stats for a in s.checkpoint_alignments]
+    align_ms = [a[0] * 1000 for a in aligns]
+    delay_ms = [a[1] * 1000 for a in aligns]
+    inflight = [float(a[2]) for a in aligns]
+    return {
+        "checkpoint_alignment_ms": {"p50": _ms(align_ms, 50), "p99": _ms(align_ms, 99)},
+        "checkpoint_start_delay_ms": {"p50": _ms(delay_ms, 50), "p99": _ms(delay_ms, 99)},
+        "inflight_bytes": {
+            "mean": round(sum(inflight) / len(inflight)) if inflight else 0,
+            "p99": round(percentile(inflight, 99)) if inflight else 0,
+        },
+        "checkpoints_unaligned": sum(1 for a in aligns if a[3]),
     }
 
 

@@ -121,6 +121,7 @@ class _Snapshot:
     unaligned: bool
     start_delay_s: float
     sync_s: float
+    records: int  # processed before the snapshot, since the job began
 
 
 class TaskLoop:
@@ -413,7 +414,8 @@ class TaskLoop:
         triggered = self._triggered.get(cp)
         delay = 0.0 if triggered is None else max(0.0, first_barrier_at - triggered)
         sync_s = round(time.monotonic() - t0, 6)  # microseconds: short metadata
-        self._snapshots[cp] = _Snapshot(future, unaligned, round(delay, 6), sync_s)
+        records = self.records_before + self.records  # in-flight ones come again on restore
+        self._snapshots[cp] = _Snapshot(future, unaligned, round(delay, 6), sync_s, records)
 
     def _complete(self, ev: BarriersComplete) -> None:
         """Barrier ``cp`` arrived on every channel: persist its channel state and leave
@@ -430,7 +432,7 @@ class TaskLoop:
         state = TaskCheckpoint(
             self.task,
             self.cfg.attempt,
-            self.records_before + self.records,
+            snap.records,
             self.materialized,
             self.handles,
             (kgs.start, kgs.stop),

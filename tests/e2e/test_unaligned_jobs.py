@@ -3,7 +3,7 @@ sessions_job.py) on a real local Spark session, its keyed function slow on one t
 (a sleepy task: 1 ms per record there), the source unthrottled, so the job
 runs back-pressured and its checkpoints persist in-flight records. Killed hard during
 back-pressure (a task; separately a node of the tree) and restarted, and restarted
-with another parallelism from an unaligned checkpoint: state and sink equal the batch
+with another parallelism (4 -> 2) from an unaligned checkpoint: state and sink equal the batch
 result, no row twice, and the restored in-flight records were processed."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dstltree.sparkplug.job import JobFailedError
 from dstltree.sparkplug.spark_session import spark_session
 from dstltree.storage.store import ObjectStore
 from tests.e2e.test_streaming_jobs import MAX_P, _check
-from tests.support.sessions_job import Sessions, write_files
+from tests.support.sessions_job import Sessions, read_events, write_files
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 TOPOLOGY = Path(__file__).resolve().parents[2] / "deploy" / "local.yaml"
@@ -73,7 +73,7 @@ def _job(spark: Any, tmp: Path, parallelism: int, **options: Any) -> StreamingJo
 
 
 def _input(tmp: Path) -> None:
-    write_files(tmp / "in", files=8, per_file=2000, seed=36)
+    write_files(tmp / "in", files=8, per_file=1200, seed=36)
     (tmp / "in" / "_SUCCESS").touch()
 
 
@@ -95,6 +95,9 @@ def test_task_killed_during_backpressure(spark: Any, tmp_path: Path) -> None:
     assert result.recoveries == 1 and result.finished
     assert _unaligned_with_inflight(result) >= 3
     assert _restored_inflight(result) > 0  # the recovery processed channel state first
+    # each record counted once: a checkpoint counts the records of its snapshot, the
+    # in-flight ones again when they are processed after the restore
+    assert result.records == len(read_events(tmp_path / "in"))
     _check(tmp_path)
 
 
@@ -111,7 +114,7 @@ def test_node_killed_during_backpressure(spark: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 3)])
+@pytest.mark.parametrize(("before", "after"), [(4, 2)])
 def test_rescaled_from_an_unaligned_checkpoint(
     spark: Any, tmp_path: Path, before: int, after: int
 ) -> None:

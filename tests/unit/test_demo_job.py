@@ -82,6 +82,7 @@ def _result(records: int, cps: list[int], objects: set[str], rescaled: int | Non
     stats = SimpleNamespace(
         checkpoint_durations_s=(0.01, 0.02),
         checkpoint_phases_s=((0.001, 0.009), (0.002, 0.018)),
+        checkpoint_alignments=((0.004, 0.001, 0, False), (0.05, 0.002, 3000, True)),
         checkpoint_intervals_s=(0.3,),
         completion_requests=(1, 1),
         metadata_bytes=(900, 1000),
@@ -133,6 +134,10 @@ def test_run_figures_merge_runs() -> None:
     assert f["completion_requests_per_checkpoint"] == {"mean": 1.0, "max": 1}
     assert f["checkpoint_metadata_bytes"] == {"first": 900, "last": 1000, "max": 1000}
     assert f["max_concurrent_checkpoints"] == 2 and f["checkpoints_in_flight_max"] == 2
+    assert f["checkpoint_alignment_ms"]["p99"] == pytest.approx(50.0, abs=1)
+    assert f["checkpoint_start_delay_ms"]["p99"] == pytest.approx(2.0, abs=0.1)
+    assert f["inflight_bytes"] == {"mean": 1500, "p99": pytest.approx(3000, abs=30)}
+    assert f["checkpoints_unaligned"] == 2
     with pytest.raises(ValueError):
         run_figures([], 2, "local[2]", set())
 
