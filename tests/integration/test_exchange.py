@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import pytest
@@ -76,6 +76,27 @@ class _Threaded:
         raise NotImplementedError
 
 
+def _deadline() -> float:
+    return time.monotonic() + 60
+
+
+DriverT = TypeVar("DriverT", bound=_Threaded)
+
+
+def _run_drivers(drivers: list[DriverT]) -> list[DriverT]:
+    """Start ``drivers``, wait for each until its deadline (plus 5 s), raise the first
+    error one met; returns them."""
+    for d in drivers:
+        d.thread.start()
+    for d in drivers:
+        d.thread.join(timeout=max(0.0, d.deadline - time.monotonic()) + 5)
+        assert not d.thread.is_alive(), "driver did not finish"
+    for d in drivers:
+        if d.error is not None:
+            raise d.error
+    return drivers
+
+
 class Driver(_Threaded):
     """One task's loop on its own thread: send ``per_phase`` records per target before
     each barrier 1..``barriers`` and after the last, flush, receive; never blocks on a
@@ -137,16 +158,8 @@ def _check_receiver(events: list[Event], parallelism: int, per_phase: int, barri
 def test_three_tasks_align_barriers_in_order_exactly_once() -> None:
     per_phase, barriers = 150, 5
     with exchanges(3, batch_records=7, max_outbox_batches=3, hwm=2, receive_batches=5) as group:
-        deadline = time.monotonic() + 60
-        drivers = [Driver(ex, per_phase, barriers, deadline) for ex in group]
-        for d in drivers:
-            d.thread.start()
-        for d in drivers:
-            d.thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
-            assert not d.thread.is_alive(), "driver did not finish"
+        drivers = _run_drivers([Driver(ex, per_phase, barriers, _deadline()) for ex in group])
     for d in drivers:
-        if d.error is not None:
-            raise d.error
         _check_receiver(d.events, 3, per_phase, barriers)
         assert d.received == 3 * per_phase * (barriers + 1)
         assert d.backpressured_seen  # its own channel alone fills within one burst
@@ -408,16 +421,8 @@ def test_unaligned_every_record_is_in_the_snapshot_or_in_flight_exactly_once() -
     per_phase, barriers, p = 120, 4, 3
     options = dict(batch_records=5, max_outbox_batches=4, hwm=4, receive_batches=3, credits=2)
     with exchanges(p, mode="unaligned", **options) as group:
-        deadline = time.monotonic() + 60
-        drivers = [UnalignedDriver(ex, per_phase, barriers, deadline) for ex in group]
-        for d in drivers:
-            d.thread.start()
-        for d in drivers:
-            d.thread.join(timeout=max(0.0, deadline - time.monotonic()) + 5)
-            assert not d.thread.is_alive(), "driver did not finish"
-    for d in drivers:
-        if d.error is not None:
-            raise d.error
+        deadline = _deadline()
+        drivers = _run_drivers([UnalignedDriver(ex, per_phase, barriers, deadline) for ex in group])
     overtaken_total = sum(len(v) for d in drivers for v in d.output.values())
     assert overtaken_total > 0, "no barrier overtook anything: the test proves little"
     for receiver, d in enumerate(drivers):
