@@ -287,9 +287,8 @@ class TaskLoop:
         their place); ``until_events``: until no barrier event is left in it."""
         deadline = time.monotonic() + PROCESS_SLICE
         backlog = self._backlog
-        while backlog:
-            if until_events and not any(not isinstance(i, Records) for i in backlog):
-                return
+        events = self._events_in_backlog() if until_events else 0
+        while backlog and (events or not until_events):
             item = backlog[0]
             if isinstance(item, Records):
                 if not self._process_batch(item, None if until_events else deadline):
@@ -300,12 +299,17 @@ class TaskLoop:
                 self.exchange.consumed(item.channel)  # credit: its sender may send one more
             else:
                 backlog.popleft()
+                events -= 1
                 if isinstance(item, TakeSnapshot):
                     self._snapshot(item.checkpoint_id, False, item.first_barrier_at)
                 else:
                     self._complete(item)
             if not until_events and time.monotonic() >= deadline:
                 return
+
+    def _events_in_backlog(self) -> int:
+        """Aligned barrier events waiting in the backlog behind records."""
+        return sum(1 for i in self._backlog if not isinstance(i, Records))
 
     def _process_batch(self, batch: Records, deadline: float | None) -> bool:
         """Process the rest of ``batch`` (from ``_offset``) in chunks until ``deadline``;
@@ -377,7 +381,7 @@ class TaskLoop:
         """FLIP-76: snapshot at once; what the backlog holds was sent before the
         barriers and is not in the snapshot: the checkpoint's channel state, with the
         output channel state its trigger left."""
-        if any(not isinstance(i, Records) for i in self._backlog):
+        if self._events_in_backlog():
             self._work(until_events=True)  # an earlier aligned checkpoint comes first
         cp = ev.checkpoint_id
         self._snapshot(cp, True, ev.first_barrier_at)

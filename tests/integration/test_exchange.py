@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -57,7 +58,7 @@ def _collect(ex: Exchange, events: list[Event], timeout: float = 0.0) -> int:
     return n
 
 
-class _Threaded:
+class _Threaded(ABC):
     """A task's loop (:meth:`_loop`) on its own thread; what it raises is kept in
     ``error`` for the test thread."""
 
@@ -72,8 +73,9 @@ class _Threaded:
         except BaseException as e:  # reported by the test thread
             self.error = e
 
+    @abstractmethod
     def _loop(self) -> None:
-        raise NotImplementedError
+        """The task's loop, until its work is done."""
 
 
 def _deadline() -> float:
