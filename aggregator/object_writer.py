@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dstltree.client.batching import PersistItem
 from dstltree.client.direct import Written, start_items, write_items
 from dstltree.client.handle import SegmentRef
+from dstltree.client.objectformat import DIRECT_WRITER, FORMAT_VERSION, FORMAT_VERSIONS
 from dstltree.storage.errors import StorageError
 from dstltree.storage.hedging import HedgedUploader, UploadPolicy
 from dstltree.storage.store import ObjectStore
@@ -23,12 +24,24 @@ __all__ = ["ObjectWriter"]
 
 class ObjectWriter:
     """Writes objects to ``store``, each upload hedged per ``policy`` (default
-    UploadPolicy(): 3 attempts, a new attempt under a new name after 1 s). Thread-safe:
-    the node calls :meth:`start` from its upload threads, never from its event loop."""
+    UploadPolicy(): 3 attempts, a new attempt under a new name after 1 s), in object
+    format ``object_format`` (client/objectformat.py; 2 names ``node_id`` as the
+    object's writer). Thread-safe: the node calls :meth:`start` from its upload
+    threads, never from its event loop. Raises ValueError for an unknown format."""
 
-    def __init__(self, store: ObjectStore, policy: UploadPolicy | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        policy: UploadPolicy | None = None,
+        object_format: int = FORMAT_VERSION,
+        node_id: str = DIRECT_WRITER,
+    ) -> None:
+        if object_format not in FORMAT_VERSIONS:
+            raise ValueError(f"object format {object_format}: known {FORMAT_VERSIONS}")
         self.store = store
         self.uploader = HedgedUploader(store, policy)
+        self.object_format = object_format
+        self.node_id = node_id
 
     @property
     def policy(self) -> UploadPolicy:
@@ -39,7 +52,7 @@ class ObjectWriter:
         index, footer: client/objectformat.py) and upload it. Returns the object URL
         and one ref per data item, in order, naming the winning attempt's object only.
         Blocking. Raises StorageError."""
-        return write_items(self.uploader, items)
+        return write_items(self.uploader, items, self.object_format, self.node_id)
 
     def start(
         self, items: Sequence[PersistItem], on_done: Callable[[Written | StorageError], None]
@@ -49,7 +62,7 @@ class ObjectWriter:
         StorageError once, as soon as any attempt wins or the upload fails, on the
         thread that decides it (a hedge may win while the first attempt hangs).
         Raises what building the object raises (``on_done`` is not called then)."""
-        start_items(self.uploader, items, on_done)
+        start_items(self.uploader, items, on_done, self.object_format, self.node_id)
 
     def upload_stats(self) -> dict[str, int]:
         """This writer's upload counters (``HedgingStats`` fields: uploads, attempts,

@@ -21,7 +21,7 @@ from dstltree.client.batching import Batch, LocalOrigin, PersistItem
 from dstltree.client.errors import DstlError
 from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
-from dstltree.client.objectformat import build_object
+from dstltree.client.objectformat import DIRECT_WRITER, FORMAT_VERSION, build_object
 from dstltree.storage.errors import StorageError
 from dstltree.storage.hedging import HedgedUploader, Outcome, ReusableThreads, UploadPolicy
 from dstltree.storage.store import ObjectStore
@@ -31,14 +31,19 @@ Written = tuple[str, list[SegmentRef]]
 
 
 def write_items(
-    uploader: HedgedUploader, items: Sequence[PersistItem]
+    uploader: HedgedUploader,
+    items: Sequence[PersistItem],
+    version: int = FORMAT_VERSION,
+    writer: str = DIRECT_WRITER,
 ) -> tuple[str, list[SegmentRef]]:
     """Write the items that carry data as ONE object (segments back to back, index,
-    footer: ``build_object``) with ``uploader``, whose policy hedges the upload
-    (storage/hedging.py). Returns the object URL and one ref per data item, in order;
-    the refs name the winning attempt's object only. Blocking. Raises StorageError."""
+    footer: ``build_object``, format ``version``, written by ``writer``) with
+    ``uploader``, whose policy hedges the upload (storage/hedging.py). Returns the
+    object URL and one ref per data item, in order; the refs name the winning attempt's
+    object only. Blocking. Raises StorageError."""
     with_data = [i for i in items if i.data is not None]
-    parts, offsets = build_object([(i.meta, i.data) for i in with_data if i.data is not None])
+    segments = [(i.meta, i.data) for i in with_data if i.data is not None]
+    parts, offsets = build_object(segments, version, writer)
     path = uploader.upload(parts).path
     refs = [SegmentRef(i.meta, path, o) for i, o in zip(with_data, offsets, strict=True)]
     return path, refs
@@ -48,6 +53,8 @@ def start_items(
     uploader: HedgedUploader,
     items: Sequence[PersistItem],
     on_done: Callable[[Written | StorageError], None],
+    version: int = FORMAT_VERSION,
+    writer: str = DIRECT_WRITER,
 ) -> None:
     """Like :func:`write_items`, but the upload's first attempt runs on the calling
     thread (:meth:`HedgedUploader.start`): returns when it has ended, and ``on_done``
@@ -55,7 +62,8 @@ def start_items(
     on the thread that decides it (maybe before this returns). Raises what building
     the object raises (nothing is started then)."""
     with_data = [i for i in items if i.data is not None]
-    parts, offsets = build_object([(i.meta, i.data) for i in with_data if i.data is not None])
+    segments = [(i.meta, i.data) for i in with_data if i.data is not None]
+    parts, offsets = build_object(segments, version, writer)
 
     def done(outcome: Outcome) -> None:
         if isinstance(outcome, StorageError):

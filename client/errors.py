@@ -11,6 +11,7 @@ __all__ = [
     "PersistError",
     "RetryableStorageError",
     "StorageError",
+    "UnsupportedVersionError",
     "WireError",
 ]
 
@@ -26,6 +27,34 @@ class CorruptObjectError(DstlError):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+class UnsupportedVersionError(CorruptObjectError):
+    """A file or object names a format version this code does not know (written by a
+    newer dstltree, or not ours at all): it is refused, never misread.
+
+    ``path``: the file or object; ``offset``: the byte offset of the version field (0
+    for JSON documents); ``kind``: which format (``"object"``, ``"segment"``,
+    ``"checkpoint metadata"``...); ``version``: what the file says; ``known``: the
+    versions this code reads. A :class:`CorruptObjectError` for callers that treat any
+    unreadable object alike."""
+
+    def __init__(
+        self, path: str, offset: int, kind: str, version: object, known: tuple[int, ...]
+    ) -> None:
+        reads = ", ".join(map(str, known))
+        reason = (
+            f"{kind} format version {version!r} is unknown to this dstltree (it reads "
+            f"{reads}); written by a newer version?"
+        )
+        super().__init__(path, offset, reason)
+        self.args = (f"{path}: {reason} (offset {offset})",)
+        self.kind = kind
+        self.version = version
+        self.known = known
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class WireError(DstlError):

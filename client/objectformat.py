@@ -8,9 +8,21 @@ The index is ``{"v": 1, "segments": [[log_id, sqn_from, sqn_to, [key_groups], of
 length, crc32], ...]}``, where a row's ``crc32`` is its segment's trailer checksum
 (CRC32C for segment version 2, CRC32 for version 1: see :mod:`.segment`). The footer
 is ``magic (8 bytes) | version u16 | reserved u16 | index_offset u64 | index_length u32
-| index_crc32 u32`` (big-endian; the index's checksum is zlib's CRC32), so a reader
-finds the index with one range read of the tail. Segment bytes are written as received:
-nodes never re-encode them.
+| index_checksum u32`` (big-endian), so a reader finds the index with one range read
+of the tail. Segment bytes are written as received: nodes never re-encode them.
+
+Format versions (the footer's and the index's ``v`` agree):
+
+- 1 (written by default): the index checksum is zlib's CRC32.
+- 2: the index checksum is CRC32C (as segment version 2), and the index map also holds
+  ``"w"``, who wrote the object (a node id, or ``"direct"`` for a task's own upload),
+  and ``"t"``, when (seconds since the epoch, a float), for an operator reading it.
+  Written by a node whose topology sets ``object_format: 2``.
+
+A reader reads both and refuses any other version with
+:class:`~dstltree.client.errors.UnsupportedVersionError` (path, offset, version), never
+by misreading. A release writes a new version by default only once the release
+before it reads it (docs/design.md, "Formats and compatibility").
 
 Nothing in an object is trusted: the footer's ``index_crc32`` is the index's own
 checksum; :func:`parse_index` checks every row's types and that the rows tile the
@@ -23,18 +35,20 @@ trailer checksum), so an index rewritten with a fresh checksum is caught too. Ev
 from __future__ import annotations
 
 import struct
+import time
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
-from dstltree.client.errors import CorruptObjectError
+from dstltree.client.errors import CorruptObjectError, UnsupportedVersionError
 from dstltree.client.handle import SegmentRef
 from dstltree.client.segment import (
     SegmentMeta,
     check_segment,
     decode_segment,
+    segment_checksum,
     segment_crc,
     segment_parts,
     segment_size,
@@ -42,22 +56,47 @@ from dstltree.client.segment import (
 from dstltree.storage.store import Buffer
 
 MAGIC = b"DSTLTREE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # what build_object writes by default
+FORMAT_VERSIONS = (1, 2)  # what parse_footer and parse_index read
 FOOTER = struct.Struct("!8sHHQII")
 FOOTER_SIZE = FOOTER.size
+DIRECT_WRITER = "direct"  # the "w" of an object a task uploaded itself (version 2)
+
+
+class Footer(NamedTuple):
+    """An object's footer: where its index is, the index's checksum, the version."""
+
+    index_offset: int
+    index_length: int
+    index_checksum: int
+    version: int
+
+
+def index_checksum(data: Buffer, version: int) -> int:
+    """The checksum a footer of format ``version`` stores for the index bytes ``data``:
+    zlib's CRC32 for version 1, CRC32C for version 2 (an unsigned 32-bit int)."""
+    if version == 1:
+        return zlib.crc32(data)
+    return segment_checksum(data if isinstance(data, bytes | bytearray) else bytes(data), 2)
 
 
 def build_object(
     segments: Sequence[tuple[SegmentMeta, Buffer | tuple[Buffer, ...]]],
+    version: int = FORMAT_VERSION,
+    writer: str = DIRECT_WRITER,
 ) -> tuple[list[Buffer], list[int]]:
-    """Lay out the (metadata, bytes) ``segments`` back to back, then the index and footer.
+    """Lay out the (metadata, bytes) ``segments`` back to back, then the index and footer
+    of format ``version`` (1 or 2; ``writer``: the node id a version-2 index names).
     A segment's bytes are one buffer or a tuple of buffers back to back
     (:func:`~dstltree.client.segment.segment_parts`).
 
     Returns the parts to write in order (segment buffers are not copied) and the offset
     where each segment lands in the object (its :class:`SegmentRef` once the object's
-    path is known). Raises ValueError when a segment's length differs from its bytes.
+    path is known). Raises ValueError when a segment's length differs from its bytes or
+    for an unknown ``version``.
     """
+    if version not in FORMAT_VERSIONS:
+        raise ValueError(f"object format version {version}: known {FORMAT_VERSIONS}")
     parts: list[Buffer] = []
     rows: list[list[Any]] = []
     offsets: list[int] = []
@@ -74,43 +113,49 @@ def build_object(
         offsets.append(pos)
         parts.extend(segment_parts(data))
         pos += meta.length
-    index = msgpack.packb({"v": FORMAT_VERSION, "segments": rows})
+    head: dict[str, Any] = {"v": version, "segments": rows}
+    if version == 2:
+        head.update(w=writer, t=round(time.time(), 3))
+    index = msgpack.packb(head)
     parts.append(index)
-    parts.append(FOOTER.pack(MAGIC, FORMAT_VERSION, 0, pos, len(index), zlib.crc32(index)))
+    checksum = index_checksum(index, version)
+    parts.append(FOOTER.pack(MAGIC, version, 0, pos, len(index), checksum))
     return parts, offsets
 
 
-def parse_footer(tail: Buffer, path: str, object_size: int) -> tuple[int, int, int]:
-    """Check the footer (the last FOOTER_SIZE bytes); returns (index_offset, index_length,
-    index_crc32). Raises CorruptObjectError naming the path and offset."""
+def parse_footer(tail: Buffer, path: str, object_size: int) -> Footer:
+    """Check the footer (the last FOOTER_SIZE bytes). Raises UnsupportedVersionError for
+    a version not in FORMAT_VERSIONS, CorruptObjectError for anything else wrong,
+    both naming the path and offset."""
     footer_at = object_size - FOOTER_SIZE
     if object_size < FOOTER_SIZE or len(tail) != FOOTER_SIZE:
         raise CorruptObjectError(path, max(footer_at, 0), "object too short for a footer")
     magic, version, reserved, index_offset, index_length, index_crc = FOOTER.unpack(tail)
     if magic != MAGIC:
         raise CorruptObjectError(path, footer_at, f"bad magic {magic!r}")
-    if version != FORMAT_VERSION:
-        raise CorruptObjectError(path, footer_at, f"unsupported format version {version}")
+    if version not in FORMAT_VERSIONS:
+        raise UnsupportedVersionError(path, footer_at + 8, "object", version, FORMAT_VERSIONS)
     if reserved != 0:
         raise CorruptObjectError(path, footer_at + 10, f"reserved footer field is {reserved}")
     if index_offset + index_length != footer_at:
         raise CorruptObjectError(path, footer_at, "index bounds do not match object size")
-    return index_offset, index_length, index_crc
+    return Footer(index_offset, index_length, index_crc, version)
 
 
-def parse_index(data: Buffer, path: str, index_offset: int, crc: int) -> list[SegmentRef]:
-    """Verify and decode the index of object ``path`` read from ``index_offset``: one
-    reference per segment, in object order. Checks the checksum, the version, every
-    row's types (non-negative integers, a string log id, ascending distinct key groups,
-    a CRC32 below 2**32, sqn_from <= sqn_to) and that the rows tile [0, index_offset)
-    back to back. Raises CorruptObjectError (path, ``index_offset`` or the offset of
-    the segment a bad row points to)."""
-    if zlib.crc32(data) != crc:
+def parse_index(data: Buffer, path: str, footer: Footer) -> list[SegmentRef]:
+    """Verify and decode the index of object ``path`` (``data``: the bytes the footer
+    points to): one reference per segment, in object order. Checks the checksum, the
+    version (the footer's), every row's types (non-negative integers, a string log id,
+    ascending distinct key groups, a CRC32 below 2**32, sqn_from <= sqn_to) and that the
+    rows tile [0, index_offset) back to back. Raises CorruptObjectError (path, the
+    index's offset or the offset of the segment a bad row points to)."""
+    index_offset = footer.index_offset
+    if index_checksum(data, footer.version) != footer.index_checksum:
         raise CorruptObjectError(path, index_offset, "index checksum mismatch")
     try:
         raw = msgpack.unpackb(data)
-        if not isinstance(raw, dict) or raw.get("v") != FORMAT_VERSION:
-            raise ValueError("not a version 1 index map")
+        if not isinstance(raw, dict) or raw.get("v") != footer.version:
+            raise ValueError(f"not the version {footer.version} index map the footer names")
         rows = raw["segments"]
         if not isinstance(rows, list):
             raise TypeError("segments is not a list")

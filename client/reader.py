@@ -40,13 +40,14 @@ def read_index(store: ObjectStore, url: str, verify: bool = True) -> list[Segmen
         raise CorruptObjectError(url, 0, f"object of {size} bytes is too short for a footer")
     if not verify:
         tail = read_exact(store, url, size - FOOTER_SIZE, FOOTER_SIZE)
-        index_offset, index_length, crc = parse_footer(tail, url, size)
-        data = read_exact(store, url, index_offset, index_length)
-        return parse_index(data, url, index_offset, crc)
+        footer = parse_footer(tail, url, size)
+        data = read_exact(store, url, footer.index_offset, footer.index_length)
+        return parse_index(data, url, footer)
     whole = memoryview(read_exact(store, url, 0, size))
-    index_offset, index_length, crc = parse_footer(whole[size - FOOTER_SIZE :], url, size)
-    refs = parse_index(whole[index_offset : index_offset + index_length], url, index_offset, crc)
-    verify_segments(refs, whole[:index_offset])
+    footer = parse_footer(whole[size - FOOTER_SIZE :], url, size)
+    start, end = footer.index_offset, footer.index_offset + footer.index_length
+    refs = parse_index(whole[start:end], url, footer)
+    verify_segments(refs, whole[:start])
     return refs
 
 

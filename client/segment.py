@@ -40,7 +40,7 @@ import google_crc32c
 import msgpack
 import zstandard
 
-from dstltree.client.errors import CorruptObjectError
+from dstltree.client.errors import CorruptObjectError, UnsupportedVersionError
 
 SEGMENT_VERSION = 2  # what encode_segment writes by default
 SEGMENT_VERSIONS = (1, 2)  # what decode_segment reads
@@ -286,12 +286,19 @@ def decode_segment(
     buf = memoryview(data)
     if len(buf) < 8:
         raise CorruptObjectError(path, offset, f"segment of {len(buf)} bytes is truncated")
-    stored, checked = _verify_trailer(data, buf, path, offset)
+    try:
+        stored, checked = _verify_trailer(data, buf, path, offset)
+    except CorruptObjectError:
+        _refuse_unknown_version(buf, path, offset)  # a newer segment's other checksum
+        raise
     hlen = _U32.unpack_from(buf, 0)[0]
     if 4 + hlen > len(buf) - 4:
         raise CorruptObjectError(path, offset, "segment header length exceeds segment")
     try:
         log_id, sqn_from, sqn_to, raw_entries, size, version = _parse_header(buf[4 : 4 + hlen])
+    except _UnknownVersion as e:
+        version = e.args[0]
+        raise UnsupportedVersionError(path, offset + 4, "segment", version, SEGMENT_VERSIONS) from e
     except (ValueError, TypeError, KeyError, msgpack.UnpackException) as e:
         raise CorruptObjectError(path, offset + 4, f"bad segment header: {e}") from e
     if version != checked:
@@ -423,6 +430,26 @@ def _read_entries(
     return entries
 
 
+class _UnknownVersion(ValueError):
+    """A segment header's ``v`` is an int this code does not read (args: the version)."""
+
+
+def _refuse_unknown_version(buf: memoryview, path: str, offset: int) -> None:
+    """Raise UnsupportedVersionError when the (unverified) header of the segment ``buf``
+    is a msgpack map whose ``v`` is an integer not in SEGMENT_VERSIONS: a segment of a
+    newer format, whose trailer this code cannot check. Returns otherwise."""
+    hlen = _U32.unpack_from(buf, 0)[0]
+    if 4 + hlen > len(buf) - 4:
+        return
+    try:
+        header = msgpack.unpackb(buf[4 : 4 + hlen])
+    except (ValueError, msgpack.UnpackException):
+        return
+    version = header.get("v") if isinstance(header, dict) else None
+    if type(version) is int and version not in SEGMENT_VERSIONS:
+        raise UnsupportedVersionError(path, offset + 4, "segment", version, SEGMENT_VERSIONS)
+
+
 def _parse_header(
     raw: memoryview,
 ) -> tuple[str, int, int, list[tuple[int, int, int, int, int]], int | None, int]:
@@ -433,6 +460,8 @@ def _parse_header(
     if not isinstance(header, dict):
         raise TypeError(f"header is a {type(header).__name__}, not a map")
     version = header.get("v")
+    if type(version) is int and version not in SEGMENT_VERSIONS:
+        raise _UnknownVersion(version)
     if version not in SEGMENT_VERSIONS or type(version) is not int:
         raise ValueError(f"unsupported segment version {version!r}")
     size = None
