@@ -1,6 +1,12 @@
 """Wire messages between the coordinator (ROUTER) and task links (DEALER).
 
 Every message is one msgpack frame: a map with ``"t"`` (the type) and its fields.
+
+Versions: a task's first message, :class:`Hello`, names the protocol versions it
+speaks (``"v"``; absent: ``[1]``, what tasks before versions were named sent); the
+coordinator serves the highest one it also speaks, or refuses the hello with an
+:class:`ErrorReply` naming both sides' versions (:func:`negotiate`). This module
+speaks :data:`PROTOCOL_VERSIONS`.
 :func:`dump` and :func:`load` are pure; ``load`` raises :class:`dstltree.client.errors.WireError`
 for anything malformed or larger than :data:`MAX_MESSAGE_BYTES`.
 
@@ -25,17 +31,34 @@ from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 from dstltree.sparkplug.sources.base import SplitState
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+PROTOCOL_VERSION = 1  # the highest version this module speaks
+PROTOCOL_VERSIONS = (1,)  # every version this module speaks
+_MAX_VERSIONS = 16  # versions a hello may list
 
 
 @dataclass(frozen=True)
 class Hello:
     """Task ``task`` of ``attempt`` is connected; ``node``: the endpoint of the
     aggregator node its changelog goes through ("" = none: it writes straight to the
-    DFS, counted by the coordinator)."""
+    DFS, counted by the coordinator); ``versions``: the protocol versions the task
+    speaks."""
 
     task: int
     attempt: int
     node: str = ""
+    versions: tuple[int, ...] = PROTOCOL_VERSIONS
+
+
+def negotiate(versions: tuple[int, ...], ours: tuple[int, ...] = PROTOCOL_VERSIONS) -> int:
+    """The highest protocol version in both ``versions`` (a task's) and ``ours``.
+    Raises WireError naming both sides' versions when there is none."""
+    common = set(versions) & set(ours)
+    if not common:
+        raise WireError(
+            f"no common protocol version: task speaks {sorted(set(versions))}, "
+            f"coordinator speaks {sorted(ours)}"
+        )
+    return max(common)
 
 
 @dataclass(frozen=True)
@@ -156,7 +179,13 @@ COMMANDS = (
 
 def _fields(m: Message) -> dict[str, Any]:
     if isinstance(m, Hello):
-        return {"t": "hello", "task": m.task, "attempt": m.attempt, "node": m.node}
+        return {
+            "t": "hello",
+            "task": m.task,
+            "attempt": m.attempt,
+            "node": m.node,
+            "v": list(m.versions),
+        }
     if isinstance(m, Ack):
         return {
             "t": "ack",
@@ -225,6 +254,17 @@ def _endpoint(v: Any) -> str:
     return v
 
 
+def _versions(d: dict[str, Any]) -> tuple[int, ...]:
+    """A hello's ``v``: 1.._MAX_VERSIONS integers >= 1 (absent: version 1)."""
+    raw = d.get("v", [1])
+    if not isinstance(raw, list | tuple) or not 1 <= len(raw) <= _MAX_VERSIONS:
+        raise ValueError(f"a hello's versions are a list of 1..{_MAX_VERSIONS} integers")
+    for v in raw:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"a protocol version is an integer >= 1, got {v!r}")
+    return tuple(raw)
+
+
 def _split_state(r: Any) -> SplitState:
     if not isinstance(r, list | tuple) or len(r) != 4:
         raise ValueError("a split state is [id, location, offset, finished]")
@@ -235,7 +275,9 @@ def _split_state(r: Any) -> SplitState:
 
 
 _DECODERS: dict[str, Callable[[dict[str, Any]], Message]] = {
-    "hello": lambda d: Hello(_int(d, "task"), _int(d, "attempt"), _endpoint(d.get("node", ""))),
+    "hello": lambda d: Hello(
+        _int(d, "task"), _int(d, "attempt"), _endpoint(d.get("node", "")), _versions(d)
+    ),
     "ack": lambda d: Ack(
         _int(d, "task"),
         _int(d, "attempt"),

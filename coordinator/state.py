@@ -91,6 +91,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import singledispatchmethod
 
+from dstltree.client.errors import WireError
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import (
     CompletedCheckpoint,
@@ -685,6 +686,10 @@ class CoordinatorState:
 
     @_handle_message.register
     def _(self, message: protocol.Hello, identity: bytes) -> list[Instruction]:
+        try:
+            protocol.negotiate(message.versions)
+        except WireError as e:
+            return self._reject(identity, str(e), "version")
         task, attempt = message.task, message.attempt
         if self.attempt is not None and attempt > self.attempt:
             # early: kept for when its attempt starts (the next attempt only, bounded)

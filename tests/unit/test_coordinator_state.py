@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import msgpack
 import pytest
 
+from dstltree.client.errors import WireError
 from dstltree.coordinator import protocol
 from dstltree.coordinator.checkpoint import MaterializedRef, TaskCheckpoint
 from dstltree.coordinator.events import (
@@ -469,3 +471,25 @@ def test_tasks_without_a_node_are_counted_per_attempt() -> None:
     assert s.tasks_without_node == 0  # nobody of attempt 1 said hello yet
     _feed(s, MessageFromTask(1.1, ident(0, 1), protocol.Hello(0, 1, "")))
     assert s.tasks_without_node == 1
+
+
+def test_a_hello_without_a_common_protocol_version_is_refused_naming_both() -> None:
+    state = CoordinatorState(CFG)
+    hello = protocol.Hello(0, 0, versions=(7, 8))
+    out = state.handle(MessageFromTask(0.0, ident(0, 0), hello))
+    replies = [i.message for i in out if isinstance(i, Reply)]
+    assert len(replies) == 1 and isinstance(replies[0], protocol.ErrorReply)
+    assert "task speaks [7, 8]" in replies[0].reason
+    assert "coordinator speaks [1]" in replies[0].reason
+    assert state.rejections["version"] == 1 and not state.all_connected()
+
+
+def test_a_hello_names_its_versions_on_the_wire_and_an_old_one_means_version_1() -> None:
+    frame = protocol.dump(protocol.Hello(3, 1, "tcp://127.0.0.1:5", (1, 2)))
+    assert protocol.load(frame) == protocol.Hello(3, 1, "tcp://127.0.0.1:5", (1, 2))
+    old = msgpack.packb({"t": "hello", "task": 3, "attempt": 1, "node": ""})
+    assert protocol.load(old).versions == (1,)
+    for bad in ([], ["1"], [0], [True], list(range(1, 20)), "1"):
+        raw = msgpack.packb({"t": "hello", "task": 3, "attempt": 1, "v": bad})
+        with pytest.raises(WireError):
+            protocol.load(raw)
