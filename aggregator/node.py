@@ -70,6 +70,7 @@ from dstltree.client.direct import Written
 from dstltree.client.errors import WireError
 from dstltree.client.frames import NOBLOCK, recv_frames, send_frames
 from dstltree.client.links import MonitoredDealer, readable
+from dstltree.client.objectformat import FORMAT_VERSION
 from dstltree.client.wire import dump, load
 from dstltree.security.curve import Curve, configure_client, configure_server
 from dstltree.storage.hedging import ReusableThreads, UploadPolicy
@@ -136,7 +137,8 @@ class Node:
     ``loop_writes``: on a fast store (the node's writes took ``loop_write_fast_s``
     seconds or less on a moving average), the loop writes a small object itself when
     no other write runs (the module docstring: a deputy thread serves the loop if that
-    write hangs); False: every object on a write thread."""
+    write hangs); False: every object on a write thread. ``object_format``: the object
+    format it writes (client/objectformat.py)."""
 
     def __init__(
         self,
@@ -154,6 +156,7 @@ class Node:
         heartbeat: float = 0.1,
         loop_writes: bool = True,
         loop_write_fast_s: float = _LOOP_WRITE_FAST_S,
+        object_format: int = FORMAT_VERSION,
     ) -> None:
         self.store = store
         self.heartbeat = heartbeat
@@ -161,7 +164,7 @@ class Node:
         self.max_message_bytes = max_message_bytes
         self.hwm = hwm
         self.shutdown_timeout = shutdown_timeout
-        self.writer = ObjectWriter(store, upload_policy)
+        self.writer = ObjectWriter(store, upload_policy, object_format, config.node_id)
         self.upload_policy = self.writer.policy
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._front = self._ctx.socket(zmq.ROUTER)

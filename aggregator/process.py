@@ -105,6 +105,7 @@ def build_node(
         metrics=metrics,
         advertise=advertise,
         security=security,
+        object_format=topo.object_format,
     )
 
 

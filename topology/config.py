@@ -242,6 +242,9 @@ class TopologyConfig(BaseModel):
     object_prefixes: int = Field(default=256, ge=1, le=65536)
     parent_timeout: float = Field(default=2.0, gt=0.0, le=600.0)
     max_message_bytes: ByteSize = Field(default=ByteSize(64 * 1024 * 1024), gt=0, le=MAX_BYTES)
+    # the object format nodes write (client/objectformat.py: 1 or 2); raised only once
+    # every reader of the store reads it (docs/design.md, "Formats and compatibility")
+    object_format: int = Field(default=1, ge=1, le=2)
     base_path: str = "data/dstl"
     storage_options: dict[str, Any] = Field(default_factory=dict)
     # Prometheus metrics (aggregator.metrics): a base port, node k in breadth-first order

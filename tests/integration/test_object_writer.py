@@ -111,3 +111,35 @@ def test_a_hung_first_attempt_holds_a_thread_not_a_write_slot(faulty: FaultyFile
     assert list(read_changes(store, second, 1)) == [b"2"]
     assert node.writer.drain(10)
     assert node.writer.upload_stats()["losers_deleted"] == 1
+
+
+def test_a_node_writes_the_object_format_its_topology_names(tmp_path: object) -> None:
+    """Two nodes, one per object format: each object's footer and index carry the
+    node's format (version 2 also its writer), and a reader reads both."""
+    from dstltree.client.objectformat import FOOTER, FOOTER_SIZE
+    from dstltree.topology.config import parse_topology
+
+    store = ObjectStore(str(tmp_path))
+    topo = parse_topology({"nodes": [{"id": "v2"}], "object_format": 2})
+    cfg = NodeConfig(node_id="v2", parent_address=None, target_bytes=1 << 20)
+    nodes = {
+        1: _node("v1", store, NO_HEDGING),
+        2: Node(cfg, store, upload_policy=NO_HEDGING, object_format=topo.object_format),
+    }
+    threads = [n.start() for n in nodes.values()]
+    try:
+        handles = {v: _persist(n, store, f"via-v{v}", b"v%d" % v) for v, n in nodes.items()}
+    finally:
+        for n in nodes.values():
+            n.stop()
+        for t in threads:
+            t.join(timeout=10)
+    for version, h in handles.items():
+        path = h.segments[0].path
+        size = store.size(path)
+        footer = FOOTER.unpack(store.read_range(path, size - FOOTER_SIZE, FOOTER_SIZE))
+        assert footer[1] == version
+        assert read_index(store, path)[0].log_id == f"via-v{version}"
+        assert list(read_changes(store, h, 1)) == [b"v%d" % version]
+    with pytest.raises(ValueError, match="object_format"):
+        parse_topology({"nodes": [{"id": "n"}], "object_format": 3})
