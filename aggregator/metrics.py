@@ -19,8 +19,10 @@ count once here):
   slower than the upload timeout.
 
 Node counters, from :class:`dstltree.aggregator.core.NodeStatistics` (bytes are segment bytes):
-``dstl_objects_written_total``, ``dstl_segments_written_total``,
-``dstl_bytes_written_total``, ``dstl_bytes_received_total``,
+``dstl_objects_written_total``, ``dstl_segments_written_total`` and
+``dstl_bytes_written_total`` (these three advance with the DFS request of each object
+written, in one step a scrape sees whole: a scrape never shows a request without its
+object, or an object without its request), ``dstl_bytes_received_total``,
 ``dstl_bytes_relayed_total`` (received from a child node and sent on),
 ``dstl_bytes_forwarded_total`` (sent upstream, own and relayed),
 ``dstl_parent_timeouts_total``, ``dstl_plan_changes_total``,
@@ -36,7 +38,8 @@ below, malformed ones included); drops and refusals of hostile or excess input:
 seconds the node stopped reading from below because its backlog was full),
 ``dstl_loop_writes_total`` (objects the loop wrote itself) and
 ``dstl_loop_takeovers_total`` (such writes that hung long enough for a deputy thread
-to serve the loop meanwhile). Gauges:
+to serve the loop meanwhile). The node refreshes these counters and the gauges below
+from its statistics every half second or so (:meth:`NodeMetrics.update`). Gauges:
 ``dstl_backlog_bytes`` (batched or being written), ``dstl_queued_bytes`` (in the batch, not yet
 flushed), ``dstl_in_flight_items`` (sent upstream, not yet acked),
 ``dstl_writers_below`` (residual writers of the subtree), ``dstl_writes_for_window``
@@ -53,13 +56,12 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-from dstltree.client.metrics_endpoint import MetricsEndpoint
+from dstltree.client.metrics_endpoint import ConsistentRegistry, MetricsEndpoint
 
 if TYPE_CHECKING:
     from dstltree.aggregator.core import NodeStatistics
@@ -157,15 +159,16 @@ def metrics_port_for(topology: TopologyConfig, node_id: str) -> int | None:
 
 class NodeMetrics:
     """The metrics of node ``node_id``; served on ``host:port`` (0 = a free port, see
-    :attr:`port` and :attr:`url`; None = not served, still recorded). Raises OSError
-    if the port cannot be bound. Thread-safe; :meth:`close` stops the server."""
+        :attr:`port` and :attr:`url`; None = not served, still recorded). Raises OSError
+        if the port cannot be bound. Thread-safe: every update is seen whole by a scrape
+    (:class:`ConsistentRegistry`); :meth:`close` stops the server."""
 
     def __init__(self, node_id: str, port: int | None, host: str = "127.0.0.1") -> None:
         self.node_id = node_id
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = ConsistentRegistry()
         self._upload_metrics(node_id)
         self._state_gauges(node_id)
-        self._lock = threading.Lock()
+        self._lock = self.registry.updating
         self.endpoint = MetricsEndpoint(self.registry, host, port)
         self.host = host
         self.port = self.endpoint.port
@@ -247,30 +250,43 @@ class NodeMetrics:
     def observe_upload(self, size_bytes: int, segments: int, latency_s: float, ok: bool) -> None:
         """One object upload: ``size_bytes`` segment bytes, ``segments`` segments,
         ``latency_s`` seconds from start to success or failure; ``ok`` False counts an
-        error (its size and segments are still recorded: the request was made)."""
-        self.request_size.observe(size_bytes)
-        self.request_segments.observe(segments)
-        self.request_latency.observe(latency_s)
-        if not ok:
-            self.errors.inc()
+        error (its size and segments are still recorded: the request was made), True
+        counts the object, its segments and bytes as written in the same step (the
+        node's statistics count them a moment later: :meth:`update` does not count them
+        twice)."""
+        with self._lock:
+            self.request_size.observe(size_bytes)
+            self.request_segments.observe(segments)
+            self.request_latency.observe(latency_s)
+            if not ok:
+                self.errors.inc()
+                return
+            for field, n in (
+                ("objects_written", 1),
+                ("segments_written", segments),
+                ("bytes_written", size_bytes),
+            ):
+                self._counters[field].inc(n)
+                self._last[field] = self._last.get(field, 0) + n
 
     def update(self, stats: NodeStatistics, uploads: Mapping[str, int] | None = None) -> None:
         """Bring the metrics up to date with the node's cumulative ``stats`` and, if
         given, its uploader's cumulative counters (``HedgingStats.snapshot()``):
-        counters grow by the difference to the previous call."""
+        counters grow by the difference to the highest value counted so far (objects
+        :meth:`observe_upload` counted already are not counted again)."""
         with self._lock:
             for field, counter in self._counters.items():
                 self._advance(field, counter, getattr(stats, field))
             for field, counter in self._upload_counters.items():
                 if uploads is not None and field in uploads:
                     self._advance("up." + field, counter, int(uploads[field]))
-        self.queued_bytes.set(stats.queued_bytes)
-        self.backlog_bytes.set(stats.backlog_bytes)
-        self.in_flight.set(stats.in_flight_up)
-        self.writers_below.set(stats.writers_below)
-        self.writes_for_window.set(1 if stats.writes_for_window else 0)
-        self.plan_window.set(-1 if stats.plan_window is None else stats.plan_window)
-        self.parent_down.set(1 if stats.parent_down else 0)
+            self.queued_bytes.set(stats.queued_bytes)
+            self.backlog_bytes.set(stats.backlog_bytes)
+            self.in_flight.set(stats.in_flight_up)
+            self.writers_below.set(stats.writers_below)
+            self.writes_for_window.set(1 if stats.writes_for_window else 0)
+            self.plan_window.set(-1 if stats.plan_window is None else stats.plan_window)
+            self.parent_down.set(1 if stats.parent_down else 0)
 
     def _advance(self, key: str, counter: Any, value: float) -> None:
         last = self._last.get(key, 0)

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dstltree.client.metrics_endpoint import MetricsEndpoint
+from dstltree.client.metrics_endpoint import ConsistentRegistry, MetricsEndpoint
 from dstltree.coordinator.checkpoint import checkpoint_alignment, checkpoint_phases
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class CoordinatorMetrics:
     bound. Thread-safe; :meth:`close` stops the server."""
 
     def __init__(self, port: int | None, host: str = "127.0.0.1") -> None:
-        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.registry = r = ConsistentRegistry()  # a scrape sees a checkpoint whole
         self.checkpoint_duration = Histogram(
             "dstl_checkpoint_duration_seconds",
             "Seconds from checkpoint trigger to metadata written.",
@@ -275,19 +275,20 @@ class CoordinatorMetrics:
         with self._lock:
             new = segments - self._previous
             self._previous = segments
-        self.checkpoint_duration.observe(max(0.0, duration_s))
         sync_s, async_s = checkpoint_phases(checkpoint)
-        self.checkpoint_sync.observe(sync_s)
-        self.checkpoint_async.observe(async_s)
-        self.checkpoint_size.observe(sum(length for _, _, length in new))
         alignment_s, start_delay_s, inflight_bytes, unaligned = checkpoint_alignment(checkpoint)
-        self.checkpoint_alignment.observe(alignment_s)
-        self.checkpoint_start_delay.observe(start_delay_s)
-        self.checkpoint_inflight.observe(inflight_bytes)
-        if unaligned:
-            self.checkpoints_unaligned.inc()
-        self.checkpoints_completed.inc()
-        self.last_checkpoint_id.set(checkpoint.checkpoint_id)
+        with self.registry.updating:
+            self.checkpoint_duration.observe(max(0.0, duration_s))
+            self.checkpoint_sync.observe(sync_s)
+            self.checkpoint_async.observe(async_s)
+            self.checkpoint_size.observe(sum(length for _, _, length in new))
+            self.checkpoint_alignment.observe(alignment_s)
+            self.checkpoint_start_delay.observe(start_delay_s)
+            self.checkpoint_inflight.observe(inflight_bytes)
+            if unaligned:
+                self.checkpoints_unaligned.inc()
+            self.checkpoints_completed.inc()
+            self.last_checkpoint_id.set(checkpoint.checkpoint_id)
 
     def checkpoint_triggered(self, interval_s: float | None, in_flight: int) -> None:
         """A checkpoint was triggered ``interval_s`` seconds after the previous trigger
@@ -327,13 +328,14 @@ class CoordinatorMetrics:
         with self._lock:
             started = self._epochs.pop(epoch, None)
             self._epochs = {e: s for e, s in self._epochs.items() if e > epoch}
-        if started is not None:
-            self.materialization_duration.observe(max(0.0, t - started))
-        self.materialization_size.observe(sum(ref.size_bytes for ref in refs.values()))
-        self.materialization_written.observe(
-            sum(r.written_bytes if r.parts else r.size_bytes for r in refs.values())
-        )
-        self.materializations_completed.inc()
+        with self.registry.updating:
+            if started is not None:
+                self.materialization_duration.observe(max(0.0, t - started))
+            self.materialization_size.observe(sum(ref.size_bytes for ref in refs.values()))
+            self.materialization_written.observe(
+                sum(r.written_bytes if r.parts else r.size_bytes for r in refs.values())
+            )
+            self.materializations_completed.inc()
 
     def materialization_abandoned(self, epoch: int) -> None:
         with self._lock:
