@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from dstltree.client.direct import DirectUploader
+from dstltree.client.errors import DstlError
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.inflight import DEFAULT_MAX_IN_FLIGHT, InFlightLimit
 from dstltree.client.reader import iter_changes, read_changes
@@ -47,6 +48,7 @@ class ChangelogClient:
         self._preemptive = preemptive_bytes
         self.in_flight = InFlightLimit(max_in_flight_bytes)
         self._writers: list[ChangelogWriter] = []
+        self._closed = False
 
     @classmethod
     def open(
@@ -151,11 +153,25 @@ class ChangelogClient:
         return iter_changes(self.store, handle, key_groups)
 
     def close(self) -> None:
-        """Close every writer and the uploader (waits for pending uploads)."""
+        """Close every writer, the uploader (waits for pending uploads: their futures
+        resolve) and the store. Idempotent, and quiet after the uploader's own
+        ``close``: a writer is closed all the same, it just has no uploader left to
+        withdraw from. Raises DstlError only if a writer could not withdraw from an
+        uploader that is not closed (its I/O thread stopped), after closing the rest."""
+        if self._closed:
+            return
+        self._closed = True
+        failed: DstlError | None = None
         for w in self._writers:
-            w.close()
+            try:
+                w.close()  # marks the writer closed, then withdraws it from the uploader
+            except DstlError as e:
+                if not getattr(self.uploader, "closed", False):
+                    failed = failed or e
         self.uploader.close()
         self.store.close()
+        if failed is not None:
+            raise failed
 
     def __enter__(self) -> ChangelogClient:
         return self
