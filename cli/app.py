@@ -1,5 +1,13 @@
-"""The ``dstl`` command line (typer). Sub-commands live in ``sparkplug/commands/*.py``,
-each with a ``register(app: typer.Typer)`` function; heavy imports stay inside commands."""
+"""The ``dstl`` command line (typer). Sub-commands live in ``cli/commands/*.py``, each
+with a ``register(app: typer.Typer)`` function; heavy imports stay inside commands.
+
+Help pages use click's plain formatter (``rich_markup_mode=None``, inherited by every
+command and group below ``app``): it never cuts an option name, wraps help text to the
+terminal (``COLUMNS``, at most 80 columns) and lists each sub-command with one line, its
+``short_help`` or else the first sentence of its docstring. Rich's option table shares
+the width between four columns and truncates long option names ("--checkpoint-inte…")
+at 80 columns, and lists a command with its whole first paragraph.
+tests/unit/test_cli_help.py checks every help page of the tree at 80 columns."""
 
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 

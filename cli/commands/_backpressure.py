@@ -35,8 +35,10 @@ def backpressure(
         Path | None, typer.Option(help="Directory for the input and the jobs (default: TMPDIR).")
     ] = None,
 ) -> None:
-    """Checkpoint durations under back-pressure, aligned and unaligned (FLIP-76): a
-    keyed job whose function sleeps on one task, side by side at each sleep."""
+    """Checkpoint durations under back-pressure.
+
+    Aligned and unaligned checkpoints (FLIP-76) of a keyed job whose function sleeps
+    on one task, side by side at each sleep."""
     from rich.console import Console
 
     from dstltree.bench.backpressure import (

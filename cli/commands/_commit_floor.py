@@ -17,10 +17,11 @@ def commit_floor(
     checkpoints: Annotated[int, typer.Option(min=1, max=2000, help="Checkpoints.")] = 150,
     interval: Annotated[float, typer.Option(min=0.0, help="Seconds between starts.")] = 0.3,
 ) -> None:
-    """One changelog object (100 KB) then one conditional create (6 KB) per
-    checkpoint through the fault-injecting store, checkpoints overlapping; prints the
-    object's and the pair's p50 / p99 (seconds), with the create hedged as the
-    coordinator hedges it and without."""
+    """The commit floor: one object, then one create.
+
+    One changelog object (100 KB) then one conditional create (6 KB) per checkpoint through
+    the fault-injecting store, checkpoints overlapping; prints the object's and the pair's
+    p50 / p99 (seconds), with the create hedged as the coordinator hedges it and without."""
     from rich.console import Console
     from rich.table import Table
 

@@ -68,11 +68,12 @@ def hotpath(
         Path | None, typer.Option(help="Directory for the temporary stores (default: TMPDIR).")
     ] = None,
 ) -> None:
-    """Measure the changelog's hot path next to its floors in one run and print the
-    ratios: task loop with / without the changelog, node and chain forwarding / a raw
-    pyzmq hop, persist latency / one round trip plus one fsynced write, restore by
-    replay / snapshot-only, restore / the replay of 9a5af1e, zstd-compressed /
-    uncompressed segment bytes."""
+    """The changelog's hot path against its floors.
+
+    Measures the hot path next to its floors in one run and prints the ratios: task loop
+    with / without the changelog, node and chain forwarding / a raw pyzmq hop, persist
+    latency / one round trip plus one fsynced write, restore by replay / snapshot-only,
+    restore / the replay of 9a5af1e, zstd-compressed / uncompressed segment bytes."""
     from rich.console import Console
 
     from dstltree.bench.hotpath import (

@@ -33,11 +33,12 @@ def materialization(
         Path | None, typer.Option(help="Directory for inputs and jobs (default: TMPDIR).")
     ] = None,
 ) -> None:
-    """Checkpoints and materializations of a keyed job with 10,000 and 1,000,000 keys
-    per task: the longest gap between two batches a task processed, checkpoint
-    percentiles, materialization figures; the bytes a materialization writes when 1 %
-    of the keys changed; records per second with and without checkpoints on the
-    FLIP-158 S3 model; a killed task's recovery and the orphans left."""
+    """Checkpoints and materializations of a keyed job.
+
+    With 10,000 and 1,000,000 keys per task: the longest gap between two batches a task
+    processed, checkpoint percentiles, materialization figures; the bytes a materialization
+    writes when 1 % of the keys changed; records per second with and without checkpoints on
+    the FLIP-158 S3 model; a killed task's recovery and the orphans left."""
     from rich.console import Console
 
     from dstltree.bench.hotpath import run_meta, write_markdown

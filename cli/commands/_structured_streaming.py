@@ -124,9 +124,9 @@ def structured_streaming(
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per run at most.")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
-    """The same Structured Streaming query, Spark alone and through the tree.
+    """Structured Streaming, Spark alone and via the tree.
 
-    groupBy(k).agg(count, sum) over files landing over time, RocksDB with changelog
+    The same query, groupBy(k).agg(count, sum) over files landing over time, RocksDB with changelog
     checkpointing, one run per engine and partition count: files and bytes under the
     checkpoint per batch, batch duration p50/p99, records/s, whether the trigger was
     held, the tree's objects."""

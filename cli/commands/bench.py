@@ -126,10 +126,14 @@ def bench(
         bool, typer.Option("--json", help="Print JSON (one object per design).")
     ] = False,
 ) -> None:
-    """Run one synthetic workload through the designs and compare objects and DFS
+    """Compare the designs on a synthetic workload.
+
+    Runs one synthetic workload through the designs and compares objects and DFS
     requests per checkpoint, mean object size, persist latency, relayed bytes,
-    throughput and CPU (docs/design.md, "Where numbers come from"). ``dstl bench
-    hotpath``: the hot-path suite instead."""
+    throughput and CPU (docs/design.md, "Where numbers come from").
+
+    The commands below run other suites instead (``dstl bench hotpath``: the hot-path
+    suite)."""
     if ctx.invoked_subcommand is not None:
         return
     from rich.console import Console

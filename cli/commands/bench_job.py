@@ -33,8 +33,10 @@ def bench_job(
     ),
     rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds of both runs.")] = 2,
 ) -> None:
-    """Run the same job with the changelog and with the minimal changelog, alternating
-    after one uncounted warm-up run, and print records per second (wall and steady)
+    """Job throughput with the changelog and the minimal one.
+
+    Runs the same job with the changelog and with the minimal changelog, alternating
+    after one uncounted warm-up run, and prints records per second (wall and steady)
     and the ratio of the best steady rates (JSON)."""
     from dstltree.bench.job import run_one, write_input
     from dstltree.sparkplug.spark_session import spark_session

@@ -27,7 +27,9 @@ def bridge(
     ),
     metrics_host: str = typer.Option("127.0.0.1", help="Address of the metrics endpoint."),
 ) -> None:
-    """Serve Spark state files into the tree; prints 'bridge ready on SOCKET'."""
+    """Serve Spark state files into the tree.
+
+    Prints 'bridge ready on SOCKET' once it serves."""
     from dstltree.structured_streaming.bridge import (
         BridgeInUse,
         bridge_from_topology,

@@ -323,8 +323,10 @@ def up(
     workdir: Path = typer.Option(Path(".dstl-cluster"), help="Logs, work dirs, cluster.json."),
     timeout: float = typer.Option(90.0, min=1.0, help="Seconds to wait for the workers."),
 ) -> None:
-    """Start a master and workers in the background; print the master URL, the web UI,
-    the worker hosts and the pids (JSON). ``dstl cluster down`` stops them."""
+    """Start a master and workers in the background.
+
+    Prints the master URL, the web UI, the worker hosts and the pids (JSON).
+    ``dstl cluster down`` stops them."""
     if (workdir / STATE_FILE).exists():
         raise typer.BadParameter(f"{workdir} holds a cluster: dstl cluster down first")
     try:
@@ -340,8 +342,10 @@ def down(
     workdir: Path = typer.Option(Path(".dstl-cluster"), help="The folder of ``up``."),
     timeout: float = typer.Option(15.0, min=0.1, help="Seconds from SIGTERM to SIGKILL."),
 ) -> None:
-    """Stop the cluster ``dstl cluster up`` started in ``workdir`` (by pid: SIGTERM to
-    each daemon's process group, SIGKILL after ``timeout``) and forget it."""
+    """Stop the cluster that ``dstl cluster up`` started.
+
+    The cluster of ``--workdir``, by pid: SIGTERM to each daemon's process group,
+    SIGKILL after ``--timeout`` seconds; then forgets it."""
     try:
         cluster = StandaloneCluster.load(workdir)
     except FileNotFoundError:

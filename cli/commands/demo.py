@@ -151,9 +151,11 @@ def demo(
         4, min=1, max=1000, help="Shuffle partitions (structured-streaming)."
     ),
 ) -> None:
-    """Run the plane-statistics job while the flights land day by day: exactly-once
-    output, a task killed and recovered, optionally a rescale, and the output and the
-    checkpointed state compared with a Spark SQL batch query over the same files."""
+    """Run the plane-statistics demo job.
+
+    The job runs while the flights land day by day: exactly-once output, a task
+    killed and recovered, optionally a rescale, and the output and the checkpointed
+    state compared with a Spark SQL batch query over the same files."""
     from rich.console import Console
 
     from dstltree.demo.job import DemoOptions

@@ -127,10 +127,14 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--storage-options", help="fsspec options as JSON.")
         ] = None,
     ) -> None:
-        """Show checkpoints, referenced objects and orphans of a base path, or the
-        segments of one object. Exit code 1 for a corrupt object (a failed checksum,
-        or an index entry that does not match its segment) or checkpoint, 2 for a
-        storage error; the error line names the path and offset."""
+        """Show a base path's checkpoints, or one object.
+
+        Shows the checkpoints, referenced objects and orphans of a base path, or the
+        segments of one object.
+
+        Exit code 1 for a corrupt object (a failed checksum, or an index entry that
+        does not match its segment) or checkpoint, 2 for a storage error; the error
+        line names the path and offset."""
         from dstltree.client.errors import CorruptObjectError, StorageError
         from dstltree.coordinator.errors import CheckpointStoreError
 

@@ -59,11 +59,15 @@ def node(
         "topology copy, key files and statistics.",
     ),
 ) -> None:
-    """Run one aggregator node (blocking; stops on SIGTERM/SIGINT). The one entry point
-    of a node process: supervisors run it, and so do ``dstl up`` and the launchers.
+    """Run one aggregator node until SIGTERM or SIGINT.
+
+    The one entry point of a node process (blocking): supervisors run it, and so do
+    ``dstl up`` and the launchers.
+
     On a host of a cluster: ``dstl node --topology F --node-id ID`` takes the node's
     bind and advertised endpoint, its parent's advertised endpoint and its depth from
     the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override.
+
     CURVE is on unless the topology says ``security: {curve: false}``: the cluster key
     directory comes from ``$DSTL_KEYS`` or ``security.keys`` (exit 2 naming
     ``security.keys`` when neither names one)."""
@@ -229,10 +233,12 @@ def up(
     topology: Path = typer.Option(..., exists=True, dir_okay=False, help="Topology YAML."),
     base_path: str = typer.Option("", help="Override the topology's base_path."),
 ) -> None:
-    """Start every node of the topology on this machine (root first) until Ctrl-C: a
-    development tree. A topology by host starts here only when its hosts are loopback
-    addresses (127.0.0.x standing for machines), each node bound to its host; other
-    hosts are refused (run ``dstl node --topology F --node-id ID`` on each host)."""
+    """Start every node of a topology on this machine.
+
+    Root first, until Ctrl-C: a development tree. A topology by host starts here only
+    when its hosts are loopback addresses (127.0.0.x standing for machines), each node
+    bound to its host; other hosts are refused (run ``dstl node --topology F
+    --node-id ID`` on each host)."""
     from rich.console import Console
     from rich.table import Table
 

@@ -65,8 +65,10 @@ def plan_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Print which nodes write, the expected object sizes and the routes of a plan
-    (docs/design.md, "The plan")."""
+    """Print which nodes write, object sizes and routes.
+
+    The plan of the topology: the nodes that write objects, the expected object sizes
+    and the nodes' routes (docs/design.md, "The plan")."""
     from dstltree.topology.plan import compute_plan
 
     topo, tree = load_tree(topology, executors)

@@ -222,8 +222,10 @@ def simulate_command(
         ),
     ] = False,
 ) -> None:
-    """Simulate checkpoints of a cluster through the task/executor/tree designs: checkpoint
-    latency, DFS requests, throttling and hedging (FLIP-158 S3 model by default)."""
+    """Simulate the checkpoints of a cluster per design.
+
+    Runs them through the task, executor and tree designs: checkpoint latency, DFS
+    requests, throttling and hedging (FLIP-158 S3 model by default)."""
     if validate:
         _validate(seed, as_json)
         return

@@ -280,13 +280,16 @@ def status(
         typer.Option(help="The job coordinator's metrics URL: checkpoints and materializations."),
     ] = None,
 ) -> None:
-    """Show every node of a running tree: role (root / writer for the current plan
-    window / forwarder), queued bytes, objects written, bytes relayed, p99 DFS upload
-    latency and upload errors, from each node's Prometheus metrics; with
-    ``--coordinator``, the job's checkpoints (completed and aborted, in flight, the
-    interval achieved and the duration p50 / p99, the phases, completion-path requests
-    and metadata size per checkpoint) and materializations below, or alone without
-    ``--topology``."""
+    """Show a running tree and its job's checkpoints.
+
+    Every node of the tree: role (root / writer for the current plan window /
+    forwarder), queued bytes, objects written, bytes relayed, p99 DFS upload latency
+    and upload errors, from each node's Prometheus metrics.
+
+    With ``--coordinator``, the job's checkpoints (completed and aborted, in flight,
+    the interval achieved and the duration p50 / p99, the phases, completion-path
+    requests and metadata size per checkpoint) and materializations below, or alone
+    without ``--topology``."""
     from rich.console import Console, Group
     from rich.live import Live
 
