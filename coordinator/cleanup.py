@@ -24,6 +24,7 @@ from dstltree.storage.store import (
     SNAPSHOT_DIR,
     ObjectInfo,
     ObjectStore,
+    is_reservation,
 )
 
 #: Folders of a job's prefix that cleanup may delete in.
@@ -62,12 +63,27 @@ def within_job(store: ObjectStore, url: str, extra: Sequence[str] = ()) -> bool:
 
 def list_data_files(store: ObjectStore) -> list[str]:
     """Every file under ``<base>/changelog/`` and ``<base>/materialized/`` (sorted URLs),
-    including temporary files of interrupted writes."""
-    return [i.url for i in list_data_info(store)]
+    including temporary files of interrupted writes, but not the reservations (empty
+    object files created ahead: no data, see :func:`data_files_and_reservations`).
+    Raises StorageError."""
+    return data_files_and_reservations(store)[0]
+
+
+def data_files_and_reservations(store: ObjectStore) -> tuple[list[str], list[str]]:
+    """One listing of the job's data folders split in two (sorted URLs): the data files
+    (:func:`list_data_files`) and the reservations
+    (:func:`dstltree.storage.store.is_reservation`). Raises StorageError."""
+    data: list[str] = []
+    reserved: list[str] = []
+    for info in list_data_info(store):
+        (reserved if is_reservation(info) else data).append(info.url)
+    return data, reserved
 
 
 def list_data_info(store: ObjectStore) -> list[ObjectInfo]:
-    """:func:`list_data_files` with sizes and modification times."""
+    """Every file under ``<base>/changelog/`` and ``<base>/materialized/`` with its size
+    and modification time (sorted by URL), reservations included: the orphan scan
+    (:func:`scan_orphans`) deletes those a dead process left like any other file."""
     found = store.list_info(store.join(CHANGELOG_DIR)) + store.list_info(store.join(SNAPSHOT_DIR))
     return sorted(found, key=lambda i: i.url)
 

@@ -95,6 +95,14 @@ class ObjectInfo:
     mtime: float | None
 
 
+def is_reservation(info: ObjectInfo) -> bool:
+    """Whether ``info`` is a reservation: a changelog object file created ahead and not
+    written yet (:mod:`dstltree.storage.reserve`), i.e. an empty ``*.dstl`` file. It is
+    no object (an object holds at least its index and footer, never zero bytes), but it
+    is a file of the job: orphan cleanup lists and deletes it like any other."""
+    return info.size == 0 and info.url.endswith(OBJECT_SUFFIX)
+
+
 def _mtime(info: dict[str, Any]) -> float | None:
     """Modification time (epoch seconds) of an fsspec info dict, None if it has none."""
     for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
@@ -822,8 +830,20 @@ class ObjectStore:
         return sorted(out, key=lambda o: o.url)
 
     def list_objects(self) -> list[str]:
-        """Every changelog object under the base path."""
-        return self.list_files(self.changelog_root(), OBJECT_SUFFIX)
+        """Every changelog object under the base path (sorted URLs); reservations
+        (:func:`is_reservation`: empty files created ahead) are not objects and not
+        listed (:meth:`list_reservations`). Raises StorageError."""
+        return [
+            i.url
+            for i in self.list_info(self.changelog_root())
+            if i.url.endswith(OBJECT_SUFFIX) and not is_reservation(i)
+        ]
+
+    def list_reservations(self) -> list[str]:
+        """Every reservation under the base path (sorted URLs): object files created
+        ahead and not written yet, by this store or another one (a process that died
+        leaves its own). Raises StorageError."""
+        return [i.url for i in self.list_info(self.changelog_root()) if is_reservation(i)]
 
     def list_snapshots(self) -> list[str]:
         """Every materialized-state snapshot under the base path."""

@@ -33,11 +33,13 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """Summary of a base path: keys ``latest_checkpoint`` (id or None),
     ``retained_checkpoints`` (ids), ``ss_queries`` (the checkpoint roots of the
     Structured Streaming queries with a bridge manifest), ``referenced`` (by retained
-    checkpoints and by each query's newest manifest), ``present``, ``orphans`` and
-    ``missing`` (sorted path lists; an object a manifest names only as holding older
-    versions awaiting release is neither an orphan nor missing). Raises StorageError /
+    checkpoints and by each query's newest manifest), ``present``, ``orphans``,
+    ``missing`` and ``reservations`` (sorted path lists; an object a manifest names only
+    as holding older versions awaiting release is neither an orphan nor missing; a
+    reservation, an empty object file created ahead, is none of the others: the orphan
+    sweep deletes those a dead process left). Raises StorageError /
     CorruptCheckpointError."""
-    from dstltree.coordinator.cleanup import list_data_files, normalize
+    from dstltree.coordinator.cleanup import data_files_and_reservations, normalize
     from dstltree.coordinator.store import CheckpointStore
     from dstltree.storage.store import ObjectStore
     from dstltree.structured_streaming.inventory import manifest_object_roles, newest_manifests
@@ -52,7 +54,7 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
         refs.update(normalize(store, u) for u in required)
         waiting.update(normalize(store, u) for u in older)
     referenced = sorted(refs)
-    present = list_data_files(store)
+    present, reservations = data_files_and_reservations(store)
     present_set = set(present)
     ref_set = set(referenced)
     return {
@@ -64,6 +66,7 @@ def inspect_base(path: str, storage_options: dict[str, Any]) -> dict[str, Any]:
         "present": present,
         "orphans": [p for p in present if p not in ref_set and p not in waiting],
         "missing": [p for p in referenced if p not in present_set],
+        "reservations": reservations,
     }
 
 
@@ -105,6 +108,7 @@ def _print_base(info: dict[str, Any]) -> None:
         typer.echo(f"{key + ':':<20} {len(info[key])}")
         for p in info[key]:
             typer.echo(f"  {p}")
+    typer.echo(f"{'reservations:':<20} {len(info['reservations'])}")
 
 
 def _print_object(info: dict[str, Any]) -> None:

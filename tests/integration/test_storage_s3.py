@@ -19,12 +19,14 @@ from botocore.exceptions import (
 from fsspec.implementations.memory import MemoryFileSystem
 from s3fs.errors import translate_boto_error
 
+from dstltree.cli.commands.inspect import inspect_base
 from dstltree.client import ChangelogClient, ObjectStore, RetryableStorageError, StorageError
 from dstltree.client.errors import CorruptObjectError
 from dstltree.client.handle import SegmentRef
 from dstltree.client.objectformat import build_object
 from dstltree.client.reader import read_exact, read_index
 from dstltree.client.segment import SegmentMeta
+from dstltree.coordinator.cleanup import list_data_files, scan_orphans
 from dstltree.storage.store import NO_RETRY, RetryPolicy, classify, translate
 from tests.support.s3_server import S3Target
 
@@ -114,6 +116,26 @@ def test_client_on_s3(s3: S3Target) -> None:
             b"change-16",
         ]
         assert sorted(client.store.list_objects()) == sorted({s.path for s in h2.segments})
+
+
+@pytest.mark.s3
+def test_an_empty_object_file_is_a_reservation_not_an_object(s3: S3Target) -> None:
+    """On S3 as on a local disk, an empty ``*.dstl`` (a name created ahead and never
+    written, e.g. left by a killed process) is a reservation: no object to listings
+    and ``dstl inspect``, yet a file of the job the final orphan sweep deletes."""
+    store = ObjectStore(f"{s3.base_url}/job", s3.storage_options)
+    parts, _ = _object()
+    written, empty = store.new_object_path(), store.new_object_path()
+    store.put(written, parts)
+    store.put(empty, b"")
+    assert store.list_objects() == [written]
+    assert store.list_reservations() == [empty]
+    info = inspect_base(store.base_url, s3.storage_options)
+    assert info["present"] == [written] and info["reservations"] == [empty]
+    assert scan_orphans(store, [written]).orphans == (empty,)
+    assert list_data_files(store) == [written]
+    store.delete(scan_orphans(store, [written]).orphans)
+    assert store.list_reservations() == [] and store.list_objects() == [written]
 
 
 # -- error classification ------------------------------------------------------------------

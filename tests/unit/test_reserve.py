@@ -1,6 +1,8 @@
 """Object files created ahead (storage/reserve.py): a put writes into the reserved file
-with one fsync, an orphan sweep never deletes a reservation, a vanished reservation
-falls back to the ordinary write, close deletes what was never handed out."""
+with one fsync, an orphan sweep never deletes a reservation in use but deletes those a
+killed process left, a vanished reservation falls back to the ordinary write, close
+deletes what was never handed out; listings and ``dstl inspect`` count reservations
+apart from objects."""
 
 from __future__ import annotations
 
@@ -11,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from dstltree.cli.commands.inspect import inspect_base
 from dstltree.coordinator.cleanup import list_data_files, scan_orphans
+from dstltree.coordinator.events import CleanOrphans, OrphansDeleted, SweepOrphans
+from dstltree.coordinator.storage_worker import StorageWorker
+from dstltree.coordinator.store import CheckpointStore
 from dstltree.storage import reserve
 from dstltree.storage.store import ObjectExistsError, ObjectStore
 from tests.support.waiting import wait_until
@@ -41,7 +47,7 @@ def test_put_writes_into_the_reserved_file(tmp_path: Path) -> None:
 
 def test_the_orphan_sweep_spares_reservations(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    reserved = list_data_files(store)
+    reserved = store.list_reservations()
     assert len(reserved) == 4
     scan = scan_orphans(store, [], cutoff=time.time() + 60)  # everything written before
     assert scan.orphans == () and sorted(scan.spared) == sorted(reserved)
@@ -62,7 +68,7 @@ def test_close_deletes_unused_reservations_and_the_store_stays_usable(tmp_path: 
     used = store.new_object_path()
     store.put(used, b"x")
     store.close()
-    assert list_data_files(store) == [used]
+    assert list_data_files(store) == [used] and store.list_reservations() == []
     fresh = store.new_object_path()
     assert not os.path.exists(fresh)
     store.put(fresh, b"y")
@@ -71,11 +77,12 @@ def test_close_deletes_unused_reservations_and_the_store_stays_usable(tmp_path: 
 
 def test_stale_reservations_are_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = _store(tmp_path, n=2)
-    before = set(list_data_files(store))
+    before = set(store.list_reservations())
+    assert len(before) == 2
     monkeypatch.setattr(reserve, "MAX_AGE_S", -1.0)
     path = store.new_object_path()
     assert path not in before and not os.path.exists(path), "a fresh name instead"
-    assert not before & set(list_data_files(store)), "the stale files are gone"
+    assert not before & set(store.list_reservations()), "the stale files are gone"
     store.close()
 
 
@@ -143,7 +150,66 @@ def test_a_refill_batch_shares_one_directory_and_one_fsync(tmp_path: Path) -> No
     store.new_object_path()  # starts the refill: one batch of 8
     reserved = store._reserved
     wait_until(lambda: reserved.ready() == 8)
-    files = list_data_files(store)
+    files = store.list_reservations()
     assert len(files) == 8 and len({os.path.dirname(p) for p in files}) == 1
     assert synced == [os.path.dirname(files[0])]
     store.close()
+
+
+def test_reservations_are_listed_apart_from_objects(tmp_path: Path) -> None:
+    """A store with files created ahead lists its written objects only; the empty
+    reserved files are reservations, in ``dstl inspect`` too (neither present nor
+    orphans); the one taken and not yet written is still a reservation."""
+    store = _store(tmp_path, n=8)  # two taken leave 6: no refill under way
+    written = store.new_object_path()
+    store.put(written, b"an object's bytes")
+    taken = store.new_object_path()  # handed out, not written yet
+    assert store.list_objects() == [written]
+    reserved = store.list_reservations()
+    assert taken in reserved and written not in reserved
+    assert len(reserved) == 7 and list_data_files(store) == [written]
+    info = inspect_base(str(tmp_path), {})
+    assert info["present"] == [written] and info["orphans"] == [written]
+    assert info["reservations"] == reserved
+    store.put(taken, b"another")
+    assert store.list_objects() == sorted([written, taken])
+    store.close()
+    assert store.list_reservations() == []
+
+
+def test_reservations_a_killed_process_left_are_swept(tmp_path: Path) -> None:
+    """A node killed with reservations on disk (its store never closed) leaves empty
+    files under its final names: an in-run sweep spares them (their time lies ahead,
+    a live writer may fill them), the final sweep of a run deletes them, and so does
+    the cleanup at the next start once their time has passed; referenced objects stay."""
+    killed = _store(tmp_path, n=4)  # never closed while the sweeps run: killed
+    kept = killed.new_object_path()
+    killed.put(kept, b"referenced")
+    left = killed.list_reservations()
+    assert len(left) == 3
+    again = _store(tmp_path / "second", n=2)
+    store = ObjectStore(str(tmp_path))  # the coordinator's
+    worker = StorageWorker(store, CheckpointStore(store), orphan_grace=0.0)
+    try:
+        in_run = worker.call(SweepOrphans(frozenset({kept}), time.time()))
+        assert isinstance(in_run, OrphansDeleted) and in_run.orphans == 0
+        assert store.list_reservations() == left
+        final = worker.call(SweepOrphans(frozenset({kept}), None, final=True))
+        assert isinstance(final, OrphansDeleted) and final.orphans == len(left)
+        assert store.list_reservations() == [] and store.list_objects() == [kept]
+        # the cleanup at the next start: reservations whose time has passed (an hour
+        # later: their modification time set back instead)
+        other = ObjectStore(str(tmp_path / "second"))
+        for path in other.list_reservations():
+            os.utime(path, (time.time() - 120, time.time() - 120))
+        cleaner = StorageWorker(other, CheckpointStore(other), orphan_grace=60.0)
+        try:
+            cleaned = cleaner.call(CleanOrphans(frozenset()))
+            assert isinstance(cleaned, OrphansDeleted) and cleaned.orphans == 2
+        finally:
+            cleaner.shutdown()
+        assert other.list_reservations() == []
+    finally:
+        worker.shutdown()
+        killed.close()  # stops its refill thread; its files are gone already
+        again.close()
