@@ -526,13 +526,25 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> lis
 
 
 def write_markdown(path: Path, section: str, title: str = SECTION) -> None:
-    """Replace the ``## <title>`` section (default ``## Hot path``) of the markdown file
-    ``path`` (up to the next ``## `` heading) with ``section``, or append it; creates
-    the file if absent."""
+    """Put ``section`` in place of the ``## <title>`` section (default ``## Hot path``)
+    of the markdown file ``path`` (a section runs up to the next ``## `` heading), or
+    append it; creates the file if absent. A benchmark's file holds its current run
+    only (older runs are in git history): further sections of the same title are
+    removed, and ``section`` must open with that very heading, a title that stays the
+    same from run to run (a dated or per-commit one would add a section per run).
+    Sections of other titles (``## Hot path on ...`` too) are left as they are. Raises
+    ValueError if ``section`` does not open with ``## <title>``."""
+    heading = f"## {title}\n"
+    if not section.startswith(heading):
+        raise ValueError(f"the section must open with {heading.strip()!r}: {section[:60]!r}")
     text = path.read_text() if path.exists() else ""
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text, count=1)
-    else:
+    pattern = re.compile(rf"^{re.escape(heading)}.*?(?=^## |\Z)", re.M | re.S)
+    found = list(pattern.finditer(text))
+    if not found:
         text = text.rstrip("\n") + ("\n\n" if text else "") + section
+    else:
+        for later in reversed(found[1:]):
+            text = text[: later.start()] + text[later.end() :]
+        text = text[: found[0].start()] + section + "\n" + text[found[0].end() :]
+        text = text.rstrip("\n") + "\n"
     path.write_text(text)

@@ -76,6 +76,34 @@ def test_markdown_section_is_replaced_in_place(tmp_path: Path) -> None:
     assert md.read_text() == "# B\n\n## Hot path\n\nnew\n\n## Next\n\nkept\n"
 
 
+def test_a_run_replaces_its_section_and_never_adds_one(tmp_path: Path) -> None:
+    """Runs after runs leave one section of the title, in its place: copies of it from
+    older runs go (git keeps them), other titles, ``## Hot path on ...`` too, stay."""
+    md = tmp_path / "B.md"
+    md.write_text(
+        "# B\n\n## Hot path\n\nrun 2\n\n## Hot path on abc\n\nkept\n\n"
+        "## Hot path\n\nrun 1\n\n## Chaos\n\nkept too\n"
+    )
+    for run in (3, 4):
+        write_markdown(md, f"## Hot path\n\nrun {run}\n")
+    assert md.read_text() == (
+        "# B\n\n## Hot path\n\nrun 4\n\n## Hot path on abc\n\nkept\n\n## Chaos\n\nkept too\n"
+    )
+    fresh = tmp_path / "new.md"
+    write_markdown(fresh, "## Chaos\n\nfirst\n", "Chaos")
+    write_markdown(fresh, "## Chaos\n\nsecond\n", "Chaos")
+    assert fresh.read_text() == "## Chaos\n\nsecond\n"
+
+
+def test_a_section_under_another_title_is_refused(tmp_path: Path) -> None:
+    """A section titled per run (a date, a commit) would add a section every run."""
+    md = tmp_path / "B.md"
+    md.write_text("# B\n\n## Hot path\n\nold\n")
+    with pytest.raises(ValueError, match="## Hot path"):
+        write_markdown(md, "## Hot path on 0812844\n\nnew\n")
+    assert md.read_text() == "# B\n\n## Hot path\n\nold\n"
+
+
 @pytest.mark.parametrize("defer", [0, 1 << 40])
 def test_forwarding_stream_defers_deletions_within_its_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, defer: int
