@@ -33,6 +33,7 @@ def register(app: typer.Typer) -> None:
     from dstltree.cli.commands._commit_floor import commit_floor
     from dstltree.cli.commands._hotpath import hotpath
     from dstltree.cli.commands._materialization import materialization
+    from dstltree.cli.commands._soak import soak
     from dstltree.cli.commands._structured_streaming import structured_streaming
 
     group = typer.Typer(invoke_without_command=True, no_args_is_help=False)
@@ -43,6 +44,7 @@ def register(app: typer.Typer) -> None:
     group.command("commit-floor")(commit_floor)
     group.command("structured-streaming")(structured_streaming)
     group.command("backpressure")(backpressure)
+    group.command("soak")(soak)
     app.add_typer(group, name="bench")
 
 
