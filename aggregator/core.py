@@ -51,6 +51,17 @@ Hostile and malformed input (every refusal answers with an error and is counted)
   it on its current identity (a reconnect gets a new ROUTER identity), when the Stats
   say it holds an older newest window than this node's, and after a failed delivery
   (ReplyFailed).
+- Wire versions (client/wire.py). A ``hello`` is answered with the highest version
+  common to it and ``wire_versions``, or refused (an ``Error`` naming both sides'
+  versions, counted); a refused peer (ROUTER identity) gets that error for every
+  other message (its persist items error acks) until a hello of it finds a common
+  version. A peer that sent no hello speaks version 1: refused the same way only when
+  this node does not speak version 1. At most ``_MAX_PEERS`` peers' versions and
+  refusals are remembered (the oldest forgotten first).
+- Liveness. A ``ping`` is answered with a ``pong`` by this core, i.e. from the node's
+  loop: only a loop that makes progress answers. While the backlog is full (the shell
+  does not read from below, so pings wait too) the core sends every version-2 peer a
+  ``pong`` each ``ping_interval`` seconds: a node pushing back is slow, not dead.
 
 Convention (dask/distributed worker_state_machine.py, shared with the coordinator's
 core): events and instructions are frozen dataclasses (``aggregator.events``);
@@ -87,17 +98,25 @@ from dstltree.aggregator.events import (
 )
 from dstltree.client.batching import Batch, PersistItem, RemoteOrigin
 from dstltree.client.handle import SegmentRef
+from dstltree.client.liveness import DEFAULT_LIVENESS_TIMEOUT, DEFAULT_PING_INTERVAL, check_timing
 from dstltree.client.wire import (
+    WIRE_VERSIONS,
     AckEntry,
     Error,
     Persist,
     PersistAck,
     PersistRequest,
+    Ping,
     Plan,
+    Pong,
     Register,
     Stats,
     Unregister,
+    WireHello,
+    check_versions,
+    common_version,
     persist_messages,
+    refusal,
 )
 from dstltree.topology.plan import ByteEstimator, decide_local, window_of
 
@@ -106,6 +125,7 @@ _K = TypeVar("_K")
 SELF = ""  # route: write here
 _PLANS_KEPT = 3  # plan windows remembered below the newest (bookkeeping bound)
 _MAX_LOST = 1024  # upstream addresses remembered as lost (bookkeeping bound)
+_MAX_PEERS = 8192  # peers whose wire version or refusal is remembered (bookkeeping bound)
 
 
 class NodeInvariantError(RuntimeError):
@@ -131,7 +151,13 @@ class NodeConfig:
     ``max_queued_bytes``: batch plus objects being written (bytes) before the node stops
     reading from below. ``max_forward_bytes``: segment bytes per Persist message sent
     upstream; a flush passing on more sends several messages (a message above the
-    upstream node's size limit would be refused whole)."""
+    upstream node's size limit would be refused whole). ``wire_versions``: the wire
+    protocol versions this node speaks (client/wire.py); ``ping_interval``: seconds
+    between the pongs it sends its version-2 peers while its backlog is full (the
+    module docstring, Liveness), and between the pings the shell sends upstream;
+    ``liveness_timeout``: seconds without a message from an upstream node before the
+    shell reports it lost (client/liveness.py). Raises ValueError for bad
+    ``wire_versions`` or timings."""
 
     node_id: str
     parent_address: str | None
@@ -153,6 +179,13 @@ class NodeConfig:
     max_children_per_peer: int = 1
     max_queued_bytes: int = 256 * 1024 * 1024
     max_forward_bytes: int = 16 * 1024 * 1024
+    wire_versions: tuple[int, ...] = WIRE_VERSIONS
+    ping_interval: float = DEFAULT_PING_INTERVAL
+    liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wire_versions", check_versions(self.wire_versions))
+        check_timing(self.ping_interval, self.liveness_timeout)
 
     @property
     def has_parent(self) -> bool:
@@ -194,6 +227,10 @@ class NodeStatistics:
     upstream_losses: int = 0
     loop_writes: int = 0
     loop_takeovers: int = 0
+    pings_answered: int = 0
+    wire_refusals: int = 0
+    upstream_silences: int = 0
+    upstream_refusals: int = 0
 
 
 @dataclass(slots=True)
@@ -246,6 +283,10 @@ class NodeCore:
         self._reported_writers = -1
         self._stats_dirty = True  # something in the next Stats differs from the last
         self._counters: dict[str, int] = defaultdict(int)
+        self._peer_versions: dict[bytes, int] = {}  # ROUTER identity -> agreed version
+        self._refused: dict[bytes, str] = {}  # ROUTER identity -> why its hello was refused
+        self._speaks_v1 = 1 in config.wire_versions
+        self._keepalive_at = 0.0  # the next pongs while the backlog is full
         self._last: tuple[Event, dict[RemoteOrigin, str], list[Instruction]] | None = None
         self._dispatch = self._handle_event  # bound once: singledispatchmethod binds per call
 
@@ -327,6 +368,8 @@ class NodeCore:
     @_handle_event.register
     def _(self, event: ReplyFailed) -> list[Instruction]:
         self._counters["undeliverable_replies"] += 1
+        self._peer_versions.pop(event.identity, None)  # gone (or not reading)
+        self._refused.pop(event.identity, None)
         if isinstance(event.message, Plan):  # forget it as pushed: the next Stats resend it
             window = event.message.window
             for key in [k for k, i in self._pushed.items() if i == event.identity]:
@@ -362,6 +405,8 @@ class NodeCore:
             times.append(d)
         if self.parent is not None:
             times.append(self._stats_due_at())
+        if self._peer_versions and not self.accepting():
+            times.append(self._keepalive_at)
         return min(times) if times else None
 
     @property
@@ -431,6 +476,8 @@ class NodeCore:
             c["undeliverable_replies"],
             self.backlog_bytes,
             upstream_losses=c["upstream_losses"],
+            pings_answered=c["pings"],
+            wire_refusals=c["wire_refusals"],
             **shell,
         )
 
@@ -526,7 +573,16 @@ class NodeCore:
         return [ReplyBelow(identity, Error(reason))]
 
     def _from_below(self, identity: bytes, msg: object, now: float) -> list[Instruction]:
+        if isinstance(msg, WireHello):
+            return self._on_hello(identity, msg)
+        if identity in self._refused or (
+            not self._speaks_v1 and identity not in self._peer_versions
+        ):
+            return self._refuse_message(identity, msg)
         match msg:
+            case Ping(seq):
+                self._counters["pings"] += 1
+                return [ReplyBelow(identity, Pong(seq))]
             case Register(log_id):
                 if not self._register(identity, log_id, now):  # counted there
                     return [ReplyBelow(identity, Error(f"too many writers; {log_id!r} refused"))]
@@ -540,6 +596,40 @@ class NodeCore:
             case Persist(requests, via):
                 return self._on_persist(identity, requests, via is not None, now)
         return self._reject(identity, f"unexpected {type(msg).__name__} from below")
+
+    def _on_hello(self, identity: bytes, msg: WireHello) -> list[Instruction]:
+        """Answer with the highest common version (remembered for this peer), or refuse
+        (remembered too: the module docstring, Wire versions)."""
+        if msg.node is not None:  # an answer is what a node sends, not what it receives
+            return self._reject(identity, "a hello from below lists versions, names no node")
+        version = common_version(self.config.wire_versions, msg.versions)
+        if version is None:
+            why = refusal(self.config.wire_versions, msg.versions)
+            _remember(self._refused, identity, why)
+            self._peer_versions.pop(identity, None)
+            self._counters["wire_refusals"] += 1
+            return [ReplyBelow(identity, Error(why))]
+        self._refused.pop(identity, None)
+        _remember(self._peer_versions, identity, version)
+        return [ReplyBelow(identity, WireHello((version,), self.config.node_id))]
+
+    def _refuse_message(self, identity: bytes, msg: object) -> list[Instruction]:
+        """A message of a peer whose versions this node refuses: the refusal again (as
+        error acks for persist items, so the sender does not wait for them)."""
+        why = self._refused.get(identity) or refusal(self.config.wire_versions, None)
+        self._counters["wire_refusals"] += 1
+        if isinstance(msg, Persist):
+            entries = tuple(AckEntry(r.id, error=why) for r in msg.requests)
+            return [ReplyBelow(identity, PersistAck(entries))]
+        return [ReplyBelow(identity, Error(why))]
+
+    def _keepalives(self, now: float) -> list[Instruction]:
+        """While the backlog is full (the front is not read, pings wait): a pong to
+        every version-2 peer each ``ping_interval`` seconds."""
+        if now < self._keepalive_at:
+            return []
+        self._keepalive_at = now + self.config.ping_interval
+        return [ReplyBelow(i, Pong(0)) for i, v in self._peer_versions.items() if v >= 2]
 
     def _on_persist(
         self, identity: bytes, requests: tuple[PersistRequest, ...], relayed: bool, now: float
@@ -985,6 +1075,8 @@ class NodeCore:
             out += self._flush(reason, now)
         out += self._root_plans(now)
         out += self._report_stats(now)
+        if self._peer_versions and not self.accepting():
+            out += self._keepalives(now)
         return out
 
     def _expire_leases(self, now: float) -> None:
@@ -1088,6 +1180,15 @@ class NodeCore:
         nbytes = 0.0 if collects else residual
         stats = Stats(self.config.node_id, writers, nbytes, self._max_cp, held)
         return [SendUpstream(self.parent, stats)]
+
+
+def _remember(table: dict[bytes, _T], key: bytes, value: _T) -> None:
+    """``table[key] = value`` as the newest entry, the oldest forgotten beyond
+    _MAX_PEERS."""
+    table.pop(key, None)
+    if len(table) >= _MAX_PEERS:
+        del table[next(iter(table))]
+    table[key] = value
 
 
 def _acks_to_origins(acks: list[tuple[PersistItem, AckEntry]]) -> list[Instruction]:

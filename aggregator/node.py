@@ -27,6 +27,18 @@ whoever used the socket checks ``EVENTS`` and wakes the loop when a message wait
 Sends upstream decided on a write thread wait for the loop (it polls those DEALERs as
 sockets).
 
+Liveness upstream (client/liveness.py): with wire version 2 (``config.wire_versions``)
+every DEALER to an upstream node sends a ``hello`` first on each connection and a
+``ping`` every ``config.ping_interval`` seconds once connected; any message from that
+node is a sign of life. ``config.liveness_timeout`` seconds without one is reported to
+the core as ``UpstreamLost`` (as a disconnect is: its items go on along their new route,
+a parent is re-homed from); the first message afterwards as ``UpstreamUp`` (the core
+then holds it down for ``parent_retry_after``). With liveness on, a completed handshake
+alone is not ``UpstreamUp``: a node whose loop is stuck still completes handshakes. A
+refusal of this node's wire versions is a loss too, and the hello is sent again after
+``parent_retry_after``. Pings from below are answered by the core, i.e. by the loop (or
+by the :class:`~dstltree.aggregator.deputy.LoopDeputy` serving its turns).
+
 At stop the batch is written here, running writes get ``shutdown_timeout`` seconds to
 finish and their acks go out before the ROUTER closes with a bounded linger.
 """
@@ -70,8 +82,19 @@ from dstltree.client.direct import Written
 from dstltree.client.errors import WireError
 from dstltree.client.frames import NOBLOCK, recv_frames, send_frames
 from dstltree.client.links import MonitoredDealer, readable
+from dstltree.client.liveness import PeerLiveness
 from dstltree.client.objectformat import FORMAT_VERSION
-from dstltree.client.wire import dump, load
+from dstltree.client.wire import (
+    Message,
+    Ping,
+    Pong,
+    WireHello,
+    dump,
+    is_refusal,
+    load,
+    speaks_version_2,
+    unknown_type,
+)
 from dstltree.security.curve import Curve, configure_client, configure_server
 from dstltree.storage.hedging import ReusableThreads, UploadPolicy
 from dstltree.storage.store import ObjectStore
@@ -94,6 +117,7 @@ _LOOP_WRITE_MAX_BYTES = 256 * 1024
 # seconds the node's writes took lately (a moving average) at most for the loop to write
 # itself: a local disk's fsync, not an object store's request
 _LOOP_WRITE_FAST_S = 0.002
+_SILENCE_LOG_SIZE = 256  # upstream silences remembered (wall-clock time, address)
 
 
 def _configure_router(sock: zmq.Socket, max_message_bytes: int, hwm: int) -> None:
@@ -133,7 +157,8 @@ class Node:
     (:meth:`Curve.for_node`); None = plaintext (tests; the launchers default to CURVE).
     ``heartbeat``: seconds between ZeroMQ heartbeats on the DEALERs to other nodes; a
     connection silent for three of them, or closed, is reported to the core at once
-    (``UpstreamLost``: its unacknowledged items go on along their new route).
+    (``UpstreamLost``: its unacknowledged items go on along their new route); with wire
+    version 2 the loop pings them too (the module docstring, Liveness upstream).
     ``loop_writes``: on a fast store (the node's writes took ``loop_write_fast_s``
     seconds or less on a moving average), the loop writes a small object itself when
     no other write runs (the module docstring: a deputy thread serves the loop if that
@@ -177,7 +202,6 @@ class Node:
         # a Persist passed on stays well under the limit the parent applies (its own)
         forward = min(config.max_forward_bytes, max_message_bytes // 2)
         self.core = NodeCore(replace(config, address=self.address, max_forward_bytes=forward))
-        self._upstream: dict[str, MonitoredDealer] = {}
         self._poller = zmq.Poller()
         # the loop waits on the ROUTER's descriptor (zmq.FD, edge-triggered), never
         # inside ZeroMQ on the socket, so that write threads may send acks on it (under
@@ -218,6 +242,20 @@ class Node:
         self._paused_s = 0.0
         self._front_polled = True
         self._init_loop_writes(loop_writes, loop_write_fast_s)
+        self._init_upstream()
+
+    def _init_upstream(self) -> None:
+        """The links upstream (opened on first use) and their heartbeat state (the
+        module docstring, Liveness upstream)."""
+        self._upstream: dict[str, MonitoredDealer] = {}
+        cfg = self.core.config
+        self._wire = cfg.wire_versions
+        self._v2 = speaks_version_2(cfg.wire_versions)
+        self._alive: dict[str, PeerLiveness] = {}  # per upstream address, with version 2
+        self._connected: dict[str, bool] = {}  # handshake done, not lost since
+        self._silences: deque[tuple[float, str]] = deque(maxlen=_SILENCE_LOG_SIZE)
+        self._shell_counts["upstream_silences"] = 0
+        self._shell_counts["upstream_refusals"] = 0
 
     def _init_loop_writes(self, on: bool, fast_s: float) -> None:
         """The state of writes on the loop (the module docstring), on if ``on``."""
@@ -304,11 +342,9 @@ class Node:
             if link.sock in ready:
                 handled = self._drain_up(address, link.sock, now) or handled
             if link.monitor in ready:
-                for up in link.changes():
-                    log.info("connection to %s %s", address, "up" if up else "lost")
-                    kind = UpstreamUp if up else UpstreamLost
-                    self._run(self.core.handle(kind(now, address)))
-                    handled = True
+                handled = self._link_events(address, link, now) or handled
+        if self._alive:
+            handled = self._heartbeats(now) or handled
         if self._wake_r in ready:
             os.read(self._wake_r, 4096)
         if self._deferred:
@@ -375,6 +411,12 @@ class Node:
             with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
 
+    def silence_log(self) -> list[tuple[float, str]]:
+        """(wall-clock time, address) of the latest upstream nodes found silent or
+        refusing (at most 256), oldest first: when this node left them."""
+        with self._lock:
+            return list(self._silences)
+
     def statistics(self) -> NodeStatistics:
         """The node's counters now (computed on the caller's thread, between two turns
         of the loop: every reply the loop sent is counted)."""
@@ -395,6 +437,9 @@ class Node:
             self._sleep_until = now
             return 0
         deadline = self.core.next_deadline()
+        if self._alive:
+            due = min(a.next_deadline() for a in self._alive.values())
+            deadline = due if deadline is None else min(deadline, due)
         ms = _MAX_POLL_MS
         if deadline is not None:
             ms = max(0, min(_MAX_POLL_MS, int((deadline - now) * 1000) + 1))
@@ -424,26 +469,100 @@ class Node:
     def _event_below(self, now: float, frames: list[zmq.Frame]) -> Event:
         identity = frames[0].bytes
         try:
-            return MessageFromBelow(now, identity, load(frames[1:], self.max_message_bytes))
+            msg = load(frames[1:], self.max_message_bytes, self._wire)
+            return MessageFromBelow(now, identity, msg)
         except WireError as e:
             log.debug("rejected message: %s", e)
             return MalformedFromBelow(now, identity, str(e))
 
     def _drain_up(self, address: str, sock: zmq.Socket, now: float) -> bool:
-        """Handle up to 1000 messages from ``address``; True if any reached the core."""
+        """Handle up to 1000 messages from ``address``; True if any reached the core.
+        Each one is a sign of the node's life (with version 2); heartbeat and version
+        messages stay in the shell."""
         handled = False
+        alive = self._alive.get(address)
         for _ in range(1000):
             if not readable(sock):
                 return handled
             frames = recv_frames(sock)
+            if alive is not None and alive.heard(now):
+                self._run(self.core.handle(UpstreamUp(now, address)))
+                handled = True
             try:
-                msg = load(frames)
+                msg = load(frames, versions=self._wire)
             except WireError as e:
                 log.debug("bad message from %s: %s", address, e)
                 self._shell_counts["malformed_upstream"] += 1
                 continue
+            if alive is not None and self._liveness_message(address, alive, msg, now):
+                handled = True
+                continue
             self._run(self.core.handle(MessageFromUpstream(now, address, msg)))
             handled = True
+        return handled
+
+    def _liveness_message(
+        self, address: str, alive: PeerLiveness, msg: Message, now: float
+    ) -> bool:
+        """Handle a heartbeat or version message from upstream here; False for what
+        goes to the core. A refusal (or a hello answer naming a version this node does
+        not speak) is a lost node, asked again after ``parent_retry_after``."""
+        if isinstance(msg, Pong):
+            return True
+        if isinstance(msg, WireHello) and msg.node is not None and msg.versions[0] in self._wire:
+            return True
+        if unknown_type(msg) in ("hello", "ping"):  # a version-1 node: alive all the same
+            return True
+        if not is_refusal(msg) and not isinstance(msg, WireHello):
+            return False
+        if alive.state != "refused":
+            self._shell_counts["upstream_refusals"] += 1
+            log.warning("upstream node %s refused this node: %s", address, msg)
+            self._silences.append((time.time(), address))
+            alive.refuse(now, self.core.config.parent_retry_after)
+            self._run(self.core.handle(UpstreamLost(now, address)))
+        return True
+
+    def _link_events(self, address: str, link: MonitoredDealer, now: float) -> bool:
+        """The monitor's events of the link to ``address``: a loss goes to the core at
+        once; a completed handshake too without version 2, while with it the first
+        message afterwards does (:meth:`_drain_up`) and the new connection gets a
+        hello first. True if the core got an event."""
+        handled = False
+        alive = self._alive.get(address)
+        for up in link.changes():
+            log.info("connection to %s %s", address, "up" if up else "lost")
+            if alive is not None:
+                was = self._connected.get(address, False)
+                self._connected[address] = up
+                if not up:
+                    alive.lost(now)
+                elif not was and alive.state != "unknown":  # a reconnection
+                    self._send(link.sock, dump(WireHello(self._wire)))
+                if up:
+                    continue
+            kind = UpstreamUp if up else UpstreamLost
+            self._run(self.core.handle(kind(now, address)))
+            handled = True
+        return handled
+
+    def _heartbeats(self, now: float) -> bool:
+        """Pings upstream (on connected links) and silences: a node silent for the
+        liveness timeout is lost (UpstreamLost). True if the core got an event."""
+        handled = False
+        for address, alive in list(self._alive.items()):  # a loss may open a link
+            link = self._upstream[address]
+            if alive.retry_due(now):
+                self._send(link.sock, dump(WireHello(self._wire)))
+            seq = alive.ping(now)
+            if seq is not None and self._connected.get(address, False):
+                self._send(link.sock, dump(Ping(seq)))
+            if alive.silent(now):
+                self._shell_counts["upstream_silences"] += 1
+                log.info("upstream node %s silent for %g s", address, alive.timeout)
+                self._silences.append((time.time(), address))
+                self._run(self.core.handle(UpstreamLost(now, address)))
+                handled = True
         return handled
 
     def _socket_to(self, address: str) -> zmq.Socket:
@@ -457,6 +576,12 @@ class Node:
 
             link = MonitoredDealer.open(address, configure, self._poller, self.heartbeat, self._ctx)
             self._upstream[address] = link
+            if self._v2:  # the first message on the link; pings once it is connected
+                self._send(link.sock, dump(WireHello(self._wire)))
+                cfg = self.core.config
+                self._alive[address] = PeerLiveness(
+                    time.monotonic(), cfg.ping_interval, cfg.liveness_timeout
+                )
         return link.sock
 
     def _drain_results(self) -> bool:

@@ -21,6 +21,7 @@ from dstltree.aggregator.core import NodeConfig
 from dstltree.aggregator.metrics import NodeMetrics, metrics_port_for
 from dstltree.aggregator.node import Node
 from dstltree.client.collector import serving_collector
+from dstltree.client.wire import WIRE_VERSIONS
 from dstltree.security.curve import Curve, auth_refusals, register_refusal_metrics
 from dstltree.security.settings import SecuritySettings, cluster_keys_for_nodes
 from dstltree.storage.hedging import UploadPolicy
@@ -42,7 +43,9 @@ def node_config(
     topo: TopologyConfig, node_id: str, depth: int, parent: Parents, plans: bool = True
 ) -> NodeConfig:
     """The node's thresholds; its parent timeout is ``topo.ack_timeout(depth)``;
-    ``parent``: the parent's endpoint, or the parents' in order of preference."""
+    ``parent``: the parent's endpoint, or the parents' in order of preference; wire
+    versions and heartbeat per the topology (``wire_versions``, ``ping_interval``,
+    ``liveness_timeout``)."""
     first, *more = parent_endpoints(parent) or (None,)
     return NodeConfig(
         node_id=node_id,
@@ -53,6 +56,9 @@ def node_config(
         parent_timeout=topo.ack_timeout(depth),
         plans=plans and topo.plans,
         plan_window=topo.plan_window,
+        ping_interval=topo.ping_interval,
+        liveness_timeout=topo.liveness_timeout,
+        wire_versions=WIRE_VERSIONS if topo.wire_versions is None else topo.wire_versions,
     )
 
 
@@ -203,6 +209,7 @@ def write_stats(node: Node, path: Path) -> None:
     doc["uploads"] = node.writer.upload_stats()
     doc["auth_refusals"] = auth_refusals().get("node", 0)  # CURVE clients refused
     doc["process_cpu_s"] = sum(os.times()[:2])
+    doc["silence_log"] = node.silence_log()  # (wall-clock time, upstream address left)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)

@@ -9,6 +9,13 @@ a memory barrier, never be used by two at once). The descriptor signals edge-tri
 whoever used the socket last checks ``EVENTS`` and wakes the I/O thread through its pipe
 when replies wait.
 
+Liveness (:mod:`dstltree.client.liveness`): with wire version 2 the uploader sends a
+``hello`` first on each link and pings its node (and its probe of a more preferred
+node) every ``ping_interval`` seconds; ``liveness_timeout`` seconds without any message
+from the node (a node whose loop is stuck still answers ZeroMQ's own heartbeats) is a
+lost connection: the same failover as a disconnect. A node that refuses the writer's
+wire versions is taken as down the same way (counted, logged).
+
 A segment not acked within ``ack_timeout`` seconds, or answered with an error, is
 written straight to DFS by the in-process uploader instead (docs/design.md, Invariants:
 liveness never depends on one node). A late ack after such a fallback is ignored; the
@@ -43,16 +50,29 @@ from dstltree.client.frames import NOBLOCK, recv_frames, send_frames
 from dstltree.client.futures import SegmentFuture
 from dstltree.client.handle import SegmentRef
 from dstltree.client.links import MonitoredDealer, readable
+from dstltree.client.liveness import (
+    DEFAULT_LIVENESS_TIMEOUT,
+    DEFAULT_PING_INTERVAL,
+    PeerLiveness,
+    check_timing,
+)
 from dstltree.client.wire import (
+    WIRE_VERSIONS,
     Error,
     Message,
     PersistAck,
     PersistRequest,
+    Ping,
     Register,
     Unregister,
+    WireHello,
+    check_versions,
     dump,
+    is_refusal,
     load,
     persist_messages,
+    speaks_version_2,
+    unknown_type,
 )
 from dstltree.security.curve import Curve, configure_client
 from dstltree.storage.hedging import UploadPolicy
@@ -93,7 +113,11 @@ class UploaderStatistics:
     messages ZeroMQ would not queue (``send_failures``: the items time out and fall back),
     ``next_down_s``, seconds the node is marked down at its next silence, moves to the
     next node after a lost connection (``failovers``) and the items sent again there
-    (``resent``)."""
+    (``resent``); nodes that went silent (``silences``: no message for the liveness
+    timeout) and that refused the writer's wire versions (``refusals``); the wire
+    version agreed with the current node (None: not known yet, or no hello sent);
+    ``failover_log``: (wall-clock time, address left) of the latest failovers after a
+    loss, oldest first (at most FAILOVER_LOG_SIZE)."""
 
     acked_by_node: int
     fallbacks: int
@@ -103,6 +127,13 @@ class UploaderStatistics:
     next_down_s: float = 0.0
     failovers: int = 0
     resent: int = 0
+    silences: int = 0
+    refusals: int = 0
+    wire_version: int | None = None
+    failover_log: tuple[tuple[float, str], ...] = ()
+
+
+FAILOVER_LOG_SIZE = 256  # failovers remembered for the statistics
 
 
 def configure_dealer(sock: zmq.Socket) -> None:
@@ -114,6 +145,18 @@ def configure_dealer(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
 
 
+# the uploader's counters (UploaderStatistics)
+_COUNTS = [
+    "acked",
+    "fallbacks",
+    "errors",
+    "replies",
+    "send",
+    "failovers",
+    "resent",
+    "silences",
+    "refusals",
+]
 _LEAVE_LINGER_MS = 200  # ms a connection we leave keeps trying to send its last messages
 
 
@@ -123,14 +166,20 @@ class NodeUploader:
     when ZeroMQ's heartbeats (every ``heartbeat`` s, a silence of three intervals) or
     the socket monitor report the connection lost, the items not yet acknowledged go
     again to the next node at once; the preferred node gets the traffic back once a
-    probe connection to it stayed up for ``hold_down`` s.
+    probe connection to it stayed up for ``hold_down`` s (with pings: answered them
+    for ``hold_down`` s).
 
     Times in seconds: an item not acked within ``ack_timeout`` goes to DFS directly and
     marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, while
     the node stays silent; reset by its next ack); meanwhile items go to DFS at once.
     ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext.
     ``max_message_bytes``: segment bytes per Persist message; an item above it goes
-    alone in one (a node refuses a message above its own limit, 64 MiB by default)."""
+    alone in one (a node refuses a message above its own limit, 64 MiB by default).
+    ``wire_versions``: the protocol versions spoken (:mod:`dstltree.client.wire`;
+    ``(1,)``: the previous release, no hello and no ping); with version 2, a ping every
+    ``ping_interval`` s and a node silent for ``liveness_timeout`` s is lost. Raises
+    ValueError for bad versions or timings (:func:`check_versions`,
+    :func:`~dstltree.client.liveness.check_timing`)."""
 
     def __init__(
         self,
@@ -145,11 +194,19 @@ class NodeUploader:
         max_message_bytes: int = 16 * 1024 * 1024,
         heartbeat: float = 0.1,
         hold_down: float = 5.0,
+        wire_versions: Sequence[int] = WIRE_VERSIONS,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT,
     ) -> None:
         addresses = (address,) if isinstance(address, str) else tuple(address)
         self._pref = NodePreference(addresses, hold_down)
         self._heartbeat = heartbeat
+        self.wire_versions = check_versions(wire_versions)
+        check_timing(ping_interval, liveness_timeout)
+        self._v2 = speaks_version_2(self.wire_versions)  # hello and pings
+        self._timing = (ping_interval, liveness_timeout)
         self._probe: MonitoredDealer | None = None  # its probe of a more preferred node
+        self._init_liveness()
         self.max_message_bytes = max_message_bytes
         self._security = security
         self.store = store
@@ -183,9 +240,10 @@ class NodeUploader:
         self._thread_done = False
         self._fds_to_thread = False  # close() gave up waiting: the thread closes the pipe
         self._stop = threading.Event()
-        self._counts = dict.fromkeys(
-            ("acked", "fallbacks", "errors", "replies", "send", "failovers", "resent"), 0
-        )
+        self._counts = dict.fromkeys(_COUNTS, 0)
+        self._alive = self._liveness(time.monotonic())
+        if self._v2:  # the first message on the link (sent with the first flush)
+            self._outbox.append(WireHello(self.wire_versions))
         self._thread = threading.Thread(target=self._loop, name="dstl-node-client", daemon=True)
         self._thread.start()
 
@@ -284,7 +342,25 @@ class NodeUploader:
             self._down_for,
             c["failovers"],
             c["resent"],
+            c["silences"],
+            c["refusals"],
+            self._version,
+            tuple(self._failover_log),
         )
+
+    # -- liveness (the I/O thread, after __init__) ----------------------------------------
+    def _init_liveness(self) -> None:
+        self._version: int | None = None  # agreed with the current node
+        self._connected = False  # the current link's handshake done, not lost since
+        self._rehello = False  # the current link lost its connection: hello again when up
+        self._probe_alive: PeerLiveness | None = None
+        self._probe_connected = False
+        self._probe_after = float("-inf")  # no probe before (after a refusal)
+        self._failover_log: deque[tuple[float, str]] = deque(maxlen=FAILOVER_LOG_SIZE)
+
+    def _liveness(self, now: float) -> PeerLiveness | None:
+        """The heartbeat state of a link opened at ``now`` (None without version 2)."""
+        return PeerLiveness(now, *self._timing) if self._v2 else None
 
     # -- pipe and lifecycle (callers hold no lock unless said) ----------------------------
     def _check_usable(self) -> None:
@@ -380,17 +456,18 @@ class NodeUploader:
         next_renewal = time.monotonic() + self._renewal
         try:
             while not self._stop.is_set():
-                ready = dict(poller.poll(_IDLE_POLL_MS))
+                ready = dict(poller.poll(self._poll_ms()))
                 if self._wake_r in ready:
                     with self._lock:
                         self._wake_pending = False
                         os.read(self._wake_r, 4096)
-                self._receive()
+                now = time.monotonic()  # replies first: they count before any silence
+                self._receive(now)
                 with self._io:
                     if self._outbox and self._link is not None:
                         self._flush(self._link.sock)
-                now = time.monotonic()
                 self._watch_links(ready, poller, now)
+                self._heartbeats(now)
                 self._expire(now)
                 if now >= next_renewal:
                     next_renewal = now + self._renewal
@@ -402,8 +479,7 @@ class NodeUploader:
                 self._outbox.clear()
             if link is not None:
                 _unwatch(poller, link)
-            if self._probe is not None:
-                self._probe.close(poller)
+            self._close_probe(poller)
             for p in pending.values():
                 self._fall_back(p, "uploader closed")
             self._thread_exit()
@@ -438,10 +514,20 @@ class NodeUploader:
             self._send_message(link.sock, msg)
         link.sock.setsockopt(zmq.LINGER, _LEAVE_LINGER_MS)
 
-    def _receive(self) -> None:
+    def _poll_ms(self) -> int:
+        """The I/O thread's poll timeout: _IDLE_POLL_MS, or less until a ping or a
+        silence is due."""
+        due = [a.next_deadline() for a in (self._alive, self._probe_alive) if a is not None]
+        if not due:
+            return _IDLE_POLL_MS
+        ms = int((min(due) - time.monotonic()) * 1000) + 1
+        return max(0, min(_IDLE_POLL_MS, ms))
+
+    def _receive(self, now: float) -> None:
         """Take every reply queued on the socket (checked with ``EVENTS``: cheaper than
         a NOBLOCK receive raising zmq.Again at the end of each drain; reading them all
-        re-arms the descriptor), then act on them outside the lock."""
+        re-arms the descriptor), then act on them outside the lock. Any reply is a
+        sign of the node's life."""
         replies = []
         with self._io:
             sock = self._link.sock if self._link is not None else None
@@ -450,18 +536,62 @@ class NodeUploader:
                     replies.append(recv_frames(sock, NOBLOCK))
                 except zmq.Again:
                     break
+        if replies and self._alive is not None:
+            self._alive.heard(now)
         for frames in replies:
             try:
-                msg = load(frames)
+                msg = load(frames, versions=self.wire_versions)
             except Exception as e:  # noqa: BLE001 - a bad reply must not stop the thread
                 log.warning("bad reply from node: %s", e)
                 continue
             if isinstance(msg, PersistAck):
                 self._on_ack(msg)
+            elif isinstance(msg, WireHello):
+                self._on_hello(msg, now)
             elif isinstance(msg, Error):
-                log.warning("node rejected a message: %s", msg.message)
-                self._counts["errors"] += 1
-                self._counts["replies"] += 1
+                self._on_error(msg, now)
+
+    def _on_hello(self, msg: WireHello, now: float) -> None:
+        """The node's answer to our hello: the version it chose (one we speak, or the
+        node is taken as refusing)."""
+        version = msg.versions[0] if msg.node is not None and len(msg.versions) == 1 else None
+        if version not in self.wire_versions:
+            why = f"its hello answer {msg} names no version of {list(self.wire_versions)}"
+            self._refused(why, now)
+            return
+        self._version = version
+        log.debug("node %s (%s) speaks wire version %d", msg.node, self.address, version)
+
+    def _on_error(self, msg: Error, now: float) -> None:
+        """An error reply: a refusal of our versions (the node is down for us), a
+        version-1 node not knowing hello or ping (alive, version 1), or a rejection."""
+        if is_refusal(msg):
+            self._refused(msg.message, now)
+            return
+        kind = unknown_type(msg)
+        if kind in ("hello", "ping"):
+            if kind == "hello":
+                self._version = 1
+                log.debug("node %s speaks wire version 1 only", self.address)
+            return
+        log.warning("node rejected a message: %s", msg.message)
+        self._counts["errors"] += 1
+        self._counts["replies"] += 1
+
+    def _refused(self, why: str, now: float) -> None:
+        """The current node refused our wire versions: counted, logged, taken as a lost
+        connection (failover; with a single node, items go to DFS for a while). Once
+        per refusal: the node's answers to what followed our hello repeat it."""
+        if self._alive is not None and self._alive.state == "refused":
+            return
+        self._counts["refusals"] += 1
+        log.warning("node %s refused this writer: %s", self.address, why)
+        if self._alive is not None:
+            self._alive.refuse(now, self._pref.hold_down)
+        if self._lost_at is None:
+            self._lost_at = now
+        if len(self._pref.addresses) == 1:
+            self._node_down_until = now + self._down_for
 
     def _on_ack(self, ack: PersistAck) -> None:
         with self._io:
@@ -504,8 +634,8 @@ class NodeUploader:
         more preferred node that stayed up for the hold-down brings the traffic back."""
         pref, link = self._pref, self._link
         assert link is not None
-        if link.monitor in ready and link.lost() and self._lost_at is None:
-            self._lost_at = now  # (lost() drains the monitor either way)
+        if link.monitor in ready:
+            self._link_events(link, link.changes(), now)
         if self._lost_at is not None and now >= self._switch_after:
             lost_at, self._lost_at = self._lost_at, None
             if pref.lost(lost_at) is not None:
@@ -513,29 +643,114 @@ class NodeUploader:
                 if all_down:  # the next refusal waits a little
                     self._switch_after = now + ALL_DOWN_SWITCH_S
                 self._counts["failovers"] += 1
+                self._failover_log.append((time.time(), link.address))
                 why = f"lost the connection to {link.address}"
                 self._switch(poller, now, why, leave=False, keep_deadlines=all_down)
                 return
-        probe = self._probe
-        if probe is not None and probe.monitor in ready:
-            for up in probe.changes():
-                pref.probe_seen(up, now)
+        self._watch_probe(ready, poller, now)
         if pref.should_return(now) is not None:
             # the node we leave stops counting our writers
             self._switch(poller, now, f"it stayed up for {pref.hold_down:g} s", leave=True)
             return
         self._keep_probe(poller)
 
+    def _link_events(self, link: MonitoredDealer, changes: list[bool], now: float) -> None:
+        """The current link's monitor events (oldest first; True: a handshake, False:
+        a loss): a loss is acted on (:meth:`_watch_links`); a new connection after a
+        loss on the same link gets a hello first (with version 2)."""
+        for up in changes:
+            if not up:
+                self._connected, self._rehello = False, self._v2
+                if self._alive is not None:
+                    self._alive.lost(now)
+                if self._lost_at is None:
+                    self._lost_at = now
+            elif not self._connected:
+                self._connected = True
+                if self._rehello:
+                    self._rehello = False
+                    with self._io:
+                        self._put(link.sock, [WireHello(self.wire_versions)])
+
+    def _watch_probe(self, ready: dict, poller: zmq.Poller, now: float) -> None:
+        """The probe's monitor events and replies: without version 2 its handshakes
+        and losses are all the preference sees; with it, a loss, a silence or a
+        refusal is down and the first reply (to its pings) is up."""
+        probe, pref, alive = self._probe, self._pref, self._probe_alive
+        if probe is None:
+            return
+        if probe.monitor in ready:
+            for up in probe.changes():
+                self._probe_connected = up
+                if alive is None:
+                    pref.probe_seen(up, now)
+                elif not up:
+                    alive.lost(now)
+                    pref.probe_seen(False, now)
+        if alive is None:
+            return
+        for frames in _drain(probe.sock):
+            try:
+                msg = load(frames, versions=self.wire_versions)
+            except Exception as e:  # noqa: BLE001 - a bad reply must not stop the thread
+                log.debug("bad reply from probed node %s: %s", probe.address, e)
+                continue
+            if is_refusal(msg):
+                self._counts["refusals"] += 1
+                log.warning("node %s refused this writer: %s", probe.address, msg)
+                pref.probe_seen(False, now)
+                self._close_probe(poller)
+                self._probe_after = now + pref.hold_down
+                return
+            if alive.heard(now):
+                pref.probe_seen(True, now)
+
     def _keep_probe(self, poller: zmq.Poller) -> None:
-        """A probe connection to the node to return to, while there is one."""
+        """A probe connection to the node to return to, while there is one (none for
+        the hold-down after that node refused us)."""
         pref, probe = self._pref, self._probe
         target = pref.probe_target()
         if target is None and probe is not None:
-            probe.close(poller)
-            self._probe = None
-        elif target is not None and probe is None:
-            self._probe = self._open(pref.addresses[target])
-            poller.register(self._probe.monitor, zmq.POLLIN)
+            self._close_probe(poller)
+        elif target is not None and probe is None and time.monotonic() >= self._probe_after:
+            self._probe = probe = self._open(pref.addresses[target])
+            self._probe_connected = False
+            poller.register(probe.monitor, zmq.POLLIN)
+            self._probe_alive = self._liveness(time.monotonic())
+            if self._probe_alive is not None:  # its replies are read by this thread only
+                poller.register(probe.sock, zmq.POLLIN)
+                self._send_message(probe.sock, WireHello(self.wire_versions))
+
+    def _close_probe(self, poller: zmq.Poller) -> None:
+        if self._probe is not None:
+            self._probe.close(poller)
+        self._probe, self._probe_alive = None, None
+
+    def _heartbeats(self, now: float) -> None:
+        """Pings to the current node and the probe (once their connection is up), and
+        their silences: the current node's is a lost connection, the probe's a down."""
+        alive, link = self._alive, self._link
+        if alive is not None and link is not None:
+            if alive.retry_due(now):  # a refusal's hold-down passed: ask again
+                with self._io:
+                    self._put(link.sock, [WireHello(self.wire_versions)])
+            seq = alive.ping(now)
+            if seq is not None and self._connected:
+                with self._io:
+                    if not self._outbox:  # a full queue: the node takes nothing anyway
+                        self._send_message(link.sock, Ping(seq))
+            if alive.silent(now):
+                self._counts["silences"] += 1
+                log.info("node %s silent for %g s", link.address, alive.timeout)
+                if self._lost_at is None:
+                    self._lost_at = now
+        probe, palive = self._probe, self._probe_alive
+        if probe is not None and palive is not None:
+            seq = palive.ping(now)
+            if seq is not None and self._probe_connected:
+                self._send_message(probe.sock, Ping(seq))
+            if palive.silent(now):
+                self._pref.probe_seen(False, now)
 
     def _switch(
         self, poller: zmq.Poller, now: float, why: str, leave: bool, keep_deadlines: bool = False
@@ -554,9 +769,10 @@ class NodeUploader:
                 self._unregister_all(old)
             _unwatch(poller, old)
             if self._probe is not None and self._probe.address == self._pref.address:
-                self._probe.close(poller)
-                self._probe = None
+                self._close_probe(poller)
             self._link = self._open(self._pref.address)
+            self._alive, self._version = self._liveness(now), None
+            self._connected = self._rehello = False
             _watch(poller, self._link)
             deadline = now + self.ack_timeout
             requests = []
@@ -572,7 +788,8 @@ class NodeUploader:
                 e for e in self._outbox if isinstance(e, PersistRequest) and e.item.data is None
             ]
             self._outbox.clear()
-            entries: list[_Entry] = [*self._writer_messages(Register), *requests, *markers]
+            hello: list[_Entry] = [WireHello(self.wire_versions)] if self._v2 else []
+            entries = [*hello, *self._writer_messages(Register), *requests, *markers]
             self._put(self._link.sock, entries)
         self._wake()  # replies may wait on the new socket before its descriptor is read
 
@@ -603,6 +820,17 @@ def _watch(poller: zmq.Poller, link: MonitoredDealer) -> None:
     itself, which callers use under the lock meanwhile) and its monitor."""
     poller.register(int(link.sock.getsockopt(zmq.FD)), zmq.POLLIN)
     poller.register(link.monitor, zmq.POLLIN)
+
+
+def _drain(sock: zmq.Socket) -> list[list[zmq.Frame]]:
+    """Every message waiting on ``sock`` (a socket only the calling thread uses)."""
+    out = []
+    while readable(sock):
+        try:
+            out.append(recv_frames(sock, NOBLOCK))
+        except zmq.Again:
+            break
+    return out
 
 
 def _unwatch(poller: zmq.Poller, link: MonitoredDealer) -> None:

@@ -25,6 +25,30 @@ Header shapes (``t`` is the type)::
                                               the collector (the node that writes the
                                               object) for a plan window
     error       {t, msg}                      the request was rejected (malformed, oversized)
+
+Version 2 adds (``VERSION_2_TYPES``)::
+
+    hello       {t, v: [versions]}            first on a new connection: the versions the
+                                              sender speaks (1..16 of them, each 1..65535)
+                {t, v: version, node}         the node's answer: the highest common one
+    ping        {t, seq}                      are you making progress? (``seq`` 0..2**63-1)
+    pong        {t, seq}                      the answer from the node's loop (same seq)
+
+Versions. ``WIRE_VERSION`` (2) is this code's; it speaks ``WIRE_VERSIONS`` (1, 2) unless
+configured otherwise (a node's ``wire_versions`` in the topology, a writer's
+``NodeUploader(wire_versions=...)``). Version 1 is the protocol without the types above:
+a peer that never sends ``hello`` is a version-1 peer and is served as before; a node
+speaking version 1 only answers ``hello`` (and ``ping``) with an ``error`` "unknown message
+type 'hello'", which a writer or child takes as "this node speaks version 1" and goes on
+(a ping answered so still shows the node's loop alive). A sender speaking version 1 only
+sends no hello and no ping (the previous release). When a hello finds no common version
+the node answers with an ``error`` starting with ``REFUSAL`` that names both sides'
+versions (:func:`refusal`), counts it, and from then on keeps refusing every other
+message of that peer (connection) with the same error (persist items get error acks)
+until a hello from it finds a common version; the peer takes the node as down. A node
+that does not speak version 1 refuses the messages of a peer that sent no hello
+(:class:`dstltree.aggregator.core.NodeCore`). :func:`load` decodes only the types of the
+versions it is given (``versions``): the others are "unknown message type".
 """
 
 from __future__ import annotations
@@ -45,6 +69,14 @@ from dstltree.client.segment import (
     segment_size,
 )
 
+WIRE_VERSION = 2  # this code's version of the protocol
+WIRE_VERSIONS: tuple[int, ...] = (1, 2)  # the versions it speaks, by default
+VERSION_2_TYPES = frozenset({"hello", "ping", "pong"})  # types a version-1 peer does not know
+MAX_VERSIONS = 16  # versions a hello may list
+MAX_VERSION = 65535
+MAX_SEQ = (1 << 63) - 1
+REFUSAL = "no common wire version"  # how a node's refusal of a hello starts
+UNKNOWN_TYPE = "unknown message type"  # how a node's answer to a type it does not know starts
 MAX_ITEMS = 4096
 MAX_LOG_ID = 256
 MAX_WRITERS = 1 << 20  # residual writers a Stats may claim
@@ -173,7 +205,74 @@ class Error:
     message: str
 
 
-Message = Register | Unregister | Persist | PersistAck | Stats | Plan | Error
+@dataclass(frozen=True)
+class WireHello:
+    """Version negotiation (version 2). From a writer or child: ``versions`` it speaks,
+    ``node`` None. The node's answer: ``versions`` holds the one chosen (the highest
+    common), ``node`` its id."""
+
+    versions: tuple[int, ...]
+    node: str | None = None
+
+
+@dataclass(frozen=True)
+class Ping:
+    """A heartbeat from a writer or child (version 2); the node's loop answers with a
+    :class:`Pong` of the same ``seq``."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class Pong:
+    seq: int
+
+
+Message = (
+    Register | Unregister | Persist | PersistAck | Stats | Plan | Error | WireHello | Ping | Pong
+)
+
+
+def check_versions(versions: Sequence[int], what: str = "wire_versions") -> tuple[int, ...]:
+    """``versions`` as a sorted tuple without repeats. Raises ValueError (naming
+    ``what``) unless it holds 1..MAX_VERSIONS integers within 1..MAX_VERSION."""
+    out = tuple(sorted(set(versions)))
+    if not 1 <= len(out) <= MAX_VERSIONS:
+        raise ValueError(f"{what}: 1..{MAX_VERSIONS} versions needed, got {list(versions)}")
+    if any(type(v) is not int or not 1 <= v <= MAX_VERSION for v in out):
+        raise ValueError(f"{what}: versions are integers 1..{MAX_VERSION}, got {list(versions)}")
+    return out
+
+
+def common_version(ours: Sequence[int], theirs: Sequence[int]) -> int | None:
+    """The highest version both sides speak, or None."""
+    both = set(ours) & set(theirs)
+    return max(both) if both else None
+
+
+def refusal(ours: Sequence[int], theirs: Sequence[int] | None) -> str:
+    """The error text of a node refusing a peer: ``REFUSAL``, then both sides' versions
+    (``theirs`` None: the peer sent no hello, so it speaks version 1)."""
+    peer = "[1] (it sent no hello)" if theirs is None else str(sorted(theirs))
+    return f"{REFUSAL}: this node speaks {sorted(ours)}, the peer {peer}"
+
+
+def is_refusal(msg: Message) -> bool:
+    """Whether ``msg`` is a node's refusal of this peer's wire versions."""
+    return isinstance(msg, Error) and msg.message.startswith(REFUSAL)
+
+
+def unknown_type(msg: Message) -> str | None:
+    """The message type an ``Error`` says the node does not know (a version-1 node
+    answering ``hello`` or ``ping``), else None."""
+    if isinstance(msg, Error) and msg.message.startswith(UNKNOWN_TYPE):
+        return msg.message[len(UNKNOWN_TYPE) :].strip(" '\"")
+    return None
+
+
+def speaks_version_2(versions: Sequence[int]) -> bool:
+    """Whether a side speaking ``versions`` knows the version-2 types (hello, ping)."""
+    return any(v >= 2 for v in versions)
 
 
 def dump(msg: Message) -> list[Any]:
@@ -203,14 +302,30 @@ def dump(msg: Message) -> list[Any]:
             }
         case Error(message):
             h = {"t": "error", "msg": message}
+        case WireHello(versions, node):
+            h = {"t": "hello", "v": list(versions)} if node is None else _hello_reply(msg)
+        case Ping(seq):
+            h = {"t": "ping", "seq": seq}
+        case Pong(seq):
+            h = {"t": "pong", "seq": seq}
         case _:
             raise TypeError(f"not a message: {msg!r}")
     return [msgpack.packb(h), *payloads]
 
 
-def load(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
-    """Decode and validate ``frames`` (bytes or zmq.Frame). Raises WireError with the
-    reason for anything malformed or larger than ``max_bytes`` in total."""
+def _hello_reply(msg: WireHello) -> dict[str, Any]:
+    if len(msg.versions) != 1:
+        raise ValueError(f"a hello answer names one version, got {list(msg.versions)}")
+    return {"t": "hello", "v": msg.versions[0], "node": msg.node}
+
+
+def load(
+    frames: Sequence[Any], max_bytes: int | None = None, versions: Sequence[int] = WIRE_VERSIONS
+) -> Message:
+    """Decode and validate ``frames`` (bytes or zmq.Frame) as a side speaking
+    ``versions`` would: a type of no version in it is "unknown message type" (a
+    version-1 side does not know ``hello``). Raises WireError with the reason for
+    anything malformed or larger than ``max_bytes`` in total."""
     if not frames:
         raise WireError("empty message")
     if max_bytes is not None:
@@ -224,6 +339,8 @@ def load(frames: Sequence[Any], max_bytes: int | None = None) -> Message:
         raise WireError(f"header is not msgpack: {e}") from e
     if not isinstance(header, dict) or not isinstance(header.get("t"), str):
         raise WireError("header must be a map with a string 't'")
+    if header["t"] in VERSION_2_TYPES and not speaks_version_2(versions):
+        raise WireError(f"{UNKNOWN_TYPE} {header['t']!r}")
     try:
         return _decode(header, frames[1:])
     except WireError:
@@ -248,7 +365,34 @@ def _decode(h: dict[str, Any], payloads: Sequence[Any]) -> Message:
         return Plan(_int(h["window"]), _str(h["collector"]), _str(h["address"]), ancestors)
     if t == "error":
         return Error(_str(h["msg"]))
-    raise WireError(f"unknown message type {t!r}")
+    if t == "hello":
+        return _decode_hello(h)
+    if t in ("ping", "pong"):
+        seq = _int(h["seq"])
+        if seq > MAX_SEQ:
+            raise WireError(f"{t} seq must be <= {MAX_SEQ}, got {seq}")
+        return Ping(seq) if t == "ping" else Pong(seq)
+    raise WireError(f"{UNKNOWN_TYPE} {t!r}")
+
+
+def _decode_hello(h: dict[str, Any]) -> WireHello:
+    """A hello: ``v`` a list of versions (from a writer or child, no ``node``) or one
+    version with the answering ``node``'s id."""
+    raw, node = h["v"], h.get("node")
+    if isinstance(raw, _SEQUENCES):
+        if node is not None:
+            raise WireError("a hello listing versions names no node")
+        if not 1 <= len(raw) <= MAX_VERSIONS:
+            raise WireError(f"a hello lists 1..{MAX_VERSIONS} versions, got {len(raw)}")
+        return WireHello(tuple(_version(v) for v in raw))
+    return WireHello((_version(raw),), _log_id(node))
+
+
+def _version(x: Any) -> int:
+    v = _int(x)
+    if not 1 <= v <= MAX_VERSION:
+        raise WireError(f"a wire version is 1..{MAX_VERSION}, got {v}")
+    return v
 
 
 def _decode_stats(h: dict[str, Any]) -> Stats:
