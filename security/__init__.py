@@ -11,27 +11,42 @@ Three kinds of keys (z85-encoded, 40 bytes each, see :class:`Keypair`):
 
 The cluster keys live in a key directory (``dstl keys generate DIR``, the files of
 ``zmq.auth.create_certificates``: ``node.key``, ``node.key_secret``, ``writer.key``,
-``writer.key_secret``), see :func:`load_key_dir`. :func:`configure_server` and
-:func:`configure_client` set a socket up before bind/connect; ``None`` means plaintext.
+``writer.key_secret``), see :func:`load_key_dir`; during a key rotation
+(:mod:`dstltree.security.rotation`, ``dstl keys rotate``) nodes accept both
+generations' keys and clients know both generations' node keys. :func:`configure_server`
+and :func:`configure_client` set a socket up before bind/connect; ``None`` means
+plaintext.
 """
 
 from dstltree.security.curve import (
     Curve,
+    auth_accepts,
     auth_refusals,
     configure_client,
     configure_server,
     register_refusal_metrics,
+    server_keys_of,
     stop_authenticator,
 )
 from dstltree.security.keys import (
     ClusterKeys,
     KeyDirError,
     Keypair,
+    Rotation,
+    fingerprint,
     generate_key_dir,
     job_keys,
     key_files,
     load_key_dir,
     write_key_files,
+)
+from dstltree.security.rotation import (
+    KeyDirStatus,
+    RotationError,
+    finish_rotation,
+    key_dir_status,
+    promote_rotation,
+    start_rotation,
 )
 from dstltree.security.settings import (
     KEYS_ENV,
@@ -46,17 +61,27 @@ __all__ = [
     "Curve",
     "JobSecurity",
     "KeyDirError",
+    "KeyDirStatus",
     "Keypair",
+    "Rotation",
+    "RotationError",
     "SecuritySettings",
+    "auth_accepts",
     "auth_refusals",
     "cluster_keys_for_nodes",
     "configure_client",
     "configure_server",
+    "finish_rotation",
+    "fingerprint",
     "generate_key_dir",
     "job_keys",
+    "key_dir_status",
     "key_files",
     "load_key_dir",
+    "promote_rotation",
     "register_refusal_metrics",
+    "server_keys_of",
+    "start_rotation",
     "stop_authenticator",
     "write_key_files",
 ]

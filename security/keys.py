@@ -1,9 +1,19 @@
-"""CURVE keypairs: the cluster key directory and the per-job keypair."""
+"""CURVE keypairs: the cluster key directory and the per-job keypair.
+
+A key directory written by ``dstl keys generate`` holds one generation of cluster keys
+(``node.key``, ``node.key_secret``, ``writer.key``, ``writer.key_secret``). While a key
+rotation is under way (:mod:`dstltree.security.rotation`) it also holds
+``rotation.json`` (the state and the generations' names) and ``generations/<name>/``
+(the same four files per generation); the top-level files stay the current generation,
+so that earlier versions keep reading the directory as before."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -11,12 +21,20 @@ from pathlib import Path
 
 import zmq
 import zmq.auth
+from zmq.utils import z85
 
 from dstltree.storage.errors import DstlError
 
 NODE = "node"
 WRITER = "writer"
 _Z85_KEY_LEN = 40  # z85 of a 32-byte Curve25519 key
+
+ROTATION_FILE = "rotation.json"
+GENERATIONS = "generations"
+STABLE, STARTED, PROMOTED = "stable", "started", "promoted"
+_OTHER = {STARTED: "next", PROMOTED: "previous"}  # the manifest's field of the other generation
+_GENERATION_NAME = re.compile(r"[0-9a-f]{16}")
+_MAX_MANIFEST_BYTES = 4096
 
 
 class KeyDirError(DstlError):
@@ -56,18 +74,60 @@ def job_keys() -> Keypair:
     return Keypair.generate()
 
 
+def fingerprint(public: bytes) -> str:
+    """A short name of a z85 public key: the first 16 hex digits of the SHA-256 of its
+    32 bytes (what ``dstl keys status`` shows). Raises ValueError for a malformed key."""
+    if len(public) != _Z85_KEY_LEN:
+        raise ValueError(f"public key: {len(public)} bytes, not a z85 key of 40")
+    return hashlib.sha256(z85.decode(public)).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """A key rotation under way: ``state`` is "started" (the other generation is the
+    next one: nodes accept its keys and clients know its node key, nobody uses it yet)
+    or "promoted" (the other generation is the previous one: still accepted and known,
+    no longer used by processes started now). ``current`` and ``other`` name the
+    generations (``generations/<name>/``); ``other_node`` and ``other_writer`` are the
+    other generation's public keys."""
+
+    state: str
+    current: str
+    other: str
+    other_node: Keypair
+    other_writer: Keypair
+
+
 @dataclass(frozen=True)
 class ClusterKeys:
     """The cluster's ``node`` and ``writer`` keypairs (a secret may be absent where it
-    is not needed: nodes need the node secret, the nodes' clients the writer secret)."""
+    is not needed: nodes need the node secret, the nodes' clients the writer secret),
+    those of the generation in use; ``rotation``: the other generation during a key
+    rotation (None: no rotation under way)."""
 
     node: Keypair
     writer: Keypair
     directory: Path | None = None
+    rotation: Rotation | None = None
 
     @classmethod
     def generate(cls) -> ClusterKeys:
         return cls(Keypair.generate(), Keypair.generate())
+
+    def node_keys(self) -> tuple[bytes, ...]:
+        """The node public keys a client tries, in order: the one nodes started now
+        serve with, then the other generation's during a rotation."""
+        if self.rotation is None:
+            return (self.node.public,)
+        return (self.node.public, self.rotation.other_node.public)
+
+    def accepted(self) -> frozenset[bytes]:
+        """The client public keys a node accepts: node and writer keys of the
+        generation in use and, during a rotation, of the other one."""
+        keys = {self.node.public, self.writer.public}
+        if self.rotation is not None:
+            keys |= {self.rotation.other_node.public, self.rotation.other_writer.public}
+        return frozenset(keys)
 
 
 def generate_key_dir(directory: str | Path, force: bool = False) -> ClusterKeys:
@@ -77,6 +137,11 @@ def generate_key_dir(directory: str | Path, force: bool = False) -> ClusterKeys:
     files exists and ``force`` is False."""
     d = Path(directory)
     names = [f"{n}{s}" for n in (NODE, WRITER) for s in (".key", ".key_secret")]
+    if d.is_dir() and (state := read_manifest(d)["state"]) != STABLE:
+        raise KeyDirError(
+            f"{d}: a key rotation is under way (state: {state}); finish it "
+            "(dstl keys status shows the next step) before generating new keys"
+        )
     existing = [n for n in names if (d / n).exists()]
     if existing and not force:
         raise KeyDirError(f"{d}: {', '.join(existing)} exist; give --force to replace them")
@@ -98,13 +163,87 @@ def generate_key_dir(directory: str | Path, force: bool = False) -> ClusterKeys:
 
 def load_key_dir(directory: str | Path) -> ClusterKeys:
     """The cluster keys of ``directory``: each keypair from ``<name>.key_secret`` if
-    present, else the public key from ``<name>.key``. Raises KeyDirError (naming the
-    file) if a name has neither file, a file is malformed, or a secret file is
-    readable by group or others."""
+    present, else the public key from ``<name>.key``; during a key rotation
+    (``rotation.json``) those of the current generation (``generations/<name>/``) and
+    the other generation's public keys (:attr:`ClusterKeys.rotation`). Raises
+    KeyDirError (naming the file) if a name has neither file, a file is malformed, or a
+    secret file is readable by group or others."""
     d = Path(directory)
     if not d.is_dir():
         raise KeyDirError(f"{d}: no such key directory (dstl keys generate {d})")
-    return ClusterKeys(_load_pair(d, NODE), _load_pair(d, WRITER), d)
+    manifest = read_manifest(d)
+    state = manifest["state"]
+    if state == STABLE:
+        return load_generation(d)
+    current, other = manifest["current"], manifest[_OTHER[state]]
+    here = load_generation(generation_dir(d, current))
+    there = load_generation(generation_dir(d, other))
+    rotation = Rotation(state, current, other, there.node.public_only(), there.writer.public_only())
+    return ClusterKeys(here.node, here.writer, d, rotation)
+
+
+def load_generation(directory: Path) -> ClusterKeys:
+    """The keypairs of the four files directly in ``directory`` (the top-level files of
+    a key directory, what earlier versions read, or one of its generations), as
+    :func:`load_key_dir` reads them, rotation ignored. Raises KeyDirError."""
+    return ClusterKeys(_load_pair(directory, NODE), _load_pair(directory, WRITER), directory)
+
+
+def generation_dir(directory: Path, name: str) -> Path:
+    """``directory/generations/<name>``; raises KeyDirError when it is missing."""
+    path = directory / GENERATIONS / name
+    if not path.is_dir():
+        raise KeyDirError(f"{path}: missing ({ROTATION_FILE} names generation {name})")
+    return path
+
+
+def read_manifest(directory: Path) -> dict[str, str]:
+    """The rotation state of a key directory: ``{"state": "stable"}`` without
+    ``rotation.json`` (a directory of ``dstl keys generate``), else its fields:
+    ``state`` ("stable", "started" or "promoted"), ``current`` and ``next`` (started)
+    or ``previous`` (promoted), each a generation name (16 hex digits). Raises
+    KeyDirError naming the file when it is unreadable, too long or malformed."""
+    path = directory / ROTATION_FILE
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        return {"state": STABLE}
+    except OSError as e:
+        raise KeyDirError(f"{path}: unreadable: {e}") from e
+    try:
+        doc = json.loads(raw) if len(raw) <= _MAX_MANIFEST_BYTES else None
+    except ValueError as e:
+        raise KeyDirError(f"{path}: not JSON: {e}") from e
+    return _check_manifest(path, doc)
+
+
+def _check_manifest(path: Path, doc: object) -> dict[str, str]:
+    if not isinstance(doc, dict) or doc.get("format") != 1:
+        raise KeyDirError(f"{path}: not a rotation manifest of format 1 (at most 4 KiB)")
+    state = doc.get("state")
+    if state == STABLE:
+        return {"state": STABLE}
+    if state not in _OTHER:
+        raise KeyDirError(f"{path}: state {state!r} is none of stable, started, promoted")
+    out = {"state": state}
+    for field in ("current", _OTHER[state]):
+        name = doc.get(field)
+        if not isinstance(name, str) or not _GENERATION_NAME.fullmatch(name):
+            raise KeyDirError(f"{path}: {field}: not a generation name (16 hex digits)")
+        out[field] = name
+    if out["current"] == out[_OTHER[state]]:
+        raise KeyDirError(f"{path}: current and {_OTHER[state]} are the same generation")
+    return out
+
+
+def manifest_text(state: str, current: str | None = None, other: str | None = None) -> str:
+    """The ``rotation.json`` of ``state`` (``other``: the next generation when
+    started, the previous one when promoted)."""
+    doc: dict[str, object] = {"format": 1, "state": state}
+    if state != STABLE:
+        doc.update({"current": current, _OTHER[state]: other})
+    return json.dumps(doc, indent=1) + "\n"
 
 
 def _load_pair(d: Path, name: str) -> Keypair:
@@ -122,24 +261,40 @@ def _load_pair(d: Path, name: str) -> Keypair:
 
 
 def key_files(keys: ClusterKeys) -> dict[str, str]:
-    """What a node process needs of ``keys`` as file contents by file name: the node
-    secret and the writer's public key (shipped to executors, see
-    :func:`write_key_files`). Raises KeyDirError without the node secret."""
+    """What a node process needs of ``keys`` as file contents by relative path: the
+    node secret and the writer's public key; during a rotation also ``rotation.json``
+    and the two generations' files (the current one's as above, the other's public
+    keys), so that :func:`load_key_dir` reads the same rotation (shipped to executors,
+    see :func:`write_key_files`). Raises KeyDirError without the node secret."""
     if keys.node.secret is None:
         raise KeyDirError("the node secret key is needed to start nodes")
-    return {
+    files = {
         f"{NODE}.key_secret": _cert(keys.node),
         f"{WRITER}.key": _cert(keys.writer.public_only()),
     }
+    r = keys.rotation
+    if r is not None:
+        for name in files.copy():
+            files[f"{GENERATIONS}/{r.current}/{name}"] = files[name]
+        files[f"{GENERATIONS}/{r.other}/{NODE}.key"] = _cert(r.other_node.public_only())
+        files[f"{GENERATIONS}/{r.other}/{WRITER}.key"] = _cert(r.other_writer.public_only())
+        files[ROTATION_FILE] = manifest_text(r.state, r.current, r.other)
+    return files
 
 
 def write_key_files(files: dict[str, str], directory: str | Path) -> Path:
-    """Write ``files`` (from :func:`key_files`) into ``directory`` (made 0700), each
-    0600 from its creation; returns the directory."""
+    """Write ``files`` (from :func:`key_files`; relative paths, subdirectories made
+    0700) into ``directory`` (made 0700), each 0600 from its creation; returns the
+    directory. Raises KeyDirError for a path that is absolute or climbs out."""
     d = Path(directory)
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name, text in files.items():
-        path = d / name
+        rel = Path(name)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise KeyDirError(f"key file {name!r}: not a relative path inside {d}")
+        path = d / rel
+        for depth in range(1, len(rel.parts)):  # each level 0700 (parents=True would not)
+            (d / Path(*rel.parts[:depth])).mkdir(mode=0o700, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -73,14 +73,17 @@ class JobSecurity:
     @classmethod
     def make(cls, auth: bool, cluster: ClusterKeys | None) -> JobSecurity:
         """A fresh job keypair when ``auth``; the nodes' client settings from
-        ``cluster`` (only the writer's keypair and the node public key are kept).
+        ``cluster`` (only the writer's keypair and the node public keys are kept: during
+        a key rotation both generations' node keys, see :meth:`Curve.for_writer`).
         Raises KeyDirError when ``cluster`` lacks the writer's secret key."""
         nodes = None
         if cluster is not None:
             if cluster.writer.secret is None:
                 where = cluster.directory or "the cluster keys"
                 raise KeyDirError(f"{where}: no writer.key_secret (the tasks need it)")
-            trimmed = ClusterKeys(cluster.node.public_only(), cluster.writer)
+            trimmed = ClusterKeys(
+                cluster.node.public_only(), cluster.writer, None, cluster.rotation
+            )
             nodes = Curve.for_writer(trimmed)
         return cls(Curve.shared(job_keys()) if auth else None, nodes)
 
