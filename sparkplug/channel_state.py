@@ -79,7 +79,11 @@ def order_records(
     for change, where in changes:
         kind = change[:1]
         if kind not in parts:
-            raise ExchangeError(f"{where}: not a channel-state change (kind {kind!r})")
+            raise ExchangeError(
+                f"{where}: not a channel-state change: kind {kind!r} "
+                f"({kind[0] if kind else 'none'}) is unknown to this dstltree (it reads "
+                f"{INPUT!r}, {OUTPUT!r}); written by a newer version?"
+            )
         batches += 1
         out = parts[kind]
         for key, record in decode_batch(change[1:], where):

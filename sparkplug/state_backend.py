@@ -337,14 +337,18 @@ class KeyedStateBackend:
         snapshot's state. A snapshot part (:data:`PART_VERSION`) replaces the whole
         state of each of its groups, or, a delta, sets the keys it holds and removes
         those it records as removed. Raises ValueError ("bad state snapshot: ...") for
-        a corrupt snapshot, another version or max_parallelism, or a kind clash."""
+        a corrupt snapshot, a version this code does not know (a newer one's, named),
+        another max_parallelism, or a kind clash."""
         try:
             doc = msgpack.unpackb(data, strict_map_key=False)
             if not isinstance(doc, dict):
                 raise TypeError(f"a {type(doc).__name__}, not a map")
             version = doc.get("v")
             if version not in (SNAPSHOT_VERSION, PART_VERSION):
-                raise ValueError(f"version {version!r}, expected {SNAPSHOT_VERSION}")
+                raise ValueError(
+                    f"state snapshot format version {version!r}, expected {SNAPSHOT_VERSION} "
+                    f"({PART_VERSION} for a part): unknown to this dstltree (a newer one's?)"
+                )
             mode = _MERGE if version == SNAPSHOT_VERSION else _DELTA if doc["delta"] else _REPLACE
             if doc["max_parallelism"] != self.max_parallelism:
                 raise ValueError(
@@ -366,15 +370,22 @@ class KeyedStateBackend:
         """Replay one changelog change of ``key_group`` (recovery); a change of a key
         group not in ``key_groups`` is ignored. Returns the state changes applied: 1, or
         a value sets change's entries, 0 when ignored. Raises ValueError ("bad state
-        change ...") for a malformed change, a kind clash, or a key that does not hash
-        to ``key_group`` (a changelog of another max_parallelism)."""
+        change ...") for a malformed change, an operation this code does not know (a
+        newer version's, named), a kind clash, or a key that does not hash to
+        ``key_group`` (a changelog of another max_parallelism)."""
         if key_group not in self.key_groups:
             return 0
         try:
             op, name, key, *rest = msgpack.unpackb(change, strict_map_key=False)
             if op == OP_VALUE_SETS:
                 return self._apply_sets(key_group, name, key, rest)
-            groups = self._declare(name, _OP_KIND[op])
+            kind = _OP_KIND.get(op) if type(op) is int else None
+            if kind is None:
+                raise ValueError(
+                    f"state change operation {op!r} is unknown to this dstltree (it reads "
+                    f"{min(_OP_KIND)}..{max(_OP_KIND)}); written by a newer version?"
+                )
+            groups = self._declare(name, kind)
             kb = self._pack(key)
             self._check_group(kb, key_group)
             bucket = groups.get(key_group)

@@ -54,6 +54,15 @@ def log_id(root_key: str, path: str) -> str:
     return f"{LOG_PREFIX}/{root_key}/{path}"
 
 
+def manifest_path(root_key: str, manifest: Mapping[str, Any]) -> str:
+    """Where the bridge writes ``manifest`` (its ``bridge`` and ``seq``), relative to the
+    job folder: ``ss/<query key>/manifest-<bridge>-<seq>.json``, or
+    ``manifest-<seq>.json`` for a lone bridge's (format 1 names no bridge); for errors."""
+    bridge = manifest.get("bridge") or ""
+    name = f"{bridge}-{manifest.get('seq')}" if bridge else str(manifest.get("seq"))
+    return f"{LOG_PREFIX}/{root_key}/manifest-{name}.json"
+
+
 def parse_log_id(name: str) -> tuple[str, str] | None:
     """(query key, path) of a bridge log id, None for any other writer's log id."""
     parts = name.split("/", 2)
@@ -183,8 +192,14 @@ class View:
         """A manifest's entries, each naming its writer (a format-1 manifest's are this
         bridge's: it was the only one). Raises ValueError for another format or root."""
         fmt = m.get("format")
-        if fmt not in READ_MANIFEST_FORMATS or m.get("root") != rv.root:
-            raise ValueError(f"manifest of format {fmt!r} for {m.get('root')!r}")
+        if fmt not in READ_MANIFEST_FORMATS:
+            known = ", ".join(map(str, READ_MANIFEST_FORMATS))
+            raise ValueError(
+                f"{manifest_path(rv.key, m)}: manifest format {fmt!r} is unknown to this "
+                f"dstltree (it reads {known}); written by a newer version?"
+            )
+        if m.get("root") != rv.root:
+            raise ValueError(f"{manifest_path(rv.key, m)}: a manifest of {m.get('root')!r}")
         bridge = self.me if fmt == 1 else str(m.get("bridge", ""))
         out: dict[str, Entry] = {}
         for path, d in m["files"].items():
