@@ -1,0 +1,175 @@
+"""A rolling upgrade of the tree under a running job, and back (docs/design.md,
+"Formats and compatibility"): the sessions job (tests/support/sessions_job.py) runs on
+a real local Spark session through deploy/local.yaml's 7 node processes while every
+node, one at a time, is stopped (SIGTERM) and started again onto the NEXT version's
+settings (object format 2), then, one at a time again, back onto this version's
+(object format 1). What a release does to its nodes, as Kafka and ZooKeeper roll
+their servers: the job's writers and the other nodes work with a node of either
+version, no checkpoint fails, and state and sink equal the batch result; the store
+then holds objects of both formats, read alike by the restore."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dstltree.client.objectformat import FOOTER, FOOTER_SIZE, MAGIC
+from dstltree.coordinator.cleanup import list_data_files
+from dstltree.sparkplug import FileSink, FileSource, StreamingJob
+from dstltree.sparkplug.spark_session import spark_session
+from dstltree.storage.store import ObjectStore
+from tests.e2e.test_streaming_jobs import MAX_P, _check
+from tests.support.sessions_job import Sessions, write_files
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+TOPOLOGY = Path(__file__).resolve().parents[2] / "deploy" / "local.yaml"
+#: checkpoints completed after a node's restart before the next node is restarted
+SETTLE_CHECKPOINTS = 3
+STEP_TIMEOUT_S = 60.0
+
+#: node settings per version: this release, and the next one (which writes the newer
+#: object format); the test rolls this -> next -> this
+VERSIONS: dict[str, dict[str, Any]] = {"this": {"object_format": 1}, "next": {"object_format": 2}}
+
+
+class RollingUpgrade:
+    """The driver's progress hook that rolls every node of the job's local tree onto
+    each version of ``plan`` (keys of VERSIONS) in turn, one node at a time, leaves
+    first: SIGTERM, then started again with the same id and endpoint from the job's
+    topology with that version's settings (by the tree's
+    supervisor when it has one, as the job's has), then
+    SETTLE_CHECKPOINTS completed checkpoints before the next node. Runs on its own
+    thread (a hook must return at once); ``done`` is set when the roll ended (``error``:
+    why it stopped early) and then ``on_done`` runs (here: the input's end marker).
+    ``probe`` runs after each topology's roll; its results are in ``probes``."""
+
+    def __init__(self, plan: list[str], on_done: Any, probe: Any) -> None:
+        self.plan = plan
+        self.on_done = on_done
+        self.probe = probe
+        self.probes: list[Any] = []
+        self.restarts: list[tuple[str, str, int]] = []  # (node, version, new pid)
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hook(self, driver: Any) -> None:
+        if self._thread is None and getattr(driver.nodes, "local_tree", None) is not None:
+            self._thread = threading.Thread(target=self._run, args=(driver,), daemon=True)
+            self._thread.start()
+
+    def _run(self, driver: Any) -> None:
+        try:
+            self._settle(driver)
+            for version in self.plan:
+                self._roll(driver, version)
+                self.probes.append(self.probe())
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            self.error = e
+        finally:
+            self.done.set()
+            self.on_done()
+
+    def _roll(self, driver: Any, version: str) -> None:
+        tree = driver.nodes.local_tree
+        # the job's topology file as the job wrote it (its base path, its keys), with
+        # the version's settings: what nodes started from now on read
+        doc = yaml.safe_load(tree.topology_file.read_text())
+        doc.update(VERSIONS[version])
+        topology = tree.topology_file.with_name(f"topology-{version}.yaml")
+        topology.write_text(yaml.safe_dump(doc))
+        tree.topology_file = topology
+        for node_id in tree.tree.post_order():
+            old = tree.nodes[node_id]
+            old.process.terminate()
+            old.process.wait(timeout=STEP_TIMEOUT_S)
+            if tree.supervisor is None:
+                tree.start_node(node_id, old.address)
+            else:  # the job's supervisor starts it again (from tree.topology_file)
+                wait_until(lambda n=node_id, o=old: tree.nodes[n] is not o, timeout=STEP_TIMEOUT_S)
+            new = tree.nodes[node_id]
+            assert new.process.poll() is None and new.address == old.address
+            self.restarts.append((node_id, version, new.pid))
+            self._settle(driver)
+
+    def _settle(self, driver: Any) -> None:
+        start = driver.coord.statistics().checkpoints_completed
+        wait_until(
+            lambda: driver.coord.statistics().checkpoints_completed >= start + SETTLE_CHECKPOINTS,
+            timeout=STEP_TIMEOUT_S,
+        )
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("local[4]", app="dstl-test-rolling-upgrade")
+    yield session
+    session.stop()
+
+
+def _job(spark: Any, tmp: Path, progress: Any) -> StreamingJob:
+    job = StreamingJob(
+        spark,
+        name="sessions",
+        checkpoint_dir=str(tmp / "checkpoints"),
+        parallelism=4,
+        max_parallelism=MAX_P,
+        checkpoint_interval=0.3,
+        materialization_interval=2.0,
+        topology=str(TOPOLOGY),
+        progress=progress,
+        source_rate=100.0,  # records per second and task: the input lasts the roll
+    )
+    (
+        job.source(FileSource(str(tmp / "in"), format="json"))
+        .filter(lambda r: r["page"] != "")
+        .key_by("user")
+        .process(Sessions())
+        .sink(FileSink(str(tmp / "out"), format="parquet"))
+    )
+    return job
+
+
+def _object_formats(tmp: Path) -> Counter[int]:
+    """Objects of the job's changelog by the format version in their footer."""
+    store = ObjectStore(str(tmp / "checkpoints" / "sessions"))
+    formats: Counter[int] = Counter()
+    for path in list_data_files(store):
+        if "/changelog/" not in path or path.endswith(".tmp"):
+            continue
+        size = store.size(path)
+        if size >= FOOTER_SIZE:  # not a reservation (an empty object file)
+            magic, version = FOOTER.unpack(store.read_range(path, size - FOOTER_SIZE, FOOTER_SIZE))[
+                :2
+            ]
+            formats[version if magic == MAGIC else -1] += 1
+    return formats
+
+
+@pytest.mark.timeout(600)
+def test_nodes_rolled_onto_the_next_version_and_back_under_a_running_job(
+    spark: Any, tmp_path: Path
+) -> None:
+    write_files(tmp_path / "in", files=8, per_file=1200, seed=37)
+    roll = RollingUpgrade(
+        ["next", "this"],
+        on_done=lambda: (tmp_path / "in" / "_SUCCESS").touch(),
+        probe=lambda: _object_formats(tmp_path),
+    )
+    result = _job(spark, tmp_path, roll.hook).run(until="end")
+    assert roll.done.is_set() and roll.error is None, f"the roll stopped: {roll.error!r}"
+    nodes = 7
+    assert [t for _, t, _ in roll.restarts] == ["next"] * nodes + ["this"] * nodes
+    assert result.finished and result.recoveries == 0
+    assert result.run.stats.checkpoints_aborted == 0, "a checkpoint failed during the roll"
+    after_next = roll.probes[0]
+    assert after_next[2] > 0, f"no node of the next version wrote: {dict(after_next)}"
+    assert -1 not in after_next and -1 not in roll.probes[1]
+    _check(tmp_path)  # state restored across both formats, sink exactly once
