@@ -3,9 +3,11 @@
 A key directory written by ``dstl keys generate`` holds one generation of cluster keys
 (``node.key``, ``node.key_secret``, ``writer.key``, ``writer.key_secret``). While a key
 rotation is under way (:mod:`dstltree.security.rotation`) it also holds
-``rotation.json`` (the state and the generations' names) and ``generations/<name>/``
-(the same four files per generation); the top-level files stay the current generation,
-so that earlier versions keep reading the directory as before."""
+``rotation.json`` (the state and the generations' names) and the same four files per
+generation, prefixed ``gen-<name>.`` (``gen-<name>.node.key`` ...: plain files beside
+the others, so that a directory copy, a Kubernetes Secret made ``--from-file`` or
+systemd credentials carry them); the unprefixed files stay the current generation, so
+that earlier versions keep reading the directory as before."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ WRITER = "writer"
 _Z85_KEY_LEN = 40  # z85 of a 32-byte Curve25519 key
 
 ROTATION_FILE = "rotation.json"
-GENERATIONS = "generations"
+GENERATION_PREFIX = "gen-"
 STABLE, STARTED, PROMOTED = "stable", "started", "promoted"
 _OTHER = {STARTED: "next", PROMOTED: "previous"}  # the manifest's field of the other generation
 _GENERATION_NAME = re.compile(r"[0-9a-f]{16}")
@@ -88,8 +90,8 @@ class Rotation:
     next one: nodes accept its keys and clients know its node key, nobody uses it yet)
     or "promoted" (the other generation is the previous one: still accepted and known,
     no longer used by processes started now). ``current`` and ``other`` name the
-    generations (``generations/<name>/``); ``other_node`` and ``other_writer`` are the
-    other generation's public keys."""
+    generations (their files ``gen-<name>.*``); ``other_node`` and ``other_writer`` are
+    the other generation's public keys."""
 
     state: str
     current: str
@@ -164,8 +166,8 @@ def generate_key_dir(directory: str | Path, force: bool = False) -> ClusterKeys:
 def load_key_dir(directory: str | Path) -> ClusterKeys:
     """The cluster keys of ``directory``: each keypair from ``<name>.key_secret`` if
     present, else the public key from ``<name>.key``; during a key rotation
-    (``rotation.json``) those of the current generation (``generations/<name>/``) and
-    the other generation's public keys (:attr:`ClusterKeys.rotation`). Raises
+    (``rotation.json``) those of the current generation (``gen-<name>.node.key``, ...)
+    and the other generation's public keys (:attr:`ClusterKeys.rotation`). Raises
     KeyDirError (naming the file) if a name has neither file, a file is malformed, or a
     secret file is readable by group or others."""
     d = Path(directory)
@@ -176,25 +178,25 @@ def load_key_dir(directory: str | Path) -> ClusterKeys:
     if state == STABLE:
         return load_generation(d)
     current, other = manifest["current"], manifest[_OTHER[state]]
-    here = load_generation(generation_dir(d, current))
-    there = load_generation(generation_dir(d, other))
+    here, there = load_generation(d, current), load_generation(d, other)
     rotation = Rotation(state, current, other, there.node.public_only(), there.writer.public_only())
     return ClusterKeys(here.node, here.writer, d, rotation)
 
 
-def load_generation(directory: Path) -> ClusterKeys:
-    """The keypairs of the four files directly in ``directory`` (the top-level files of
-    a key directory, what earlier versions read, or one of its generations), as
-    :func:`load_key_dir` reads them, rotation ignored. Raises KeyDirError."""
-    return ClusterKeys(_load_pair(directory, NODE), _load_pair(directory, WRITER), directory)
+def load_generation(directory: Path, name: str | None = None) -> ClusterKeys:
+    """The keypairs of generation ``name`` of ``directory`` (its files
+    ``gen-<name>.node.key_secret`` ...; None: the unprefixed files, what earlier
+    versions read), as :func:`load_key_dir` reads them, rotation ignored. Raises
+    KeyDirError naming a missing or bad file."""
+    prefix = "" if name is None else generation_prefix(name)
+    return ClusterKeys(
+        _load_pair(directory, prefix + NODE), _load_pair(directory, prefix + WRITER), directory
+    )
 
 
-def generation_dir(directory: Path, name: str) -> Path:
-    """``directory/generations/<name>``; raises KeyDirError when it is missing."""
-    path = directory / GENERATIONS / name
-    if not path.is_dir():
-        raise KeyDirError(f"{path}: missing ({ROTATION_FILE} names generation {name})")
-    return path
+def generation_prefix(name: str) -> str:
+    """What the file names of generation ``name`` start with (``gen-<name>.``)."""
+    return f"{GENERATION_PREFIX}{name}."
 
 
 def read_manifest(directory: Path) -> dict[str, str]:
@@ -261,11 +263,11 @@ def _load_pair(d: Path, name: str) -> Keypair:
 
 
 def key_files(keys: ClusterKeys) -> dict[str, str]:
-    """What a node process needs of ``keys`` as file contents by relative path: the
-    node secret and the writer's public key; during a rotation also ``rotation.json``
-    and the two generations' files (the current one's as above, the other's public
-    keys), so that :func:`load_key_dir` reads the same rotation (shipped to executors,
-    see :func:`write_key_files`). Raises KeyDirError without the node secret."""
+    """What a node process needs of ``keys`` as file contents by file name: the node
+    secret and the writer's public key; during a rotation also ``rotation.json`` and
+    the two generations' files (the current one's as above, the other's public keys),
+    so that :func:`load_key_dir` reads the same rotation (shipped to executors, see
+    :func:`write_key_files`). Raises KeyDirError without the node secret."""
     if keys.node.secret is None:
         raise KeyDirError("the node secret key is needed to start nodes")
     files = {
@@ -274,27 +276,25 @@ def key_files(keys: ClusterKeys) -> dict[str, str]:
     }
     r = keys.rotation
     if r is not None:
+        here, there = generation_prefix(r.current), generation_prefix(r.other)
         for name in files.copy():
-            files[f"{GENERATIONS}/{r.current}/{name}"] = files[name]
-        files[f"{GENERATIONS}/{r.other}/{NODE}.key"] = _cert(r.other_node.public_only())
-        files[f"{GENERATIONS}/{r.other}/{WRITER}.key"] = _cert(r.other_writer.public_only())
+            files[here + name] = files[name]
+        files[f"{there}{NODE}.key"] = _cert(r.other_node.public_only())
+        files[f"{there}{WRITER}.key"] = _cert(r.other_writer.public_only())
         files[ROTATION_FILE] = manifest_text(r.state, r.current, r.other)
     return files
 
 
 def write_key_files(files: dict[str, str], directory: str | Path) -> Path:
-    """Write ``files`` (from :func:`key_files`; relative paths, subdirectories made
-    0700) into ``directory`` (made 0700), each 0600 from its creation; returns the
-    directory. Raises KeyDirError for a path that is absolute or climbs out."""
+    """Write ``files`` (from :func:`key_files`) into ``directory`` (made 0700), each
+    0600 from its creation; returns the directory. Raises KeyDirError for a name that
+    is not a plain file name."""
     d = Path(directory)
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     for name, text in files.items():
-        rel = Path(name)
-        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-            raise KeyDirError(f"key file {name!r}: not a relative path inside {d}")
-        path = d / rel
-        for depth in range(1, len(rel.parts)):  # each level 0700 (parents=True would not)
-            (d / Path(*rel.parts[:depth])).mkdir(mode=0o700, exist_ok=True)
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise KeyDirError(f"key file {name!r}: not a plain file name")
+        path = d / name
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -13,13 +13,14 @@ at a time (docs/deploy.md, "Rotating keys"):
   the previous generation is still accepted and known.
 - :func:`finish_rotation` ("promoted" -> "stable"): the previous generation is removed.
 
-On disk (see :mod:`dstltree.security.keys`): ``generations/<name>/`` per generation
-(the four files of ``dstl keys generate``, the name the node key's fingerprint),
-``rotation.json`` (the state and the generations' names; its atomic replacement is
-each step's commit point: an interrupted step leaves the previous state or the new
-one), and the top-level files, kept equal to the current generation for earlier
-versions (replaced one by one after the commit). Every file is written to a temporary
-file and renamed; secrets are 0600, directories 0700. A step out of order raises
+On disk (see :mod:`dstltree.security.keys`), all plain files in the one directory:
+the four files of ``dstl keys generate`` per generation, prefixed ``gen-<name>.`` (the
+name is the node key's fingerprint), ``rotation.json`` (the state and the generations'
+names; its atomic replacement is each step's commit point: an interrupted step leaves
+the previous state or the new one, and files of no generation it names are ignored),
+and the unprefixed files, kept equal to the current generation for earlier versions
+(replaced one by one after the commit). Every file is written to a temporary file and
+renamed; secrets are 0600, the directory 0700. A step out of order raises
 :class:`RotationError` naming the state and the step due.
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -37,7 +39,7 @@ from pathlib import Path
 import zmq.auth
 
 from dstltree.security.keys import (
-    GENERATIONS,
+    GENERATION_PREFIX,
     NODE,
     PROMOTED,
     ROTATION_FILE,
@@ -46,7 +48,7 @@ from dstltree.security.keys import (
     WRITER,
     KeyDirError,
     fingerprint,
-    generation_dir,
+    generation_prefix,
     load_generation,
     load_key_dir,
     manifest_text,
@@ -68,6 +70,9 @@ _FILES = {  # file name -> mode
     f"{WRITER}.key": 0o644,
     f"{WRITER}.key_secret": 0o600,
 }
+_GENERATION_FILE = re.compile(
+    re.escape(GENERATION_PREFIX) + r"[0-9a-f]{16}\.(node|writer)\.key(_secret)?"
+)
 NEXT_STEP = {
     STABLE: "no rotation under way (dstl keys rotate start DIR begins one)",
     STARTED: (
@@ -168,12 +173,9 @@ def start_rotation(directory: str | Path) -> KeyDirStatus:
                 f"{d}: rotate the full key directory (node.key_secret and "
                 "writer.key_secret), then copy it to the hosts"
             )
-        gens = d / GENERATIONS
-        if gens.exists():  # left by a finished rotation or an interrupted start
-            shutil.rmtree(gens)
-        gens.mkdir(mode=0o700)
-        current = _copy_generation(d, gens)
-        following = _new_generation(gens)
+        _remove_generations(d)  # left by an interrupted start: named by no manifest
+        current = _copy_generation(d)
+        following = _new_generation(d)
         if following == current:
             raise RotationError(f"{d}: the new generation's node key equals the current one")
         _write_atomic(d / ROTATION_FILE, manifest_text(STARTED, current, following), 0o644)
@@ -201,7 +203,7 @@ def promote_rotation(directory: str | Path) -> KeyDirStatus:
             _sync_top_level(d, manifest["current"])
             return key_dir_status(d)
         current, following = manifest["current"], manifest["next"]
-        _check_complete(generation_dir(d, following))
+        _check_complete(d, following)
         _write_atomic(d / ROTATION_FILE, manifest_text(PROMOTED, following, current), 0o644)
         _sync_top_level(d, following)
     return key_dir_status(d)
@@ -209,8 +211,8 @@ def promote_rotation(directory: str | Path) -> KeyDirStatus:
 
 def finish_rotation(directory: str | Path) -> KeyDirStatus:
     """Remove the previous generation ("promoted" -> "stable"): the top-level files
-    stay (they are the current generation's), ``rotation.json`` says "stable",
-    ``generations/`` goes. Raises RotationError out of order (state "stable" or
+    stay (they are the current generation's), ``rotation.json`` says "stable", the
+    ``gen-*`` files go. Raises RotationError out of order (state "stable" or
     "started"), KeyDirError, OSError."""
     d = Path(directory)
     with _locked(d):
@@ -227,7 +229,7 @@ def finish_rotation(directory: str | Path) -> KeyDirStatus:
             )
         _sync_top_level(d, manifest["current"])  # completes an interrupted promote
         _write_atomic(d / ROTATION_FILE, manifest_text(STABLE), 0o644)
-        shutil.rmtree(d / GENERATIONS)
+        _remove_generations(d)
     return key_dir_status(d)
 
 
@@ -249,54 +251,54 @@ def _locked(d: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def _copy_generation(d: Path, gens: Path) -> str:
-    """Copy the top-level files into ``gens/<name>`` (the node key's fingerprint)."""
+def _remove_generations(d: Path) -> None:
+    """Remove every generation's files (``gen-<name>.*``) of ``d``."""
+    for path in d.iterdir():
+        if _GENERATION_FILE.fullmatch(path.name):
+            path.unlink()
+    _fsync_dir(d)
+
+
+def _copy_generation(d: Path) -> str:
+    """Copy the top-level files to ``gen-<name>.*`` (name: the node key's fingerprint)."""
     name = fingerprint(load_generation(d).node.public)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=gens))
-    try:
-        for file, mode in _FILES.items():
-            if (d / file).exists():
-                _write_atomic(tmp / file, (d / file).read_text(), mode)
-        _fsync_dir(tmp)
-        os.rename(tmp, gens / name)
-        _fsync_dir(gens)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    for file, mode in _FILES.items():
+        if (d / file).exists():
+            _write_atomic(d / (generation_prefix(name) + file), (d / file).read_text(), mode)
     return name
 
 
-def _new_generation(gens: Path) -> str:
+def _new_generation(d: Path) -> str:
     """Generate a keypair generation (``zmq.auth.create_certificates``, as ``dstl keys
-    generate``) into ``gens/<name>``; returns the name."""
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=gens))
+    generate``, in a private temporary directory) into ``gen-<name>.*``; returns the
+    name."""
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=d))
     try:
         for who in (NODE, WRITER):
-            public, secret = zmq.auth.create_certificates(tmp, who)
-            os.chmod(secret, 0o600)
-            os.chmod(public, 0o644)
+            zmq.auth.create_certificates(tmp, who)
         name = fingerprint(zmq.auth.load_certificate(tmp / f"{NODE}.key")[0])
-        _fsync_dir(tmp)
-        os.rename(tmp, gens / name)
-        _fsync_dir(gens)
+        for file, mode in _FILES.items():
+            _write_atomic(d / (generation_prefix(name) + file), (tmp / file).read_text(), mode)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return name
 
 
-def _check_complete(gen: Path) -> None:
-    missing = [f for f in _FILES if not (gen / f).exists()]
+def _check_complete(d: Path, name: str) -> None:
+    prefix = generation_prefix(name)
+    missing = [prefix + f for f in _FILES if not (d / (prefix + f)).exists()]
     if missing:
-        raise RotationError(f"{gen}: {', '.join(missing)} missing: rotate the full key directory")
-    load_generation(gen)  # parses, checks the secrets' modes
+        raise RotationError(f"{d}: {', '.join(missing)} missing: rotate the full key directory")
+    load_generation(d, name)  # parses, checks the secrets' modes
 
 
 def _sync_top_level(d: Path, name: str) -> None:
     """Make the top-level files copies of generation ``name``'s (each replaced
     atomically; one missing there is removed here)."""
-    gen = generation_dir(d, name)
+    prefix = generation_prefix(name)
     for file, mode in _FILES.items():
-        if (gen / file).exists():
-            _write_atomic(d / file, (gen / file).read_text(), mode)
+        if (d / (prefix + file)).exists():
+            _write_atomic(d / file, (d / (prefix + file)).read_text(), mode)
         else:
             with contextlib.suppress(FileNotFoundError):
                 (d / file).unlink()

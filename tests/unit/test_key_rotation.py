@@ -111,7 +111,13 @@ def test_start_promote_finish(key_dir: Path) -> None:
     assert finished.state == "stable" and keys.rotation is None
     assert keys.node.public == new_node.public and keys.writer.public == new_writer.public
     assert Curve.for_node(keys).clients == frozenset({new_node.public, new_writer.public})
-    assert not (key_dir / "generations").exists()
+    assert sorted(p.name for p in key_dir.iterdir()) == [
+        "node.key",
+        "node.key_secret",
+        "rotation.json",
+        "writer.key",
+        "writer.key_secret",
+    ]
     assert json.loads((key_dir / "rotation.json").read_text()) == {"format": 1, "state": "stable"}
     start_rotation(key_dir)  # the next rotation may begin
     assert load_key_dir(key_dir).node.public == new_node.public
@@ -159,11 +165,11 @@ def test_modes_of_every_file_and_directory(key_dir: Path) -> None:
     for step in (None, promote_rotation):
         if step is not None:
             step(key_dir)
-        assert _mode(key_dir) == 0o700 and _mode(key_dir / "generations") == 0o700
+        assert _mode(key_dir) == 0o700
+        assert len(list(key_dir.glob("gen-*"))) == 8  # two generations, plain files
         for path in key_dir.rglob("*"):
-            if path.is_dir():
-                assert _mode(path) == 0o700, path
-            elif path.name.endswith("_secret"):
+            assert path.is_file(), path
+            if path.name.endswith("_secret"):
                 assert _mode(path) == 0o600, path
             else:
                 assert _mode(path) == 0o644, path
@@ -209,8 +215,8 @@ def test_an_interrupted_start_leaves_the_directory_stable(
         with pytest.raises(OSError, match="killed"):
             start_rotation(key_dir)
     assert load_key_dir(key_dir) == before and key_dir_status(key_dir).state == "stable"
-    start_rotation(key_dir)  # what the crash left under generations/ is replaced
-    assert len(list((key_dir / "generations").iterdir())) == 2
+    start_rotation(key_dir)  # what the crash left is replaced
+    assert len(list(key_dir.glob("gen-*"))) == 8
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(
@@ -272,8 +278,9 @@ def test_a_malformed_manifest_is_refused_naming_the_file(
 def test_a_missing_generation_is_named(key_dir: Path) -> None:
     start_rotation(key_dir)
     following = load_key_dir(key_dir).rotation.other  # type: ignore[union-attr]
-    (key_dir / "generations" / following).rename(key_dir / "elsewhere")
-    with pytest.raises(KeyDirError, match=f"{following}: missing"):
+    for path in key_dir.glob(f"gen-{following}.node.*"):
+        path.unlink()
+    with pytest.raises(KeyDirError, match=f"neither gen-{following}.node.key_secret"):
         load_key_dir(key_dir)
 
 
@@ -285,11 +292,12 @@ def test_keys_shipped_to_executor_nodes_carry_the_rotation(key_dir: Path, tmp_pa
     assert shipped.node == keys.node and shipped.writer == keys.writer.public_only()
     assert shipped.rotation == keys.rotation
     assert Curve.for_node(shipped) == Curve.for_node(keys)
-    for path in (tmp_path / "shipped").rglob("*"):
-        assert _mode(path) == (0o700 if path.is_dir() else 0o600), path
+    for path in (tmp_path / "shipped").iterdir():
+        assert path.is_file() and _mode(path) == 0o600, path
         assert not path.name.endswith("writer.key_secret")
-    with pytest.raises(KeyDirError, match="not a relative path"):
-        write_key_files({"../escape": "x"}, tmp_path / "bad")
+    for bad in ("../escape", "sub/file", ".."):
+        with pytest.raises(KeyDirError, match="not a plain file name"):
+            write_key_files({bad: "x"}, tmp_path / "bad")
 
 
 def test_the_tasks_get_both_node_keys_during_a_rotation(key_dir: Path) -> None:
