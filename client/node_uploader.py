@@ -489,7 +489,9 @@ class NodeUploader:
             configure_dealer(sock)
             configure_client(sock, self._security)
 
-        return MonitoredDealer.open(address, configure, None, self._heartbeat)
+        # the I/O thread may switch the socket's CURVE server key (a key rotation) while
+        # callers send on it under self._io
+        return MonitoredDealer.open(address, configure, None, self._heartbeat, lock=self._io)
 
     def _writer_messages(self, kind: type[Register] | type[Unregister]) -> list[Message]:
         with self._lock:
