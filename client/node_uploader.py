@@ -217,6 +217,9 @@ class NodeUploader:
         self._down_for = retry_after  # doubles while the node stays silent
         self._node_down_until = float("-inf")
         self._lost_at: float | None = None  # a loss of the current link not acted on yet
+        # ... and nothing sent can be gone with it (a silence, or a connection never
+        # made: ZeroMQ still holds what was sent), so the node answering again cancels it
+        self._lost_safe = False
         self._switch_after = float("-inf")  # no failover before (every node down)
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
         self._ids = itertools.count(1)
@@ -353,6 +356,7 @@ class NodeUploader:
         self._version: int | None = None  # agreed with the current node
         self._connected = False  # the current link's handshake done, not lost since
         self._rehello = False  # the current link lost its connection: hello again when up
+        self._ever_connected = False  # a handshake of the current link succeeded once
         self._probe_alive: PeerLiveness | None = None
         self._probe_connected = False
         self._probe_after = float("-inf")  # no probe before (after a refusal)
@@ -592,6 +596,7 @@ class NodeUploader:
             self._alive.refuse(now, self._pref.hold_down)
         if self._lost_at is None:
             self._lost_at = now
+        self._lost_safe = False
         if len(self._pref.addresses) == 1:
             self._node_down_until = now + self._down_for
 
@@ -632,14 +637,18 @@ class NodeUploader:
     def _watch_links(self, ready: dict, poller: zmq.Poller, now: float) -> None:
         """Act on the monitors: a lost connection to the current node moves to the next
         node (its unacknowledged items sent again there), at once unless the last
-        failover found every node down (then ALL_DOWN_SWITCH_S after it); a probe of a
-        more preferred node that stayed up for the hold-down brings the traffic back."""
+        failover found every node down (then ALL_DOWN_SWITCH_S after it; a node that was
+        only silent, or never connected, and answers meanwhile is kept: what it was
+        sent is still on its way); a probe of a more preferred node that stayed up for the hold-down
+        brings the traffic back."""
         pref, link = self._pref, self._link
         assert link is not None
         if link.monitor in ready:
             self._link_events(link, link.changes(), now)
+        if self._lost_safe and self._alive is not None and self._alive.alive:
+            self._lost_at, self._lost_safe = None, False
         if self._lost_at is not None and now >= self._switch_after:
-            lost_at, self._lost_at = self._lost_at, None
+            lost_at, self._lost_at, self._lost_safe = self._lost_at, None, False
             if pref.lost(lost_at) is not None:
                 all_down = pref.all_down(now)
                 if all_down:  # the next refusal waits a little
@@ -666,9 +675,10 @@ class NodeUploader:
                 if self._alive is not None:
                     self._alive.lost(now)
                 if self._lost_at is None:
-                    self._lost_at = now
+                    self._lost_at, self._lost_safe = now, True
+                self._lost_safe = self._lost_safe and not self._ever_connected
             elif not self._connected:
-                self._connected = True
+                self._connected = self._ever_connected = True
                 if self._rehello:
                     self._rehello = False
                     with self._io:
@@ -745,7 +755,7 @@ class NodeUploader:
                 self._counts["silences"] += 1
                 log.info("node %s silent for %g s", link.address, alive.timeout)
                 if self._lost_at is None:
-                    self._lost_at = now
+                    self._lost_at, self._lost_safe = now, True
         probe, palive = self._probe, self._probe_alive
         if probe is not None and palive is not None:
             seq = palive.ping(now)
@@ -774,7 +784,7 @@ class NodeUploader:
                 self._close_probe(poller)
             self._link = self._open(self._pref.address)
             self._alive, self._version = self._liveness(now), None
-            self._connected = self._rehello = False
+            self._connected = self._rehello = self._ever_connected = False
             _watch(poller, self._link)
             deadline = now + self.ack_timeout
             requests = []
