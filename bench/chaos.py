@@ -1,25 +1,37 @@
 """The chaos benchmark (``dstl bench chaos``): a 7-node topology of node processes under
-16 writers while a random node, the root included, is killed hard (SIGKILL) and
-restarted with the same id and endpoint every 1-2 s. Three cases in one run, each on a
-fresh tree and store:
+16 writers while every 1-2 s a random node, the root included, suffers a fault, chosen
+at random per event among the ``faults`` of the run:
 
-- ``dag, no kills``: the DAG (every node below the root names a second parent in the
+- ``kills``: killed hard (SIGKILL) and restarted at once with the same id and endpoint;
+- ``stops``: stopped (SIGSTOP) for 1-5 s, then continued (SIGCONT): the process keeps
+  its sockets and its kernel its TCP connections, so only heartbeats tell a peer (the
+  wire's ping/pong, client/liveness.py, answered by the node's loop).
+
+Three cases in one run, each on a fresh tree and store:
+
+- ``dag, no faults``: the DAG (every node below the root names a second parent in the
   other subtree) and writers with two nodes each (their own, then a neighbour's);
-- ``dag, kills``: the same under the kills;
-- ``tree, kills``: first parents only and one node per writer, under the same kill
+- ``dag, <faults>``: the same under the faults;
+- ``tree, <faults>``: first parents only and one node per writer, under the same fault
   schedule (the seed fixes it): what a tree without second ways up gives.
 
 Per case: persist latencies (``persist_durably`` to a durable handle, seconds), changes
 lost, duplicated or out of order (every writer's acknowledged changes read back through
 its last handle), handle objects missing, the writers' direct DFS writes (fallbacks),
-failovers and re-sent segments, and the orphans: files no handle references once the
-nodes stopped (second copies of re-sent segments, object files reserved by killed
+failovers and re-sent segments, the stops and how long until the first failover away
+from a stopped node (its detection: from the SIGSTOP to the first move of a writer or
+a child node away from it, from the writers' failover logs and the nodes' logs of
+silent parents, wall-clock times), and the orphans: files no handle references once
+the nodes stopped (second copies of re-sent segments, object files reserved by killed
 nodes), deleted by the registry's sweep, then counted again.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
 import statistics
 import tempfile
 import threading
@@ -34,11 +46,25 @@ import yaml
 from dstltree.aggregator.launcher import LocalTree, start_tree
 from dstltree.bench.hotpath import markdown_table
 from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
+from dstltree.client.api import DEFAULT_PREEMPTIVE_BYTES
+from dstltree.client.node_uploader import NodeUploader
 from dstltree.client.reader import iter_changes
 from dstltree.coordinator.cleanup import list_data_info, scan_orphans
 from dstltree.topology.config import load_topology
 
-__all__ = ["ChaosResult", "ChaosSettings", "run_case", "run_chaos", "TREE", "DAG"]
+__all__ = [
+    "FAULTS",
+    "ChaosResult",
+    "ChaosSettings",
+    "cases",
+    "parse_faults",
+    "run_case",
+    "run_chaos",
+    "TREE",
+    "DAG",
+]
+
+FAULTS = ("kills", "stops")  # the kinds of fault, in the order they are named
 
 #: deploy/local.yaml's shape: node id -> parents in order of preference
 DAG: dict[str, list[str]] = {
@@ -54,13 +80,26 @@ DAG: dict[str, list[str]] = {
 TREE: dict[str, list[str]] = {n: p[:1] for n, p in DAG.items()}
 
 
+def parse_faults(text: str) -> tuple[str, ...]:
+    """``"kills,stops"`` as ``("kills", "stops")`` (in FAULTS order, no repeats).
+    Raises ValueError naming an unknown fault or an empty list."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    unknown = sorted(names - set(FAULTS))
+    if unknown or not names:
+        raise ValueError(f"faults: a comma-separated list of {', '.join(FAULTS)}; got {text!r}")
+    return tuple(f for f in FAULTS if f in names)
+
+
 @dataclass(frozen=True)
 class ChaosSettings:
     """``seconds`` per case; ``writers`` threads, each persisting ``changes`` changes of
-    ``change_bytes`` bytes every ``interval`` seconds; a kill every ``kill_min`` to
-    ``kill_max`` seconds (uniform, ``seed``); writers wait ``ack_timeout`` seconds for
-    a node's ack before writing to the DFS themselves, and go back to their own node
-    after ``hold_down`` seconds up."""
+    ``change_bytes`` bytes every ``interval`` seconds; a fault every ``kill_min`` to
+    ``kill_max`` seconds (uniform, ``seed``), one of ``faults`` chosen at random per
+    event (a stop lasts ``stop_min`` to ``stop_max`` seconds); writers wait
+    ``ack_timeout`` seconds for a node's ack before writing to the DFS themselves, and
+    go back to their own node after ``hold_down`` seconds up; writers and nodes ping
+    every ``ping_interval`` seconds and take a peer silent for ``liveness_timeout``
+    seconds as lost (client/liveness.py)."""
 
     seconds: float = 120.0
     writers: int = 16
@@ -72,16 +111,27 @@ class ChaosSettings:
     seed: int = 7
     ack_timeout: float = 10.0
     hold_down: float = 5.0
+    faults: tuple[str, ...] = FAULTS
+    stop_min: float = 1.0
+    stop_max: float = 5.0
+    ping_interval: float = 0.05
+    liveness_timeout: float = 0.15
 
 
 @dataclass
 class ChaosResult:
-    """One case's figures (latencies in seconds)."""
+    """One case's figures (latencies and detection times in seconds; ``undetected``:
+    stops no writer or child left before the node continued)."""
 
     case: str
     seconds: float
     kills: int = 0
     root_kills: int = 0
+    stops: int = 0
+    root_stops: int = 0
+    detect_p50_s: float = 0.0
+    detect_max_s: float = 0.0
+    undetected: int = 0
     persists: int = 0
     persist_errors: int = 0
     p50_s: float = 0.0
@@ -99,11 +149,13 @@ class ChaosResult:
     reservations_found: int = 0
     orphans_after_sweep: int = 0
     latencies: list[float] = field(default_factory=list, repr=False)
+    detections: list[float] = field(default_factory=list, repr=False)
 
     def figures(self) -> dict[str, Any]:
-        """The result without the raw latencies (JSON)."""
+        """The result without the raw latencies (JSON); detections rounded to ms."""
         d = asdict(self)
         d.pop("latencies")
+        d["detections"] = [round(x, 3) for x in self.detections]
         return d
 
 
@@ -142,9 +194,21 @@ class _Writer(threading.Thread):
             self.stop.wait(max(0.0, next_at - time.monotonic()))
 
 
+@dataclass
+class _Stop:
+    """A node stopped at wall-clock time ``start`` until ``end`` (None: not yet)."""
+
+    node: str
+    address: str
+    start: float
+    end: float | None = None
+
+
 class _Chaos(threading.Thread):
-    """Kills a random node (root included) with SIGKILL every ``kill_min`` to
-    ``kill_max`` seconds and restarts it at once (same id, endpoint and parents)."""
+    """Every ``kill_min`` to ``kill_max`` seconds a fault of ``faults`` on a random node
+    (root included): a kill (SIGKILL, restarted at once with the same id, endpoint and
+    parents) or a stop (SIGSTOP, SIGCONT ``stop_min`` to ``stop_max`` seconds later; a
+    stopped node is not stopped again, and a kill ends its stop)."""
 
     def __init__(self, tree: LocalTree, s: ChaosSettings) -> None:
         super().__init__(name="chaos", daemon=True)
@@ -152,25 +216,108 @@ class _Chaos(threading.Thread):
         self.rng = random.Random(s.seed)
         self.stop = threading.Event()
         self.kills = self.root_kills = 0
+        self.stops: list[_Stop] = []
         self.error: BaseException | None = None
+        self._lock = threading.Lock()  # the stopped nodes (resume_all from another thread)
+        self._stopped: dict[str, tuple[Any, float, _Stop]] = {}  # handle, resume at, record
 
     def run(self) -> None:
         try:
-            while not self.stop.wait(self.rng.uniform(self.s.kill_min, self.s.kill_max)):
-                node = self.rng.choice(sorted(self.tree.nodes))
-                self.tree.restart(node)  # SIGKILL, then the same node again
-                self.kills += 1
-                self.root_kills += node == self.tree.tree.root
+            due = time.monotonic() + self.rng.uniform(self.s.kill_min, self.s.kill_max)
+            while True:
+                with self._lock:
+                    wake = min([due, *(r for _, r, _ in self._stopped.values())])
+                if self.stop.wait(max(0.0, wake - time.monotonic())):
+                    return
+                now = time.monotonic()
+                self._resume(now)
+                if now >= due:
+                    self._fault()
+                    due = now + self.rng.uniform(self.s.kill_min, self.s.kill_max)
         except BaseException as e:  # noqa: BLE001 - reported by run_case
             self.error = e
+        finally:
+            self.resume_all()
+
+    def _fault(self) -> None:
+        kind = self.rng.choice(self.s.faults)
+        with self._lock:
+            stopped = set(self._stopped)
+        names = sorted(self.tree.nodes)
+        if kind == "stops":
+            names = [n for n in names if n not in stopped]
+            if not names:
+                return
+        node = self.rng.choice(names)
+        root = node == self.tree.tree.root
+        if kind == "kills":
+            self._continue(node, time.time(), kill=True)
+            self.tree.restart(node)  # SIGKILL, then the same node again
+            self.kills += 1
+            self.root_kills += root
+            return
+        h = self.tree.nodes[node]
+        os.kill(h.pid, signal.SIGSTOP)
+        record = _Stop(node, h.address, time.time())
+        resume_at = time.monotonic() + self.rng.uniform(self.s.stop_min, self.s.stop_max)
+        with self._lock:
+            self._stopped[node] = (h, resume_at, record)
+            self.stops.append(record)
+
+    def _resume(self, now: float) -> None:
+        with self._lock:
+            due = [n for n, (_, at, _) in self._stopped.items() if at <= now]
+        for node in due:
+            self._continue(node, time.time())
+
+    def _continue(self, node: str, wall: float, kill: bool = False) -> None:
+        """End the stop of ``node`` (if stopped): SIGCONT, unless it is about to be
+        killed."""
+        with self._lock:
+            entry = self._stopped.pop(node, None)
+        if entry is None:
+            return
+        h, _, record = entry
+        record.end = wall
+        if not kill and h.process.poll() is None:
+            os.kill(h.pid, signal.SIGCONT)
+
+    def resume_all(self) -> None:
+        """SIGCONT every node still stopped (idempotent; before the tree stops)."""
+        with self._lock:
+            nodes = list(self._stopped)
+        for node in nodes:
+            self._continue(node, time.time())
 
 
-def _topology(workdir: Path, parents: dict[str, list[str]]) -> Path:
+def _topology(workdir: Path, parents: dict[str, list[str]], s: ChaosSettings) -> Path:
     nodes = [{"id": n, "bind": "auto", **({"parents": p} if p else {})} for n, p in parents.items()]
-    doc = {"base_path": str(workdir / "dfs"), "parent_timeout": 2.0, "nodes": nodes}
+    doc = {
+        "base_path": str(workdir / "dfs"),
+        "parent_timeout": 2.0,
+        "ping_interval": s.ping_interval,
+        "liveness_timeout": s.liveness_timeout,
+        "nodes": nodes,
+    }
     path = workdir / "topology.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def _client(tree: LocalTree, workdir: Path, nodes: list[str], s: ChaosSettings) -> ChangelogClient:
+    """A writer's client of ``nodes`` (in order of preference) with the settings of
+    ``s``."""
+    store = ObjectStore(str(workdir / "dfs"))
+    uploader = NodeUploader(
+        nodes,
+        store,
+        ack_timeout=s.ack_timeout,
+        security=tree.client_security,
+        hold_down=s.hold_down,
+        ping_interval=s.ping_interval,
+        liveness_timeout=s.liveness_timeout,
+    )
+    return ChangelogClient(store, uploader, DEFAULT_PREEMPTIVE_BYTES)
 
 
 def _writer_nodes(tree: LocalTree, index: int, two: bool) -> list[str]:
@@ -179,43 +326,74 @@ def _writer_nodes(tree: LocalTree, index: int, two: bool) -> list[str]:
     return [tree.address(own), tree.address(neighbour)] if two else [tree.address(own)]
 
 
-def run_case(name: str, s: ChaosSettings, workdir: Path, *, dag: bool, kills: bool) -> ChaosResult:
-    """One case on a fresh tree under ``workdir`` (see the module docstring). Raises
-    RuntimeError when the kill thread failed (a node did not come back)."""
-    path = _topology(workdir, DAG if dag else TREE)
+def run_case(name: str, s: ChaosSettings, workdir: Path, *, dag: bool, faults: bool) -> ChaosResult:
+    """One case on a fresh tree under ``workdir`` (see the module docstring), with the
+    faults of ``s`` if ``faults``. Raises RuntimeError when the fault thread failed (a
+    node did not come back)."""
+    path = _topology(workdir, DAG if dag else TREE, s)
     tree = start_tree(load_topology(path), path, workdir=workdir)
     result = ChaosResult(name, s.seconds)
     chaos = _Chaos(tree, s)
     writers: list[_Writer] = []
+    left: list[tuple[float, str]] = []  # (wall-clock time, address left) of failovers
     try:
         for i in range(s.writers):
-            client = ChangelogClient.open(
-                str(workdir / "dfs"),
-                node=_writer_nodes(tree, i, two=dag),
-                ack_timeout=s.ack_timeout,
-                security=tree.client_security,
-                hold_down=s.hold_down,
-            )
-            writers.append(_Writer(i, client, s))
+            writers.append(_Writer(i, _client(tree, workdir, _writer_nodes(tree, i, dag), s), s))
         for w in writers:
             w.start()
-        if kills:
+        if faults:
             chaos.start()
-        time.sleep(s.seconds)  # the run itself: writers and kills go on meanwhile
-        _stop(chaos, writers, result)
+        time.sleep(s.seconds)  # the run itself: writers and faults go on meanwhile
+        left = _stop(chaos, writers, result)
     finally:
         chaos.stop.set()
+        if chaos.is_alive():
+            chaos.join(timeout=60)
+        chaos.resume_all()  # a stopped node would not see its SIGTERM
         for w in writers:
             w.stop.set()
             w.client.close()
         tree.stop()
     if chaos.error is not None:
         raise RuntimeError(f"chaos: {chaos.error}") from chaos.error
+    _detections(chaos.stops, left + _node_silences(tree), tree.tree.root, result)
     _check(ObjectStore(str(workdir / "dfs")), writers, result)
     return result
 
 
-def _stop(chaos: _Chaos, writers: list[_Writer], result: ChaosResult) -> None:
+def _node_silences(tree: LocalTree) -> list[tuple[float, str]]:
+    """(wall-clock time, parent address) of the nodes' moves away from a silent or
+    refusing parent, from their final statistics (a killed incarnation's are lost)."""
+    out: list[tuple[float, str]] = []
+    for h in tree.nodes.values():
+        if h.stats_file is not None and h.stats_file.exists():
+            doc = json.loads(h.stats_file.read_text())
+            out += [(float(t), str(a)) for t, a in doc.get("silence_log", [])]
+    return out
+
+
+def _detections(
+    stops: list[_Stop], left: list[tuple[float, str]], root: str, result: ChaosResult
+) -> None:
+    """Per stop, the time from its SIGSTOP to the first move away from the node while
+    it was stopped (else it counts as undetected)."""
+    result.stops = len(stops)
+    result.root_stops = sum(st.node == root for st in stops)
+    for st in stops:
+        end = st.end if st.end is not None else float("inf")
+        times = [t - st.start for t, a in left if a == st.address and st.start <= t <= end]
+        if times:
+            result.detections.append(min(times))
+        else:
+            result.undetected += 1
+    if result.detections:
+        result.detect_p50_s = statistics.median(result.detections)
+        result.detect_max_s = max(result.detections)
+
+
+def _stop(chaos: _Chaos, writers: list[_Writer], result: ChaosResult) -> list[tuple[float, str]]:
+    """Stop the faults and the writers; their figures into ``result``. Returns the
+    writers' failovers (wall-clock time, address left)."""
     chaos.stop.set()
     if chaos.is_alive():
         chaos.join(timeout=60)
@@ -224,6 +402,7 @@ def _stop(chaos: _Chaos, writers: list[_Writer], result: ChaosResult) -> None:
     for w in writers:
         w.join(timeout=180)
     result.kills, result.root_kills = chaos.kills, chaos.root_kills
+    left: list[tuple[float, str]] = []
     for w in writers:
         st = w.client.uploader.statistics()  # type: ignore[attr-defined]
         result.fallbacks += st.fallbacks
@@ -231,12 +410,14 @@ def _stop(chaos: _Chaos, writers: list[_Writer], result: ChaosResult) -> None:
         result.resent += st.resent
         result.persist_errors += w.errors
         result.latencies += w.latencies
+        left += st.failover_log
     lat = sorted(result.latencies)
     result.persists = len(lat)
     if lat:
         result.p50_s = statistics.median(lat)
         result.p99_s = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
         result.max_s = lat[-1]
+    return left
 
 
 def _check(store: ObjectStore, writers: list[_Writer], result: ChaosResult) -> None:
@@ -266,25 +447,33 @@ def _check(store: ObjectStore, writers: list[_Writer], result: ChaosResult) -> N
     result.orphans_after_sweep = len(scan_orphans(store, referenced).orphans)
 
 
-CASES = (("dag, no kills", True, False), ("dag, kills", True, True), ("tree, kills", False, True))
+def cases(faults: tuple[str, ...] = FAULTS) -> tuple[tuple[str, bool, bool], ...]:
+    """The three cases (name, DAG?, faults?) of a run with ``faults``."""
+    label = " and ".join(faults)
+    return (
+        ("dag, no faults", True, False),
+        (f"dag, {label}", True, True),
+        (f"tree, {label}", False, True),
+    )
 
 
 def run_chaos(
     s: ChaosSettings,
     workdir: str | None = None,
-    cases: tuple[tuple[str, bool, bool], ...] = CASES,
+    which: tuple[tuple[str, bool, bool], ...] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[ChaosResult]:
-    """Every case of ``cases`` (name, DAG?, kills?) in turn, each in its own
-    directory under ``workdir`` (default: a temporary one, removed afterwards)."""
+    """Every case of ``which`` (name, DAG?, faults?; default :func:`cases` of
+    ``s.faults``) in turn, each in its own directory under ``workdir`` (default: a
+    temporary one, removed afterwards)."""
     out = []
     with tempfile.TemporaryDirectory(prefix="dstl-chaos-", dir=workdir) as root:
-        for k, (name, dag, kills) in enumerate(cases):
+        for k, (name, dag, faults) in enumerate(which or cases(s.faults)):
             if progress is not None:
                 progress(name)
             wd = Path(root) / f"case{k}"
             wd.mkdir()
-            out.append(run_case(name, s, wd, dag=dag, kills=kills))
+            out.append(run_case(name, s, wd, dag=dag, faults=faults))
     return out
 
 
@@ -292,22 +481,30 @@ SECTION = "Chaos"
 HEADERS = (
     "case",
     "kills (root)",
+    "stops (root)",
+    "stop detected: median / max ms (undetected)",
     "persists",
     "p50 ms",
     "p99 ms",
     "max ms",
-    "p99 / no kills",
+    "p99 / no faults",
     "lost / dup / order",
     "missing objects",
-    "fallbacks",
+    "direct DFS writes",
     "failovers (resent)",
     "orphans (reserved) -> after sweep",
 )
 
 
+def _detected(r: ChaosResult) -> str:
+    if not r.stops:
+        return "-"
+    return f"{r.detect_p50_s * 1e3:.0f} / {r.detect_max_s * 1e3:.0f} ({r.undetected})"
+
+
 def table_rows(results: list[ChaosResult]) -> list[list[str]]:
-    """One row per case; the p99 ratio is against the first case without kills."""
-    calm = next((r for r in results if r.kills == 0 and r.p99_s > 0), None)
+    """One row per case; the p99 ratio is against the first case without faults."""
+    calm = next((r for r in results if r.kills + r.stops == 0 and r.p99_s > 0), None)
     rows = []
     for r in results:
         ratio = f"{r.p99_s / calm.p99_s:.2f}x" if calm is not None else "-"
@@ -315,6 +512,8 @@ def table_rows(results: list[ChaosResult]) -> list[list[str]]:
             [
                 r.case,
                 f"{r.kills} ({r.root_kills})",
+                f"{r.stops} ({r.root_stops})",
+                _detected(r),
                 str(r.persists),
                 f"{r.p50_s * 1e3:.1f}",
                 f"{r.p99_s * 1e3:.1f}",
@@ -331,17 +530,23 @@ def table_rows(results: list[ChaosResult]) -> list[list[str]]:
 
 
 _HOW = """How each case is measured (dstltree/bench/chaos.py): 7 node processes in
-deploy/local.yaml's shape (CURVE on, `parent_timeout` 2 s), 16 writer threads in the
-benchmark's process, each persisting 3 changes of 1,000 bytes every 0.2 s
-(`persist_durably` to a durable handle: the latency), ack timeout 10 s, hold-down 5 s.
-The kills: a random node, the root included, SIGKILLed every 1-2 s (uniform, seed 7)
-and started again at once with the same id, endpoint and parents. "dag": second parents
-and two nodes per writer (its own, then the next one's); "tree": first parents only and
-one node per writer. Afterwards every writer's acknowledged changes are read back
-through its last handle (lost, duplicated, out of order per key group), every object a
-handle names must exist, and the files no handle references once the nodes stopped are
-counted (empty object files a killed node had reserved in brackets), deleted as the
-registry's sweep does, and counted again.
+deploy/local.yaml's shape (CURVE on, `parent_timeout` 2 s; wire version 2: writers and
+nodes ping every 0.05 s and take a peer silent for 0.15 s as lost, ZeroMQ's own
+heartbeats every 0.1 s as before), 16 writer threads in the benchmark's process,
+each persisting 3 changes of 1,000 bytes every 0.2 s (`persist_durably` to a durable
+handle: the latency), ack timeout 10 s, hold-down 5 s. The faults: every 1-2 s
+(uniform, seed 7) a random node, the root included, is either SIGKILLed and started
+again at once with the same id, endpoint and parents, or SIGSTOPped for 1-5 s and then
+SIGCONTed (a stopped node is not chosen for another stop; a kill ends a stop). A
+stop's detection: from the SIGSTOP to the first failover away from that node by a
+writer (its failover log) or a child node (its log of silent parents; a killed
+incarnation's log is lost), while it was stopped; "undetected": stops nobody left.
+"dag": second parents and two nodes per writer (its own, then the next one's); "tree":
+first parents only and one node per writer. Afterwards every writer's acknowledged
+changes are read back through its last handle (lost, duplicated, out of order per key
+group), every object a handle names must exist, and the files no handle references
+once the nodes stopped are counted (empty object files a killed node had reserved in
+brackets), deleted as the registry's sweep does, and counted again.
 """
 
 

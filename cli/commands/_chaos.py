@@ -1,6 +1,6 @@
-"""``dstl bench chaos``: nodes killed hard and restarted under writers, for a DAG and a
-tree (dstltree/bench/chaos.py), printed as a table, optionally written as JSON and as
-the "Chaos" section of BENCHMARKS.md."""
+"""``dstl bench chaos``: nodes killed hard and restarted, or stopped for a while, under
+writers, for a DAG and a tree (dstltree/bench/chaos.py), printed as a table, optionally
+written as JSON and as the "Chaos" section of BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ def chaos(
     seconds: Annotated[
         float, typer.Option(min=1.0, help="Seconds per case (three cases run).")
     ] = 120.0,
-    seed: Annotated[int, typer.Option(help="Seed of the kill schedule.")] = 7,
+    seed: Annotated[int, typer.Option(help="Seed of the fault schedule.")] = 7,
+    faults: Annotated[
+        str,
+        typer.Option(help="Faults chosen at random per event: kills, stops or kills,stops."),
+    ] = "kills,stops",
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Also write the figures as JSON here.")
     ] = None,
@@ -30,13 +34,15 @@ def chaos(
         Path | None, typer.Option(help="Directory for the nodes and stores (default: TMPDIR).")
     ] = None,
 ) -> None:
-    """Kill a random node of a 7-node topology (the root included) hard every 1-2 s and
-    restart it, under 16 writers, for a DAG with two nodes per writer and for a tree
-    with one; beside the DAG without kills. Prints persist latencies (p99 against the
-    run without kills), changes lost, duplicated or out of order, missing handle
-    objects, direct DFS writes, failovers and orphans before and after the sweep.
-    Exit code 1 when a change was lost, duplicated or reordered or an object is
-    missing."""
+    """Nodes killed or stopped under writers.
+
+    Every 1-2 s a random node (the root included) is killed hard and restarted, or
+    stopped (SIGSTOP) for 1-5 s, under 16 writers, for a DAG with two nodes per writer
+    and for a tree with one; beside the DAG without faults. Prints persist latencies
+    (p99 against the run without faults), stops and how soon a stopped node was left,
+    changes lost, duplicated or out of order, missing handle objects, direct DFS
+    writes, failovers and orphans before and after the sweep. Exit code 1 when a
+    change was lost, duplicated or reordered or an object is missing."""
     from rich.console import Console
     from rich.table import Table
 
@@ -44,13 +50,20 @@ def chaos(
         HEADERS,
         ChaosSettings,
         markdown_section,
+        parse_faults,
         run_chaos,
         table_rows,
     )
     from dstltree.bench.hotpath import run_meta, write_markdown
 
-    settings = ChaosSettings(seconds=seconds, seed=seed)
-    meta = run_meta(f"dstl bench chaos --seconds {seconds:g} --seed {seed}")
+    try:
+        kinds = parse_faults(faults)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--faults") from None
+    settings = ChaosSettings(seconds=seconds, seed=seed, faults=kinds)
+    meta = run_meta(
+        f"dstl bench chaos --seconds {seconds:g} --seed {seed} --faults {','.join(kinds)}"
+    )
     console = Console(stderr=True)
     results = run_chaos(
         settings,

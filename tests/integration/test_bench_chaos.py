@@ -1,6 +1,6 @@
-"""``dstl bench chaos`` end to end, short: node processes killed hard and restarted
-under writers; nothing acknowledged is lost, duplicated or reordered, every handle's
-objects exist and the sweep leaves no orphan."""
+"""``dstl bench chaos`` end to end, short: node processes killed hard and restarted, or
+stopped for a while, under writers; nothing acknowledged is lost, duplicated or
+reordered, every handle's objects exist and the sweep leaves no orphan."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_the_chaos_benchmark_loses_nothing_and_leaves_no_orphan(tmp_path: Path) 
     )
     assert r.exit_code == 0, r.output
     cases = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
-    assert set(cases) == {"dag, no kills", "dag, kills", "tree, kills"}
+    assert set(cases) == {"dag, no faults", "dag, kills and stops", "tree, kills and stops"}
     for c in cases.values():
         assert c["persists"] > 0 and c["persist_errors"] == 0, c
         assert (c["lost"], c["duplicated"], c["out_of_order"], c["missing_objects"]) == (
@@ -44,8 +44,16 @@ def test_the_chaos_benchmark_loses_nothing_and_leaves_no_orphan(tmp_path: Path) 
         ), c
         assert c["orphans_after_sweep"] == 0, c
         assert c["changes_checked"] == 3 * c["persists"], c  # every change acknowledged
-    calm, killed = cases["dag, no kills"], cases["dag, kills"]
-    assert calm["kills"] == 0 and calm["failovers"] == 0
-    assert killed["kills"] >= 1
+    calm, faulty = cases["dag, no faults"], cases["dag, kills and stops"]
+    assert calm["kills"] == calm["stops"] == 0 and calm["failovers"] == 0
+    assert faulty["kills"] + faulty["stops"] >= 1
+    # every stop is either detected (a move away from it, while stopped) or counted as not
+    assert len(faulty["detections"]) + faulty["undetected"] == faulty["stops"]
     text = md.read_text()
-    assert "## Hot path\n\nkept" in text and "## Chaos" in text and "| dag, kills |" in text
+    assert "## Hot path\n\nkept" in text and "## Chaos" in text
+    assert "| dag, kills and stops |" in text
+
+
+def test_the_faults_option_names_known_faults_only(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["bench", "chaos", "--faults", "kills,naps"])
+    assert r.exit_code != 0 and "kills, stops" in r.output
