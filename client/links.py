@@ -11,9 +11,9 @@ client's HELLO and drops the connection) gives HANDSHAKE_FAILED_NO_DETAIL, then
 DISCONNECTED, then CONNECT_RETRIED (libzmq retries after its reconnect interval with
 the same key, forever); a client key the server's ZAP handler refuses gives
 HANDSHAKE_FAILED_AUTH (status 400), then DISCONNECTED, and no retry (the session
-ends); a server that is down gives CONNECT_RETRIED alone. ``sock.disconnect`` of an
-address whose session waits to retry ends that session only once the socket
-processes its commands (any use of the socket); until then it retries the old key."""
+ends); a server that is down gives CONNECT_RETRIED alone. After ``sock.disconnect``
+of an address whose session waits to retry, that session went on retrying the old key
+until the socket was used again (which processes its pending commands)."""
 
 from __future__ import annotations
 
@@ -114,8 +114,10 @@ class MonitoredDealer:
     is remembered per address (:func:`working_key`) and tried first by the next link.
     Such sockets connect with ``ZMQ_IMMEDIATE``: nothing is queued to a connection
     before its handshake (a send then raises zmq.Again), so a key switch drops no
-    message. ``lock``: held around every use of the socket here when other threads use
-    it under that lock (a key switch, or ending the sessions of the key left)."""
+    message; what ZeroMQ queued for a connection that is then lost goes with it (a
+    writer's failover sends its unacknowledged items again anyway). ``lock``: held
+    around every use of the socket here when other threads use it under that lock (a
+    key switch, or ending the sessions of the key left)."""
 
     address: str
     sock: zmq.Socket
