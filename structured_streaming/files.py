@@ -161,10 +161,10 @@ class TreeFiles:
                 self._scanned[root] = self._clock()
                 manifests, since = self._newest_manifests(root)
                 refs = self._indexes_since(since)
+                with self.cond:  # a manifest of an unknown format: ValueError
+                    self._todo.extend(self.view.on_loaded(root, manifests, refs))
             except (DstlError, OSError, ValueError) as e:
                 raise WireError("unavailable", f"cannot rebuild {root}: {e}") from e
-            with self.cond:
-                self._todo.extend(self.view.on_loaded(root, manifests, refs))
             self._forget_gone(root)
             self._fill_lengths(root)
             self._first_manifest(root)

@@ -53,6 +53,7 @@ from dstltree.sparkplug.state_backend import KeyedStateBackend
 from dstltree.storage.store import ObjectStore
 from dstltree.structured_streaming.files import TreeFiles
 from dstltree.structured_streaming.view import MANIFEST_FORMAT, Entry
+from dstltree.structured_streaming.wire import WireError as BridgeWireError
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 FOLDER = GOLDEN / "formats-0.1"
@@ -590,14 +591,15 @@ def test_channel_state_of_a_future_kind_is_refused(job: Job, kind: bytes, where:
 
 def test_a_bridge_manifest_of_a_future_format_is_refused(job: Job) -> None:
     """Both formats' newest manifest, its format bumped: the rebuild of the root fails
-    naming the manifest (the view's ValueError: ``TreeFiles.ensure`` passes it on)."""
+    naming the manifest: the bridge answers ``unavailable`` with the view's reason."""
     for root, want in job.expected["bridge"].items():
         newest = want["manifests"][-1]
         _edit_json(job.root / newest, lambda d: d.update(format=FUTURE))
         files = _tree_files(job, want["bridge"])
         try:
-            with _refused(ValueError, newest, "manifest format"):
+            with _refused(BridgeWireError, newest, "manifest format") as info:
                 files.ensure(root)
+            assert info.value.code == "unavailable"
         finally:
             files.client.close()
 
