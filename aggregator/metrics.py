@@ -47,6 +47,11 @@ flushed), ``dstl_in_flight_items`` (sent upstream, not yet acked),
 (current plan window, -1 before the first checkpoint), ``dstl_parent_down`` (1 while
 the parent is marked unreachable).
 
+Liveness and wire versions (client/liveness.py, client/wire.py), counters too:
+``dstl_pings_answered_total``, ``dstl_wire_refusals_total`` (messages refused for no
+common wire version), ``dstl_upstream_silences_total`` and
+``dstl_upstream_refusals_total`` (upstream nodes left as silent or refusing).
+
 Ports (topology ``metrics_port``, see :func:`metrics_port_for`): a base port, node k
 in breadth-first order listens on base + k; 0 lets every node pick a free port; None
 (the default) serves nothing.
@@ -99,6 +104,10 @@ _COUNTERS = {
     "backpressure_seconds": "dstl_backpressure_seconds",
     "loop_writes": "dstl_loop_writes",
     "loop_takeovers": "dstl_loop_takeovers",
+    "pings_answered": "dstl_pings_answered",
+    "wire_refusals": "dstl_wire_refusals",
+    "upstream_silences": "dstl_upstream_silences",
+    "upstream_refusals": "dstl_upstream_refusals",
 }
 _COUNTER_HELP = {
     "objects_written": "Objects this node wrote to DFS.",
@@ -122,6 +131,10 @@ _COUNTER_HELP = {
     "backpressure_seconds": "Seconds the node did not read from below (backlog full).",
     "loop_writes": "Objects the node's loop wrote itself (no other write was running).",
     "loop_takeovers": "Writes on the loop that lasted so long that a deputy served the loop.",
+    "pings_answered": "Pings from writers and child nodes answered by the node's loop.",
+    "wire_refusals": "Messages refused for no common wire version (hellos and what followed).",
+    "upstream_silences": "Upstream nodes lost after the liveness timeout without a message.",
+    "upstream_refusals": "Upstream nodes that refused this node's wire versions.",
 }
 # HedgingStats field -> counter name.
 _UPLOAD_COUNTERS = {
