@@ -47,7 +47,9 @@ class MessageFromUpstream:
 @dataclass(frozen=True)
 class UpstreamLost:
     """The connection to the upstream node at ``address`` was lost (the socket
-    monitor saw a disconnect: the peer closed, reset, or missed ZeroMQ heartbeats)."""
+    monitor saw a disconnect: the peer closed, reset, or missed ZeroMQ heartbeats), or
+    with wire version 2 the node sent nothing for the liveness timeout (its loop makes
+    no progress) or refused this node's wire versions."""
 
     now: float
     address: str
@@ -56,7 +58,8 @@ class UpstreamLost:
 @dataclass(frozen=True)
 class UpstreamUp:
     """The connection to the upstream node at ``address`` is (again) established (the
-    socket monitor saw a completed handshake)."""
+    socket monitor saw a completed handshake; with wire version 2: the node's first
+    message after it was lost or the link opened)."""
 
     now: float
     address: str

@@ -3,10 +3,12 @@
 A writer knows its nodes in order of preference (its executor's node first, then a
 neighbour's; FLIP-158 organizes the nodes "into a hierarchy/DAG"). It sends to the
 most preferred node it believes alive. When the connection to that node is lost
-(ZeroMQ's heartbeats or a disconnect seen by the socket monitor, see
-:mod:`dstltree.client.node_uploader`) the node is *down* for ``hold_down`` seconds and
-the writer moves to the next node. A more preferred node gets the traffic back only
-once a probe connection to it has stayed up for ``hold_down`` seconds, not at its first
+(ZeroMQ's heartbeats or a disconnect seen by the socket monitor; with wire version 2
+also no answer to the writer's pings for the liveness timeout, or a refusal of its
+wire versions: see :mod:`dstltree.client.node_uploader`, :mod:`dstltree.client.liveness`)
+the node is *down* for ``hold_down`` seconds and the writer moves to the next node. A
+more preferred node gets the traffic back only once a probe connection to it has
+stayed up (with pings: answered them) for ``hold_down`` seconds, not at its first
 heartbeat (a node that flaps does not pull its writers back and forth).
 
 Pure state, times in seconds passed in (the I/O thread of the uploader drives it).
@@ -61,7 +63,8 @@ class NodePreference:
         return 0 if self.current > 0 else None
 
     def probe_seen(self, up: bool, now: float) -> None:
-        """The probe's connection came up (handshake done) or went down at ``now``."""
+        """The probe's connection came up (handshake done; with pings, its first answer)
+        or went down (or went silent, or refused us) at ``now``."""
         if not up:
             self._probe_up_since = None
         elif self._probe_up_since is None:
