@@ -63,6 +63,8 @@ def soak(
         command += f" --minute-s {minute_s:g}"
     meta = run_meta(command)
     err = Console(stderr=True)
+    if not err.is_terminal:  # a log file: a minute's line on one line
+        err.width = max(err.width, 180)
     err.print(f"soak: {minutes} minute(s) of {minute_s:g} s...")
     report = run_soak(
         SoakSettings(minutes=minutes, minute_s=minute_s, seed=seed),
