@@ -681,7 +681,9 @@ METRICS = (("rss_mib", "RSS MiB"), ("fds", "fds"), ("threads", "threads"))
 class Verdict:
     """One process and metric: its value at the baseline minute and at the last one,
     ``verdict`` "flat" (within 10 %) or the growth; ``restarted``: a node whose process
-    at the last minute is not the one of the baseline minute."""
+    at the last minute is not the one of the baseline minute; ``since``: the first
+    minute from which the last minute's process held the last value (a step, then
+    constant, or still moving: ``since`` is the last minute)."""
 
     process: str
     metric: str
@@ -689,6 +691,7 @@ class Verdict:
     last: float
     verdict: str
     restarted: bool
+    since: int
 
 
 def verdict_text(base: float, last: float) -> str:
@@ -747,12 +750,20 @@ class SoakReport:
                 continue
             for attr, label in METRICS:
                 bv, lv = float(getattr(b, attr)), float(getattr(p, attr))
-                out.append(
-                    Verdict(
-                        f"{p.role} {p.name}", label, bv, lv, verdict_text(bv, lv), b.pid != p.pid
-                    )
-                )
+                since = self._held_since(p, attr)
+                who = f"{p.role} {p.name}"
+                out.append(Verdict(who, label, bv, lv, verdict_text(bv, lv), b.pid != p.pid, since))
         return out
+
+    def _held_since(self, last: ProcSample, attr: str) -> int:
+        """The first minute from which ``last``'s process held its value of ``attr``."""
+        since = len(self.minutes)
+        for row in reversed(self.minutes[:-1]):
+            same = [p for p in row.processes if p.pid == last.pid and p.name == last.name]
+            if not same or getattr(same[0], attr) != getattr(last, attr):
+                break
+            since = row.minute
+        return since
 
     def to_dict(self) -> dict[str, Any]:
         """The whole report as JSON-compatible data (every process of every minute)."""
@@ -823,13 +834,15 @@ VERDICT_HEADERS = ("process", *(label for _, label in METRICS))
 
 
 def verdict_rows(report: SoakReport) -> list[list[str]]:
-    """One row per process: per metric "base -> last: verdict", "(restarted)" when the
-    node's process changed since the baseline minute."""
+    """One row per process: per metric "base -> last: verdict" (and, when not flat, the
+    minute since which the value held), "(restarted)" when the node's process changed
+    since the baseline minute."""
     rows: dict[str, list[str]] = {}
     for v in report.verdicts():
         row = rows.setdefault(v.process, [v.process + (" (restarted)" if v.restarted else "")])
         fmt = "{:.1f} -> {:.1f}: {}" if v.metric == "RSS MiB" else "{:.0f} -> {:.0f}: {}"
-        row.append(fmt.format(v.base, v.last, v.verdict))
+        held = f", held since minute {v.since}" if v.verdict != "flat" else ""
+        row.append(fmt.format(v.base, v.last, v.verdict) + held)
     return list(rows.values())
 
 

@@ -51,6 +51,7 @@ def test_the_soak_samples_every_process_each_minute_and_leaves_no_orphan(
     assert doc["orphans_after_sweep"] == 0
     # a short run compares the last minute with the first; a verdict per process, metric
     assert doc["baseline_minute"] == 1
+    assert all(1 <= v["since"] <= 2 for v in doc["verdicts"]), doc["verdicts"]
     verdicts = {(v["process"], v["metric"]) for v in doc["verdicts"]}
     assert verdicts == {
         (f"{r} {n}", x) for r, n in PROCESSES for x in ("RSS MiB", "fds", "threads")
