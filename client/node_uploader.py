@@ -57,6 +57,7 @@ from dstltree.client.liveness import (
     check_timing,
 )
 from dstltree.client.wire import (
+    REFUSAL,
     WIRE_VERSIONS,
     Error,
     Message,
@@ -117,7 +118,8 @@ class UploaderStatistics:
     timeout) and that refused the writer's wire versions (``refusals``); the wire
     version agreed with the current node (None: not known yet, or no hello sent);
     ``failover_log``: (wall-clock time, address left) of the latest failovers after a
-    loss, oldest first (at most FAILOVER_LOG_SIZE)."""
+    loss, oldest first (at most FAILOVER_LOG_SIZE); ``reconnects``: new connections to
+    the only node after it disconnected (its unacknowledged items sent again)."""
 
     acked_by_node: int
     fallbacks: int
@@ -131,6 +133,7 @@ class UploaderStatistics:
     refusals: int = 0
     wire_version: int | None = None
     failover_log: tuple[tuple[float, str], ...] = ()
+    reconnects: int = 0
 
 
 FAILOVER_LOG_SIZE = 256  # failovers remembered for the statistics
@@ -156,6 +159,7 @@ _COUNTS = [
     "resent",
     "silences",
     "refusals",
+    "reconnects",
 ]
 _LEAVE_LINGER_MS = 200  # ms a connection we leave keeps trying to send its last messages
 
@@ -217,9 +221,10 @@ class NodeUploader:
         self._down_for = retry_after  # doubles while the node stays silent
         self._node_down_until = float("-inf")
         self._lost_at: float | None = None  # a loss of the current link not acted on yet
-        # ... and nothing sent can be gone with it (a silence, or a connection never
-        # made: ZeroMQ still holds what was sent), so the node answering again cancels it
-        self._lost_safe = False
+        # ... and what it was: "safe" (a silence, or a connection never made: ZeroMQ
+        # still holds what was sent, so the node answering again cancels it),
+        # "disconnect" (what was sent may be gone) or "refused" (our wire versions)
+        self._lost_kind = "safe"
         self._switch_after = float("-inf")  # no failover before (every node down)
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
         self._ids = itertools.count(1)
@@ -349,6 +354,7 @@ class NodeUploader:
             c["refusals"],
             self._version,
             tuple(self._failover_log),
+            c["reconnects"],
         )
 
     # -- liveness (the I/O thread, after __init__) ----------------------------------------
@@ -596,13 +602,21 @@ class NodeUploader:
             self._alive.refuse(now, self._pref.hold_down)
         if self._lost_at is None:
             self._lost_at = now
-        self._lost_safe = False
+        self._lost_kind = "refused"
         if len(self._pref.addresses) == 1:
             self._node_down_until = now + self._down_for
 
     def _on_ack(self, ack: PersistAck) -> None:
+        """Resolve the acked items; an error entry falls back to the DFS, unless it is
+        a refusal of our wire versions and another node is there to fail over to (the
+        item stays pending: the failover sends it there)."""
+        elsewhere = len(self._pref.addresses) > 1
         with self._io:
-            acked = [(e, self._pending.pop(e.id, None)) for e in ack.items]
+            acked = [
+                (e, self._pending.pop(e.id, None))
+                for e in ack.items
+                if not (elsewhere and e.error is not None and e.error.startswith(REFUSAL))
+            ]
         for e, p in acked:
             if p is None:
                 continue
@@ -639,16 +653,20 @@ class NodeUploader:
         node (its unacknowledged items sent again there), at once unless the last
         failover found every node down (then ALL_DOWN_SWITCH_S after it; a node that was
         only silent, or never connected, and answers meanwhile is kept: what it was
-        sent is still on its way); a probe of a more preferred node that stayed up for the hold-down
-        brings the traffic back."""
+        sent is still on its way); the only node, disconnected, gets a new connection
+        and what it had not acknowledged again (at most once per ALL_DOWN_SWITCH_S,
+        keeping the items' ack deadlines); a probe of a more preferred node that stayed
+        up for the hold-down brings the traffic back."""
         pref, link = self._pref, self._link
         assert link is not None
         if link.monitor in ready:
             self._link_events(link, link.changes(), now)
-        if self._lost_safe and self._alive is not None and self._alive.alive:
-            self._lost_at, self._lost_safe = None, False
+        safe = self._lost_kind == "safe"
+        if safe and self._lost_at is not None and self._alive is not None and self._alive.alive:
+            self._lost_at = None
         if self._lost_at is not None and now >= self._switch_after:
-            lost_at, self._lost_at, self._lost_safe = self._lost_at, None, False
+            lost_at, self._lost_at, kind = self._lost_at, None, self._lost_kind
+            self._lost_kind = "safe"
             if pref.lost(lost_at) is not None:
                 all_down = pref.all_down(now)
                 if all_down:  # the next refusal waits a little
@@ -657,6 +675,12 @@ class NodeUploader:
                 self._failover_log.append((time.time(), link.address))
                 why = f"lost the connection to {link.address}"
                 self._switch(poller, now, why, leave=False, keep_deadlines=all_down)
+                return
+            if kind == "disconnect":  # the only node: what it had may be gone, send again
+                self._switch_after = now + ALL_DOWN_SWITCH_S
+                self._counts["reconnects"] += 1
+                why = f"lost the connection to {link.address}, the only node; connecting again"
+                self._switch(poller, now, why, leave=False, keep_deadlines=True)
                 return
         self._watch_probe(ready, poller, now)
         if pref.should_return(now) is not None:
@@ -675,8 +699,9 @@ class NodeUploader:
                 if self._alive is not None:
                     self._alive.lost(now)
                 if self._lost_at is None:
-                    self._lost_at, self._lost_safe = now, True
-                self._lost_safe = self._lost_safe and not self._ever_connected
+                    self._lost_at, self._lost_kind = now, "safe"
+                if self._ever_connected and self._lost_kind == "safe":
+                    self._lost_kind = "disconnect"
             elif not self._connected:
                 self._connected = self._ever_connected = True
                 if self._rehello:
@@ -755,7 +780,7 @@ class NodeUploader:
                 self._counts["silences"] += 1
                 log.info("node %s silent for %g s", link.address, alive.timeout)
                 if self._lost_at is None:
-                    self._lost_at, self._lost_safe = now, True
+                    self._lost_at, self._lost_kind = now, "safe"
         probe, palive = self._probe, self._probe_alive
         if probe is not None and palive is not None:
             seq = palive.ping(now)

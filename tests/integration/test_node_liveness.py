@@ -243,3 +243,27 @@ def test_a_single_refusing_node_sends_the_writer_to_the_dfs(tmp_path: Path) -> N
             assert st.refusals == 1 and st.fallbacks == 1 and st.acked_by_node == 0
         finally:
             client.close()
+
+
+def test_a_writer_with_one_node_sends_again_what_a_killed_node_held(tmp_path: Path) -> None:
+    """The only node dies holding a segment: the writer connects again and sends it
+    again to the restarted node (no ack timeout waited, nothing written straight to
+    the DFS)."""
+    base = str(tmp_path / "dfs")
+    with start(tmp_path, persist_delay=60.0, parent_timeout=30.0) as tree:
+        client = _client(base, [tree.address("a")], security=tree.client_security)
+        try:
+            w = client.create_writer("task0", range(1))
+            w.append(0, b"held by a")
+            held = w.persist_durably(0)  # no checkpoint: a holds it for its persist delay
+            wait_until(lambda: _stats(client).wire_version == 2, timeout=10)
+            tree.restart("a")  # SIGKILL, then the same node on the same endpoint
+            wait_until(lambda: _stats(client).reconnects >= 1, timeout=10)
+            w.append(0, b"after the restart")
+            handle = w.persist_durably(0, checkpoint_id=1).result(timeout=20)
+            assert held.result(timeout=1).sqn_range == (0, 1)
+            assert list(client.read_changes(handle, 0)) == [b"held by a", b"after the restart"]
+            st = _stats(client)
+            assert (st.failovers, st.fallbacks) == (0, 0) and st.resent >= 1
+        finally:
+            client.close()
