@@ -253,7 +253,8 @@ class Node:
         self._v2 = speaks_version_2(cfg.wire_versions)
         self._alive: dict[str, PeerLiveness] = {}  # per upstream address, with version 2
         self._connected: dict[str, bool] = {}  # handshake done, not lost since
-        self._silences: deque[tuple[float, str]] = deque(maxlen=_SILENCE_LOG_SIZE)
+        self._silences: deque[tuple[float, str, float]] = deque(maxlen=_SILENCE_LOG_SIZE)
+        self._opened: dict[str, float] = {}  # upstream address -> wall-clock time opened
         self._shell_counts["upstream_silences"] = 0
         self._shell_counts["upstream_refusals"] = 0
 
@@ -411,9 +412,10 @@ class Node:
             with contextlib.suppress(OSError):
                 os.write(self._wake_w, b"x")
 
-    def silence_log(self) -> list[tuple[float, str]]:
-        """(wall-clock time, address) of the latest upstream nodes found silent or
-        refusing (at most 256), oldest first: when this node left them."""
+    def silence_log(self) -> list[tuple[float, str, float]]:
+        """(wall-clock time, address, wall-clock time its link opened) of the latest
+        upstream nodes found silent or refusing (at most 256), oldest first: when this
+        node left them."""
         with self._lock:
             return list(self._silences)
 
@@ -518,7 +520,7 @@ class Node:
         if alive.state != "refused":
             self._shell_counts["upstream_refusals"] += 1
             log.warning("upstream node %s refused this node: %s", address, msg)
-            self._silences.append((time.time(), address))
+            self._silences.append((time.time(), address, self._opened[address]))
             alive.refuse(now, self.core.config.parent_retry_after)
             self._run(self.core.handle(UpstreamLost(now, address)))
         return True
@@ -560,7 +562,7 @@ class Node:
             if alive.silent(now):
                 self._shell_counts["upstream_silences"] += 1
                 log.info("upstream node %s silent for %g s", address, alive.timeout)
-                self._silences.append((time.time(), address))
+                self._silences.append((time.time(), address, self._opened[address]))
                 self._run(self.core.handle(UpstreamLost(now, address)))
                 handled = True
         return handled
@@ -579,6 +581,7 @@ class Node:
             if self._v2:  # the first message on the link; pings once it is connected
                 self._send(link.sock, dump(WireHello(self._wire)))
                 cfg = self.core.config
+                self._opened[address] = time.time()
                 self._alive[address] = PeerLiveness(
                     time.monotonic(), cfg.ping_interval, cfg.liveness_timeout
                 )

@@ -209,7 +209,7 @@ def write_stats(node: Node, path: Path) -> None:
     doc["uploads"] = node.writer.upload_stats()
     doc["auth_refusals"] = auth_refusals().get("node", 0)  # CURVE clients refused
     doc["process_cpu_s"] = sum(os.times()[:2])
-    doc["silence_log"] = node.silence_log()  # (wall-clock time, upstream address left)
+    doc["silence_log"] = node.silence_log()  # (wall-clock time, upstream left, link opened)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)

@@ -335,7 +335,7 @@ def run_case(name: str, s: ChaosSettings, workdir: Path, *, dag: bool, faults: b
     result = ChaosResult(name, s.seconds)
     chaos = _Chaos(tree, s)
     writers: list[_Writer] = []
-    left: list[tuple[float, str]] = []  # (wall-clock time, address left) of failovers
+    left: list[_Left] = []  # the writers' failovers
     try:
         for i in range(s.writers):
             writers.append(_Writer(i, _client(tree, workdir, _writer_nodes(tree, i, dag), s), s))
@@ -361,27 +361,33 @@ def run_case(name: str, s: ChaosSettings, workdir: Path, *, dag: bool, faults: b
     return result
 
 
-def _node_silences(tree: LocalTree) -> list[tuple[float, str]]:
-    """(wall-clock time, parent address) of the nodes' moves away from a silent or
-    refusing parent, from their final statistics (a killed incarnation's are lost)."""
-    out: list[tuple[float, str]] = []
+_Left = tuple[float, str, float]  # (wall-clock time, address left, there since)
+
+
+def _node_silences(tree: LocalTree) -> list[_Left]:
+    """The nodes' moves away from a silent or refusing upstream node, from their final
+    statistics (a killed incarnation's are lost)."""
+    out: list[_Left] = []
     for h in tree.nodes.values():
         if h.stats_file is not None and h.stats_file.exists():
             doc = json.loads(h.stats_file.read_text())
-            out += [(float(t), str(a)) for t, a in doc.get("silence_log", [])]
+            out += [(float(t), str(a), float(since)) for t, a, since in doc.get("silence_log", [])]
     return out
 
 
-def _detections(
-    stops: list[_Stop], left: list[tuple[float, str]], root: str, result: ChaosResult
-) -> None:
-    """Per stop, the time from its SIGSTOP to the first move away from the node while
-    it was stopped (else it counts as undetected)."""
+def _detections(stops: list[_Stop], left: list[_Left], root: str, result: ChaosResult) -> None:
+    """Per stop, the time from its SIGSTOP to the first move away from the node, while
+    it was stopped, by a writer or node that was there before the stop (else it counts
+    as undetected: nobody was using it)."""
     result.stops = len(stops)
     result.root_stops = sum(st.node == root for st in stops)
     for st in stops:
         end = st.end if st.end is not None else float("inf")
-        times = [t - st.start for t, a in left if a == st.address and st.start <= t <= end]
+        times = [
+            t - st.start
+            for t, a, since in left
+            if a == st.address and since <= st.start <= t <= end
+        ]
         if times:
             result.detections.append(min(times))
         else:
@@ -391,9 +397,9 @@ def _detections(
         result.detect_max_s = max(result.detections)
 
 
-def _stop(chaos: _Chaos, writers: list[_Writer], result: ChaosResult) -> list[tuple[float, str]]:
+def _stop(chaos: _Chaos, writers: list[_Writer], result: ChaosResult) -> list[_Left]:
     """Stop the faults and the writers; their figures into ``result``. Returns the
-    writers' failovers (wall-clock time, address left)."""
+    writers' failovers."""
     chaos.stop.set()
     if chaos.is_alive():
         chaos.join(timeout=60)
@@ -402,7 +408,7 @@ def _stop(chaos: _Chaos, writers: list[_Writer], result: ChaosResult) -> list[tu
     for w in writers:
         w.join(timeout=180)
     result.kills, result.root_kills = chaos.kills, chaos.root_kills
-    left: list[tuple[float, str]] = []
+    left: list[_Left] = []
     for w in writers:
         st = w.client.uploader.statistics()  # type: ignore[attr-defined]
         result.fallbacks += st.fallbacks
@@ -538,9 +544,10 @@ handle: the latency), ack timeout 10 s, hold-down 5 s. The faults: every 1-2 s
 (uniform, seed 7) a random node, the root included, is either SIGKILLed and started
 again at once with the same id, endpoint and parents, or SIGSTOPped for 1-5 s and then
 SIGCONTed (a stopped node is not chosen for another stop; a kill ends a stop). A
-stop's detection: from the SIGSTOP to the first failover away from that node by a
-writer (its failover log) or a child node (its log of silent parents; a killed
-incarnation's log is lost), while it was stopped; "undetected": stops nobody left.
+stop's detection: from the SIGSTOP to the first failover away from that node, while it
+was stopped, by a writer that was on it before the stop (its failover log) or a node
+linked to it before the stop (its log of silent upstream nodes; a killed incarnation's
+log is lost); "undetected": stops nobody using the node before them left.
 "dag": second parents and two nodes per writer (its own, then the next one's); "tree":
 first parents only and one node per writer. Afterwards every writer's acknowledged
 changes are read back through its last handle (lost, duplicated, out of order per key

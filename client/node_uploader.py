@@ -117,9 +117,10 @@ class UploaderStatistics:
     (``resent``); nodes that went silent (``silences``: no message for the liveness
     timeout) and that refused the writer's wire versions (``refusals``); the wire
     version agreed with the current node (None: not known yet, or no hello sent);
-    ``failover_log``: (wall-clock time, address left) of the latest failovers after a
-    loss, oldest first (at most FAILOVER_LOG_SIZE); ``reconnects``: new connections to
-    the only node after it disconnected (its unacknowledged items sent again)."""
+    ``failover_log``: (wall-clock time, address left, wall-clock time the writer had
+    come to it) of the latest failovers after a loss, oldest first (at most
+    FAILOVER_LOG_SIZE); ``reconnects``: new connections to the only node after it
+    disconnected (its unacknowledged items sent again)."""
 
     acked_by_node: int
     fallbacks: int
@@ -132,7 +133,7 @@ class UploaderStatistics:
     silences: int = 0
     refusals: int = 0
     wire_version: int | None = None
-    failover_log: tuple[tuple[float, str], ...] = ()
+    failover_log: tuple[tuple[float, str, float], ...] = ()
     reconnects: int = 0
 
 
@@ -366,7 +367,8 @@ class NodeUploader:
         self._probe_alive: PeerLiveness | None = None
         self._probe_connected = False
         self._probe_after = float("-inf")  # no probe before (after a refusal)
-        self._failover_log: deque[tuple[float, str]] = deque(maxlen=FAILOVER_LOG_SIZE)
+        self._failover_log: deque[tuple[float, str, float]] = deque(maxlen=FAILOVER_LOG_SIZE)
+        self._link_since = time.time()  # when the current link opened (wall clock)
 
     def _liveness(self, now: float) -> PeerLiveness | None:
         """The heartbeat state of a link opened at ``now`` (None without version 2)."""
@@ -672,7 +674,7 @@ class NodeUploader:
                 if all_down:  # the next refusal waits a little
                     self._switch_after = now + ALL_DOWN_SWITCH_S
                 self._counts["failovers"] += 1
-                self._failover_log.append((time.time(), link.address))
+                self._failover_log.append((time.time(), link.address, self._link_since))
                 why = f"lost the connection to {link.address}"
                 self._switch(poller, now, why, leave=False, keep_deadlines=all_down)
                 return
@@ -808,7 +810,7 @@ class NodeUploader:
             if self._probe is not None and self._probe.address == self._pref.address:
                 self._close_probe(poller)
             self._link = self._open(self._pref.address)
-            self._alive, self._version = self._liveness(now), None
+            self._alive, self._version, self._link_since = self._liveness(now), None, time.time()
             self._connected = self._rehello = self._ever_connected = False
             _watch(poller, self._link)
             deadline = now + self.ack_timeout

@@ -77,7 +77,7 @@ def test_a_stopped_node_is_left_for_the_second_one_by_its_pings_alone(tmp_path: 
             assert list(client.read_changes(handle, 0)) == [b"held by a"]
             st = _stats(client)
             assert (st.failovers, st.silences, st.fallbacks) == (1, 1, 0)
-            assert [address for _, address in st.failover_log] == [a]
+            assert [address for _, address, _ in st.failover_log] == [a]
         finally:
             os.kill(stopped, signal.SIGCONT)
             client.close()
@@ -127,7 +127,7 @@ def test_a_node_whose_parent_stops_moves_to_its_second_parent(tmp_path: Path) ->
                 assert list(client.read_changes(handle, 0)) == [b"warm-up", b"while a is stopped"]
                 st = a1.statistics()
                 assert st.upstream_silences >= 1 and a1.core.parent == b
-                assert [addr for _, addr in a1.silence_log()][:1] == [a]
+                assert [addr for _, addr, _ in a1.silence_log()][:1] == [a]
                 assert _stats(client).fallbacks == 0
             finally:
                 os.kill(stopped, signal.SIGCONT)

@@ -33,12 +33,13 @@ def test_a_stop_is_detected_by_the_first_move_away_from_it_while_it_lasted() -> 
         _Stop("b", "tcp://b", 300.0, None),  # still stopped at the end of the run
     ]
     left = [
-        (100.4, "tcp://a"),
-        (100.2, "tcp://a"),  # the first one, listed out of order
-        (99.0, "tcp://a"),  # before the stop: another fault
-        (150.0, "tcp://r"),
-        (201.5, "tcp://r"),  # after the stop ended: not this stop's
-        (300.3, "tcp://b"),
+        (100.4, "tcp://a", 50.0),
+        (100.2, "tcp://a", 50.0),  # the first one, listed out of order
+        (100.1, "tcp://a", 100.05),  # came to it after the stop: not a detection
+        (99.0, "tcp://a", 50.0),  # before the stop: another fault
+        (150.0, "tcp://r", 50.0),
+        (201.5, "tcp://r", 50.0),  # after the stop ended: not this stop's
+        (300.3, "tcp://b", 0.0),
     ]
     r = ChaosResult("x", 1.0)
     _detections(stops, left, "root", r)
