@@ -985,14 +985,16 @@ class NodeCore:
     def _up(self, address: str, now: float) -> bool:
         return address not in self._lost and now >= self._down.get(address, float("-inf"))
 
-    def _configured_parents(self) -> tuple[str, ...]:
+    def configured_parents(self) -> tuple[str, ...]:
+        """The parents' endpoints of the configuration, in order of preference (the
+        first: the home parent; empty for a root)."""
         home = self.config.parent_address
         return () if home is None else (home, *self.config.fallback_addresses)
 
     def _return_home(self, now: float) -> None:
         """To the most preferred configured parent that is usable again (re-homed away
         from it after a timeout or a lost connection; module docstring)."""
-        for address in self._configured_parents():
+        for address in self.configured_parents():
             if address == self.parent:
                 return
             if self._up(address, now):
@@ -1058,7 +1060,7 @@ class NodeCore:
     def _rehome(self, now: float) -> None:
         """The parent is unreachable: report to the next usable configured parent (in
         order of preference), else to the next live ancestor the plans named."""
-        chain = (*self._configured_parents(), *(a for _, a in self._ancestors[1:]))
+        chain = (*self.configured_parents(), *(a for _, a in self._ancestors[1:]))
         for address in chain:
             if address and address != self.parent and self._up(address, now):
                 self._move_to(address)

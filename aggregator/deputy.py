@@ -95,6 +95,11 @@ class LoopDeputy:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
+    def start(self) -> None:
+        """Start the deputy's thread now (it sleeps until the owner's first busy call)
+        instead of at that call: a long-running owner keeps a constant thread count."""
+        self._start_or_wake()
+
     def _start_or_wake(self) -> None:
         with self._cond:
             if self._closed:

@@ -213,7 +213,9 @@ class Node:
         self._upload_threads = max(1, upload_threads)
         self._writes_running = 0
         self._writes_waiting: deque[tuple[int, tuple]] = deque()
-        self._write_threads = ReusableThreads(f"node-{config.node_id}-write")
+        # one write thread for good (a node that writes now and then keeps a constant
+        # thread count); more only while writes overlap, ended when idle
+        self._write_threads = ReusableThreads(f"node-{config.node_id}-write", resident=1)
         self._closing = False
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         # while serving, a write thread hands its outcome to the core itself and sends
@@ -281,8 +283,9 @@ class Node:
         """Run the event loop until :meth:`stop` (blocking). Raises what the core raised,
         on the loop or on a write thread (the node stops; a supervisor restarts it)."""
         self._poller.register(self._wake_r, zmq.POLLIN)
-        if self.core.parent is not None:
-            self._socket_to(self.core.parent)
+        for address in self.core.configured_parents():  # every way up, connected now
+            self._socket_to(address)
+        self._deputy.start()
         with self._lock:
             self._inline = True
         self._loop_thread = threading.get_ident()

@@ -39,7 +39,7 @@ class ObjectWriter:
         if object_format not in FORMAT_VERSIONS:
             raise ValueError(f"object format {object_format}: known {FORMAT_VERSIONS}")
         self.store = store
-        self.uploader = HedgedUploader(store, policy)
+        self.uploader = HedgedUploader(store, policy, resident=True)  # a node's, for good
         self.object_format = object_format
         self.node_id = node_id
 

@@ -243,9 +243,16 @@ class _ReusableThread:
     """One reusable daemon thread of :class:`ReusableThreads`: it runs the task it is
     handed, then waits (idle) for the next one."""
 
-    def __init__(self, owner: ReusableThreads, task: Callable[[], None], name: str) -> None:
+    def __init__(
+        self,
+        owner: ReusableThreads,
+        task: Callable[[], None] | None,
+        name: str,
+        resident: bool = False,
+    ) -> None:
         self.owner = owner
         self.task: Callable[[], None] | None = task
+        self.resident = resident  # never ends when idle
         self.go = threading.Lock()  # released when a task is handed over
         self.go.acquire()
         threading.Thread(target=self.run, name=name, daemon=True).start()
@@ -263,15 +270,20 @@ class ReusableThreads:
     """Daemon threads that run upload attempts (and a node's object writes), reused
     from one task to the next: a task goes to the most recently idle thread, or to a
     new thread when none is idle (a stalled attempt never delays another one). A
-    thread idle for ``idle_s`` seconds ends. Daemon threads, like one thread per
-    attempt: a hung store never holds up the interpreter's exit."""
+    thread idle for ``idle_s`` seconds ends, except the ``resident`` threads started
+    with the pool, which wait for tasks as long as the process lives (a long-running
+    owner, such as a node, keeps a constant thread count while its load is steady).
+    Daemon threads, like one thread per attempt: a hung store never holds up the
+    interpreter's exit."""
 
-    def __init__(self, name: str, idle_s: float = 60.0) -> None:
+    def __init__(self, name: str, idle_s: float = 60.0, resident: int = 0) -> None:
         self._name = name
         self._idle_s = idle_s
         self._lock = threading.Lock()
         self._idle: list[_ReusableThread] = []
-        self._started = 0
+        self._started = resident
+        for n in range(resident):
+            _ReusableThread(self, None, f"{name}-{n + 1}", resident=True)
 
     def submit(self, task: Callable[[], None]) -> None:
         """Run ``task`` (which must not raise) on an idle thread or a new one."""
@@ -290,6 +302,9 @@ class ReusableThreads:
         end after ``idle_s`` without one (False)."""
         with self._lock:
             self._idle.append(worker)
+        if worker.resident:
+            worker.go.acquire()
+            return True
         if worker.go.acquire(timeout=self._idle_s):
             return True
         with self._lock:
@@ -356,29 +371,41 @@ class _Watchdog:
     until (uploads with the same timeout arrive in deadline order: no wake-up per
     upload), and uploads decided meanwhile are dropped without a wake-up of their own.
     Started at the first upload it watches, it ends after ``idle_s`` seconds with
-    nothing to watch (a daemon thread: a hung store never holds up the exit)."""
+    nothing to watch (a daemon thread: a hung store never holds up the exit); a
+    ``resident`` watchdog starts at once and never ends."""
 
     def __init__(
-        self, name: str, look: Callable[[_Upload, float], float | None], idle_s: float = 60.0
+        self,
+        name: str,
+        look: Callable[[_Upload, float], float | None],
+        idle_s: float = 60.0,
+        resident: bool = False,
     ) -> None:
         self._name = name
         self._look = look
-        self._idle_s = idle_s
+        self._idle_s = None if resident else idle_s
         self._cond = threading.Condition(threading.Lock())
         self._heap: list[tuple[float, int, _Upload]] = []
         self._seq = itertools.count()
         self._running = False
         self._sleeps_until = -math.inf  # while awake: nobody to wake
         self.threads_started = 0
+        if resident:
+            with self._cond:
+                self._start()
+
+    def _start(self) -> None:
+        """Start the thread (caller holds ``_cond``)."""
+        self._running = True
+        self.threads_started += 1
+        threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
     def watch(self, up: _Upload, at: float) -> None:
         """Look at ``up`` at monotonic time ``at`` (seconds)."""
         with self._cond:
             heapq.heappush(self._heap, (at, next(self._seq), up))
             if not self._running:
-                self._running = True
-                self.threads_started += 1
-                threading.Thread(target=self._run, name=self._name, daemon=True).start()
+                self._start()
             elif at < self._sleeps_until:
                 self._cond.notify()
 
@@ -399,7 +426,7 @@ class _Watchdog:
                 self._sleeps_until = heap[0][0] if heap else math.inf
                 woken = self._cond.wait(heap[0][0] - now if heap else self._idle_s)
                 self._sleeps_until = -math.inf
-                if not woken and not heap:
+                if not woken and not heap and self._idle_s is not None:
                     self._running = False
                     return None
 
@@ -424,8 +451,9 @@ class HedgedUploader:
     every attempt runs on this uploader's attempt threads (reused; a new one starts
     only when none is idle), so it returns when a hedge wins or the deadline passes
     although an attempt hangs. Hedges and deadlines are the watchdog's (one thread
-    per uploader, started with its first hedged upload): no thread is started or
-    woken per upload while attempts finish within the timeout.
+    per uploader, started with its first hedged upload, or at once and for good when
+    ``resident``, as a node's: a long-running process keeps a constant thread count):
+    no thread is started or woken per upload while attempts finish within the timeout.
 
     When to hedge is decided by :class:`dstltree.topology.latency.HedgeState` (the
     rule the simulated store applies): a timeout grown by the object's size, no hedge
@@ -437,7 +465,9 @@ class HedgedUploader:
     history (adaptive timeout), throttling history and hedge limit belong to that
     owner alone."""
 
-    def __init__(self, store: ObjectStore, policy: UploadPolicy | None = None) -> None:
+    def __init__(
+        self, store: ObjectStore, policy: UploadPolicy | None = None, resident: bool = False
+    ) -> None:
         self.store = store
         self.policy = policy or UploadPolicy()
         self.stats = HedgingStats()
@@ -446,7 +476,7 @@ class HedgedUploader:
         self._hedges_in_flight = 0
         self._attempts_in_flight = 0
         self._threads = ReusableThreads("dstl-attempt")
-        self._watchdog = _Watchdog("dstl-hedge-watchdog", self._look)
+        self._watchdog = _Watchdog("dstl-hedge-watchdog", self._look, resident=resident)
 
     # -- timeout ---------------------------------------------------------------------------
     def current_timeout(self, size_bytes: int = 0) -> float:
