@@ -213,9 +213,8 @@ class Node:
         self._upload_threads = max(1, upload_threads)
         self._writes_running = 0
         self._writes_waiting: deque[tuple[int, tuple]] = deque()
-        # one write thread for good (a node that writes now and then keeps a constant
-        # thread count); more only while writes overlap, ended when idle
-        self._write_threads = ReusableThreads(f"node-{config.node_id}-write", resident=1)
+        name = f"node-{config.node_id}-write"  # one for good, more while writes overlap
+        self._write_threads = ReusableThreads(name, resident=1)
         self._closing = False
         self._results: queue.SimpleQueue[Event] = queue.SimpleQueue()
         # while serving, a write thread hands its outcome to the core itself and sends
@@ -224,8 +223,7 @@ class Node:
         self._deferred: deque[Instruction] = deque()
         self._sleep_until = 0.0  # the latest end of the loop's current poll
         self._closed = False  # the wake pipe is closed: write threads must not use it
-        # what the core raised on a write thread: the loop raises it (fail fast, as a
-        # failure of the core on the loop itself stops the node)
+        # what the core raised on a write thread: the loop raises it (fail fast)
         self._failure: Exception | None = None
         self._wake_r, self._wake_w = os.pipe()
         self._stop = threading.Event()

@@ -1,6 +1,7 @@
 """A rolling upgrade of the tree under a running job, and a roll back (docs/design.md,
 "Formats and compatibility"): the sessions job (tests/support/sessions_job.py) runs on
-a real local Spark session through deploy/local.yaml's 7 node processes while every
+a real local Spark session through a DAG of 4 node processes (TOPOLOGY: the root, two
+nodes below it, one below those with each as a parent; one task per node) while every
 node, one at a time, is stopped (SIGTERM) and started again onto the settings of a
 version that writes the newer object format (2), then, one at a time again, onto
 those of the previous release (object format 1, wire version 1 only: no hello, no
@@ -31,7 +32,13 @@ from tests.support.sessions_job import Sessions, write_files
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-TOPOLOGY = Path(__file__).resolve().parents[2] / "deploy" / "local.yaml"
+NODES = [
+    {"id": "root", "bind": "auto"},
+    {"id": "a", "bind": "auto", "parent": "root"},
+    {"id": "b", "bind": "auto", "parents": ["root", "a"]},
+    {"id": "c", "bind": "auto", "parents": ["a", "b"]},
+]
+TOPOLOGY = {"persist_delay": 0.05, "parent_timeout": 2.0, "nodes": NODES}
 #: checkpoints completed after a node's restart before the next node is restarted
 SETTLE_CHECKPOINTS = 3
 STEP_TIMEOUT_S = 60.0
@@ -123,6 +130,8 @@ def spark() -> Iterator[Any]:
 
 
 def _job(spark: Any, tmp: Path, progress: Any) -> StreamingJob:
+    topology = tmp / "topology.yaml"
+    topology.write_text(yaml.safe_dump(TOPOLOGY))
     job = StreamingJob(
         spark,
         name="sessions",
@@ -131,7 +140,7 @@ def _job(spark: Any, tmp: Path, progress: Any) -> StreamingJob:
         max_parallelism=MAX_P,
         checkpoint_interval=0.3,
         materialization_interval=2.0,
-        topology=str(TOPOLOGY),
+        topology=str(topology),
         progress=progress,
         source_rate=40.0,  # records per second and task: the input outlasts the roll
     )
@@ -168,7 +177,7 @@ def _object_formats(tmp: Path) -> Counter[int]:
 def test_nodes_rolled_onto_the_next_version_and_back_under_a_running_job(
     spark: Any, tmp_path: Path
 ) -> None:
-    write_files(tmp_path / "in", files=8, per_file=1200, seed=37)
+    write_files(tmp_path / "in", files=8, per_file=800, seed=37)
     roll = RollingUpgrade(
         ["newer-format", "previous"],
         on_done=lambda: (tmp_path / "in" / "_SUCCESS").touch(),
@@ -176,7 +185,7 @@ def test_nodes_rolled_onto_the_next_version_and_back_under_a_running_job(
     )
     result = _job(spark, tmp_path, roll.hook).run(until="end")
     assert roll.done.is_set() and roll.error is None, f"the roll stopped: {roll.error!r}"
-    nodes = 7
+    nodes = len(NODES)
     assert [t for _, t, _ in roll.restarts] == ["newer-format"] * nodes + ["previous"] * nodes
     assert result.finished and result.recoveries == 0
     assert result.run.stats.checkpoints_aborted == 0, "a checkpoint failed during the roll"
