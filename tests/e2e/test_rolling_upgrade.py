@@ -177,7 +177,7 @@ def _object_formats(tmp: Path) -> Counter[int]:
 def test_nodes_rolled_onto_the_next_version_and_back_under_a_running_job(
     spark: Any, tmp_path: Path
 ) -> None:
-    write_files(tmp_path / "in", files=8, per_file=800, seed=37)
+    write_files(tmp_path / "in", files=8, per_file=1200, seed=37)
     roll = RollingUpgrade(
         ["newer-format", "previous"],
         on_done=lambda: (tmp_path / "in" / "_SUCCESS").touch(),
