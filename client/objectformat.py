@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import struct
 import time
-import zlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -74,10 +73,9 @@ class Footer(NamedTuple):
 
 def index_checksum(data: Buffer, version: int) -> int:
     """The checksum a footer of format ``version`` stores for the index bytes ``data``:
-    zlib's CRC32 for version 1, CRC32C for version 2 (an unsigned 32-bit int)."""
-    if version == 1:
-        return zlib.crc32(data)
-    return segment_checksum(data if isinstance(data, bytes | bytearray) else bytes(data), 2)
+    zlib's CRC32 for version 1, CRC32C for version 2 (an unsigned 32-bit int): the
+    checksums of the segment versions of the same numbers."""
+    return segment_checksum(memoryview(data), version)
 
 
 def build_object(
