@@ -17,9 +17,9 @@ A run refuses to start over files already under its prefix (RunExistsError) unle
 
 Steps of :func:`run_demo`: check or clear the run's prefix (``fresh``), start the producer, run
 the job until the source is finished (:func:`run_job`; with ``rescale_to``, first a
-run stopped after ``rescale_after_s`` seconds, then a run with ``rescale_to`` tasks
-resuming from its final checkpoint), then the checks (dstltree.demo.checks) and the
-report.
+run stopped ``rescale_after_s`` seconds after its first checkpoint, then a run with
+``rescale_to`` tasks resuming from its final checkpoint), then the checks
+(dstltree.demo.checks) and the report.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ class DemoOptions:
     whole input lands over about this long unless ``records_per_second`` > 0 sets the
     rate (both 0: as fast as possible); ``source_rate``: records per second each task
     reads at most (0: unlimited); ``limit_records``: the first N flights only;
-    ``rescale_to`` > 0: stop after ``rescale_after_s`` and resume with that many tasks;
+    ``rescale_to`` > 0: stop ``rescale_after_s`` after the first run's first completed
+    checkpoint (:class:`RescaleStop`) and resume with that many tasks;
     ``dfs_faults``: a fault spec for the checkpoint directory only
     (dstltree.storage.targets.with_faults); ``chaos``: kill that many random tasks and
     nodes hard during the main job (dstltree.demo.chaos; ``chaos_seed`` draws them);
@@ -184,6 +185,35 @@ def check_new_run(opts: DemoOptions) -> None:
         )
 
 
+class RescaleStop:
+    """When the first run of a rescale stops: ``seconds`` after its first completed
+    checkpoint, so Spark's start-up (well over 10 s on a busy machine) never eats the
+    run, or at once when ``failed`` (the producer's) is set. Duck-types the stop Event
+    of :func:`run_job` (``is_set``); :meth:`hook` is a driver progress hook."""
+
+    def __init__(
+        self, seconds: float, failed: threading.Event, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.seconds, self.failed, self.clock = seconds, failed, clock
+        self.first_checkpoint_at: float | None = None
+
+    def hook(self, driver: Any) -> None:
+        """Note when the first checkpoint completed (skips a driver without statistics)."""
+        if self.first_checkpoint_at is not None:
+            return
+        try:
+            completed = driver.coord.statistics().checkpoints_completed
+        except AttributeError:
+            return
+        if completed >= 1:
+            self.first_checkpoint_at = self.clock()
+
+    def is_set(self) -> bool:
+        first = self.first_checkpoint_at
+        due = first is not None and self.clock() - first >= self.seconds
+        return due or self.failed.is_set()
+
+
 def run_job(
     spark: Any,
     opts: DemoOptions,
@@ -194,7 +224,7 @@ def run_job(
     parallelism: int | None = None,
     drill: bool = False,
     progress: Callable[[Any], None] | None = None,
-    stop: threading.Event | None = None,
+    stop: threading.Event | RescaleStop | None = None,
     monkey: ChaosMonkey | None = None,
     node_kill: NodeKill | None = None,
 ) -> Any:
@@ -202,9 +232,10 @@ def run_job(
     (``"end"``, seconds or None, as ``StreamingJob.run``); blocking. ``parallelism``
     overrides ``opts.tasks``; ``drill``: arm the crash drill (``kill_task_after``);
     ``progress``: the driver's progress hook; ``stop``: an Event that stops the job
-    gracefully when set (a failed producer); ``monkey``: chaos in this run (its task
-    kills armed after the drill, its hook after ``progress``); ``node_kill``: its hook
-    joins the progress hooks when ``drill`` is set. Returns the
+    gracefully when set (a failed producer, or a :class:`RescaleStop`); ``monkey``:
+    chaos in this run (its task kills armed after the drill, its hook after
+    ``progress``); ``node_kill``: its hook joins the progress hooks when ``drill`` is
+    set. Returns the
     ``JobResult``; raises what ``StreamingJob.run`` raises."""
     from dstltree.sparkplug import CrashDrill
 
@@ -261,7 +292,9 @@ def run_job(
 
 
 @contextlib.contextmanager
-def _stop_when_set(event: threading.Event | None, stop: Callable[[], None]) -> Iterator[None]:
+def _stop_when_set(
+    event: threading.Event | RescaleStop | None, stop: Callable[[], None]
+) -> Iterator[None]:
     """While the block runs, a daemon thread calls ``stop()`` once ``event`` is set."""
     if event is None:
         yield
@@ -336,10 +369,9 @@ def run_jobs(
         common["monkey"] = monkey
     results = []
     if opts.rescale_to > 0:
-        first = {**common, "monkey": None}
-        results.append(
-            run_job(spark, opts, landing, sink, opts.rescale_after_s, drill=True, **first)
-        )
+        rescale = RescaleStop(opts.rescale_after_s, producer.failed)
+        first = {**common, "monkey": None, "stop": rescale, "progress": compose(hook, rescale.hook)}
+        results.append(run_job(spark, opts, landing, sink, None, drill=True, **first))
         producer.raise_if_failed()
         results.append(
             run_job(spark, opts, landing, sink, "end", parallelism=opts.rescale_to, **common)

@@ -110,10 +110,13 @@ def demo(
         0.0, min=0, help="Records/s each task reads at most (0: as fast as files land)."
     ),
     rescale_to: int = typer.Option(
-        0, min=0, max=128, help="Stop after --rescale-after s, resume with P2 tasks (0: never)."
+        0,
+        min=0,
+        max=128,
+        help="Stop the first run, resume with P2 tasks (0: never).",
     ),
     rescale_after: float = typer.Option(
-        20.0, min=0.1, help="Seconds of the first run when rescaling."
+        20.0, min=0.1, help="Seconds of the first run after its first checkpoint when rescaling."
     ),
     dfs_faults: str = typer.Option(
         "",

@@ -88,12 +88,11 @@ def test_demo_local_cluster_one_node_per_executor(tmp_path: Path) -> None:
 
 
 def test_demo_rescaled_from_4_to_2_tasks(tmp_path: Path) -> None:
-    # the first run stops 30 s after it started (Spark start-up included, which takes
-    # well over 10 s when another Spark test starts beside it): its crash drill (after 4
-    # checkpoints) has long fired by then; read at 400 records/s per task it may still be
-    # reading, or have read everything and wait for the stop: either way its state moves
-    # from 4 tasks to 2
-    args = ("--rescale-to", "2", "--rescale-after", "30", "--source-rate", "400")
+    # the first run stops 12 s after its first checkpoint (Spark's start-up, however
+    # long on a busy machine, not counted): its crash drill (after 4 checkpoints, about
+    # 1.2 s) has fired by then; read at 400 records/s per task for about 19 s it is still
+    # reading, so its state moves from 4 tasks to 2 in the middle of the input
+    args = ("--rescale-to", "2", "--rescale-after", "12", "--source-rate", "400")
     r = _demo(tmp_path, "--tasks", "4", *args)
     assert r["rescaled_from"] == 4 and r["tasks"] == 2
     _check(r, nodes=7)

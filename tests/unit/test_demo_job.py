@@ -18,6 +18,7 @@ from dstltree.demo import job as job_module
 from dstltree.demo.checks import BatchStats, SinkSummary, compare, mismatched, sort_keys
 from dstltree.demo.job import (
     DemoOptions,
+    RescaleStop,
     RunExistsError,
     _stop_when_set,
     check_new_run,
@@ -228,9 +229,47 @@ def test_runs_with_and_without_rescale(tmp_path: Path, monkeypatch: pytest.Monke
     calls.clear()
     opts = DemoOptions(base_path=str(tmp_path), rescale_to=2, rescale_after_s=5.0)
     assert len(run_jobs(None, opts, producer, lambda *a: None)) == 2
-    assert [c["until"] for c in calls] == [5.0, "end"]
+    assert [c["until"] for c in calls] == [None, "end"]  # the first: RescaleStop
+    assert isinstance(calls[0]["stop"], RescaleStop) and calls[1]["stop"] is producer.failed
     assert calls[0]["drill"] is True and "drill" not in calls[1]
     assert calls[1]["parallelism"] == 2 and callable(calls[1]["progress"])
+
+
+class _Stats:
+    def __init__(self, completed: int) -> None:
+        self.checkpoints_completed = completed
+
+
+class _Driver:
+    def __init__(self) -> None:
+        self.completed = 0
+        self.coord = self
+
+    def statistics(self) -> _Stats:
+        return _Stats(self.completed)
+
+
+def test_the_rescale_stop_counts_from_the_first_checkpoint() -> None:
+    now = [100.0]
+    failed = threading.Event()
+    stop, driver = RescaleStop(5.0, failed, clock=lambda: now[0]), _Driver()
+    stop.hook(object())  # no statistics yet: skipped
+    stop.hook(driver)
+    now[0] = 160.0  # a minute of Spark start-up: not counted
+    stop.hook(driver)
+    assert not stop.is_set() and stop.first_checkpoint_at is None
+    driver.completed = 1
+    stop.hook(driver)
+    assert stop.first_checkpoint_at == 160.0
+    now[0] = 164.9
+    driver.completed = 9
+    stop.hook(driver)
+    assert not stop.is_set() and stop.first_checkpoint_at == 160.0
+    now[0] = 165.0
+    assert stop.is_set()
+    early = RescaleStop(5.0, failed)
+    failed.set()  # the producer failed: stop at once
+    assert early.is_set()
 
 
 def test_a_failed_producer_is_raised_after_the_run(
