@@ -31,7 +31,7 @@ from dstltree.sparkplug import FileSink, FileSource, StreamingJob
 from dstltree.sparkplug.spark_session import spark_session
 from dstltree.topology.config import load_topology
 from tests.e2e.test_streaming_jobs import MAX_P, _check
-from tests.support.sessions_job import Sessions, read_events, write_files
+from tests.support.sessions_job import Feeder, Sessions, read_events
 from tests.support.tree_fixtures import write_topology
 from tests.support.waiting import wait_until
 
@@ -135,7 +135,10 @@ def _roll(tree: LocalTree, progress: Progress, run: Run, stopped: list[dict[str,
 
 @pytest.mark.timeout(600)
 def test_a_keyed_job_keeps_checkpointing_through_a_key_rotation(spark: Any, tmp_path: Path) -> None:
-    write_files(tmp_path / "in", files=6, per_file=700, seed=41)  # _SUCCESS comes last
+    # 80 events/s, half of what the two tasks read at most: input arrives in every
+    # phase however long the restarts take; the marker ends it once the rotation did
+    feeder = Feeder(tmp_path / "in", per_file=40, every=0.5, seed=41)
+    feeder.start()
     keys = tmp_path / "keys"
     generate_key_dir(keys)
     first_keys = load_key_dir(keys)
@@ -175,10 +178,11 @@ def test_a_keyed_job_keeps_checkpointing_through_a_key_rotation(spark: Any, tmp_
         _roll(tree, p2, second, stopped)  # the nodes serve the new node key
         finish_rotation(keys)
         _roll(tree, p2, second, stopped)  # the nodes accept the new generation only
-        (tmp_path / "in" / "_SUCCESS").touch()
+        feeder.finish()
         second.join(timeout=240)
         assert not second.is_alive() and second.error is None, second.error
     finally:
+        feeder.finish()
         for r in runs:
             r.job.stop()
             r.join(timeout=120)

@@ -28,7 +28,7 @@ from dstltree.sparkplug.spark_session import spark_session
 from dstltree.storage.errors import StorageError
 from dstltree.storage.store import ObjectStore
 from tests.e2e.test_streaming_jobs import MAX_P, _check
-from tests.support.sessions_job import Sessions, write_files
+from tests.support.sessions_job import Feeder, Sessions
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -142,7 +142,7 @@ def _job(spark: Any, tmp: Path, progress: Any) -> StreamingJob:
         materialization_interval=2.0,
         topology=str(topology),
         progress=progress,
-        source_rate=40.0,  # records per second and task: the input outlasts the roll
+        source_rate=40.0,  # records per second and task
     )
     (
         job.source(FileSource(str(tmp / "in"), format="json"))
@@ -177,13 +177,19 @@ def _object_formats(tmp: Path) -> Counter[int]:
 def test_nodes_rolled_onto_the_next_version_and_back_under_a_running_job(
     spark: Any, tmp_path: Path
 ) -> None:
-    write_files(tmp_path / "in", files=8, per_file=1200, seed=37)
+    # 100 events/s, below the 160/s the four tasks read at most: input arrives during
+    # every restart however long the roll takes; the marker ends it once the roll did
+    feeder = Feeder(tmp_path / "in", per_file=50, every=0.5, seed=37)
     roll = RollingUpgrade(
         ["newer-format", "previous"],
-        on_done=lambda: (tmp_path / "in" / "_SUCCESS").touch(),
+        on_done=feeder.finish,
         probe=lambda: _object_formats(tmp_path),
     )
-    result = _job(spark, tmp_path, roll.hook).run(until="end")
+    feeder.start()
+    try:
+        result = _job(spark, tmp_path, roll.hook).run(until="end")
+    finally:
+        feeder.finish()
     assert roll.done.is_set() and roll.error is None, f"the roll stopped: {roll.error!r}"
     nodes = len(NODES)
     assert [t for _, t, _ in roll.restarts] == ["newer-format"] * nodes + ["previous"] * nodes

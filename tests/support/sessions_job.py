@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,35 @@ def write_files(
             lines = ["user,page"] + [f"{r['user'] or 'anon'},{r['page']}" for r in rows]
             tmp.write_text("\n".join(lines) + "\n")
         tmp.rename(final)
+
+
+class Feeder(threading.Thread):
+    """The input of a test that must not run dry however slowly a busy machine runs its
+    steps: one file of ``per_file`` events (seed ``seed + n`` for file ``n``) at once,
+    then one every ``every`` seconds, until :meth:`finish` writes the ``_SUCCESS``
+    marker after the last one (the source's listing that sees it is complete)."""
+
+    def __init__(self, root: Path, per_file: int, every: float, seed: int) -> None:
+        super().__init__(name="input-feeder", daemon=True)
+        self.root, self.per_file, self.every, self.seed = root, per_file, every, seed
+        self.files = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            n = self.files
+            write_files(self.root, 1, self.per_file, seed=self.seed + n, start=n)
+            self.files = n + 1
+            if self._done.wait(self.every):
+                return
+
+    def finish(self, timeout: float = 30.0) -> None:
+        """Stop writing and end the input; RuntimeError if the feeder does not stop."""
+        self._done.set()
+        self.join(timeout)
+        if self.is_alive():
+            raise RuntimeError(f"the input feeder did not stop within {timeout} s")
+        (self.root / "_SUCCESS").touch()
 
 
 def read_events(root: Path) -> list[dict[str, Any]]:
