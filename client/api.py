@@ -16,9 +16,11 @@ from dstltree.client.direct import DirectUploader
 from dstltree.client.errors import DstlError
 from dstltree.client.handle import ChangelogHandle
 from dstltree.client.inflight import DEFAULT_MAX_IN_FLIGHT, InFlightLimit
+from dstltree.client.liveness import DEFAULT_LIVENESS_TIMEOUT, DEFAULT_PING_INTERVAL
 from dstltree.client.reader import iter_changes, read_changes
 from dstltree.client.segment import CODECS
 from dstltree.client.uploader import SegmentUploader
+from dstltree.client.wire import WIRE_VERSIONS
 from dstltree.client.writer import DEFAULT_SQUASH_ENTRIES, ChangelogWriter
 from dstltree.storage.hedging import UploadPolicy
 from dstltree.storage.store import RESERVED_OBJECTS, ObjectStore
@@ -68,6 +70,9 @@ class ChangelogClient:
         compression: str | None = None,
         max_message_bytes: int = 16 * 1024 * 1024,
         hold_down: float = 5.0,
+        wire_versions: Sequence[int] | None = None,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT,
     ) -> ChangelogClient:
         """Open a client on ``base_path`` (fsspec URL).
 
@@ -88,7 +93,12 @@ class ChangelogClient:
         bytes (recorded in the segment header: readers need no option); None (default)
         = off. ``max_message_bytes``: segment bytes per message to the node (more
         queued at once go in several messages; keep it at or below the node's own
-        limit, 64 MiB by default). Raises ValueError for an unknown codec.
+        limit, 64 MiB by default). ``wire_versions``: the node protocol versions
+        spoken (None: all, ``client.wire.WIRE_VERSIONS``); a node is pinged every
+        ``ping_interval`` seconds and left for the next after ``liveness_timeout``
+        seconds of silence (the topology's settings: ``TopologyConfig.link_settings``).
+        Raises ValueError for an unknown codec, unknown versions or a liveness timeout
+        shorter than the ping interval.
         """
         if compression is not None and compression not in CODECS:
             raise ValueError(f"unknown segment compression {compression!r} (known: {CODECS})")
@@ -114,6 +124,9 @@ class ChangelogClient:
                 security=security,
                 max_message_bytes=max_message_bytes,
                 hold_down=hold_down,
+                wire_versions=WIRE_VERSIONS if wire_versions is None else wire_versions,
+                ping_interval=ping_interval,
+                liveness_timeout=liveness_timeout,
             )
         return cls(store, uploader, preemptive_bytes, max_in_flight_bytes, compression)
 

@@ -402,6 +402,7 @@ class _Attempts:
             checkpointing=o.checkpointing,
             aligned_checkpoint_timeout=o.aligned_checkpoint_timeout,
             max_inflight_bytes=o.max_inflight_bytes,
+            link={} if self.topo is None else self.topo.link_settings(),
         )
 
     def _ack_timeout(self) -> float:

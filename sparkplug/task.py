@@ -78,6 +78,9 @@ class TaskConfig:
     checkpointing: str = "aligned"
     aligned_checkpoint_timeout: float = 0.0
     max_inflight_bytes: int = 1024 * 1024  # read ahead for one unaligned checkpoint
+    # how the task's writer talks to its nodes (ChangelogClient.open's keywords of the
+    # same names; the job passes its topology's, TopologyConfig.link_settings)
+    link: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,6 +134,7 @@ def run_task(
         ack_timeout=cfg.ack_timeout,
         security=sec.nodes,
         compression=cfg.compression,
+        **cfg.link,
     )
     kgs = key_group_range(task, cfg.parallelism, cfg.max_parallelism)
     backend = KeyedStateBackend(kgs, None, cfg.max_parallelism)

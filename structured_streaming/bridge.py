@@ -132,20 +132,23 @@ class Bridge:
         ack_timeout: float = 10.0,
         max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
         bridge_id: str | None = None,
+        link: dict[str, Any] | None = None,
         **kw: Any,
     ) -> Bridge:
         """A bridge with its own client on ``base_path`` (fsspec URL): through the
         aggregator ``node`` (endpoints in order of preference; a segment not acked
         within ``ack_timeout`` s is written straight to the DFS), or, with
         ``node=None``, straight to the DFS. ``bridge_id``: its name among the bridges
-        of other hosts (None: :func:`default_bridge_id`). Further keywords go to
-        :class:`Bridge`."""
+        of other hosts (None: :func:`default_bridge_id`). ``link``: how the client
+        talks to its nodes (``TopologyConfig.link_settings``; None: the defaults).
+        Further keywords go to :class:`Bridge`."""
         client = ChangelogClient.open(
             base_path,
             node=list(node) if isinstance(node, list | tuple) else node,
             storage_options=storage_options,
             security=security,
             ack_timeout=ack_timeout,
+            **(link or {}),
         )
         files = TreeFiles(
             client,
@@ -390,6 +393,7 @@ def bridge_from_topology(
         storage_options=topo.storage_options,
         security=None if keys is None else Curve.for_writer(keys),
         ack_timeout=ack_timeout,
+        link=topo.link_settings(),
     )
 
 

@@ -22,8 +22,9 @@ DFS location::
     security: {curve: true, keys: /etc/dstl/keys}   # CURVE (default on), key directory
     wire_versions: [1, 2]           # wire protocol versions nodes speak (default: all
                                     # this release speaks; [1]: as the release before)
-    ping_interval: 0.1              # seconds between a node's pings to its parents
-    liveness_timeout: 0.5           # seconds without a message before a parent is lost
+    ping_interval: 0.1              # seconds between pings to a parent or node (nodes,
+                                    # tasks and bridges alike)
+    liveness_timeout: 0.5           # seconds without a message before one is lost
     nodes:
       - {id: root, bind: auto}
       - {id: a, bind: auto, parent: root}
@@ -355,6 +356,17 @@ class TopologyConfig(BaseModel):
             if n.host is not None and n.host.strip("[]").lower() == want:
                 return n.id
         return None
+
+    def link_settings(self) -> dict[str, Any]:
+        """How a client (a task's writer, a bridge) talks to its nodes, as the nodes do
+        to their parents: ``{"wire_versions", "ping_interval", "liveness_timeout"}``
+        (keywords of ``ChangelogClient.open``; versions None: every version the client
+        speaks)."""
+        return {
+            "wire_versions": self.wire_versions,
+            "ping_interval": self.ping_interval,
+            "liveness_timeout": self.liveness_timeout,
+        }
 
     def ack_timeout(self, depth: int) -> float:
         """Seconds a sender ``depth`` hops below the root waits for an ack before it
