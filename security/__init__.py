@@ -43,6 +43,7 @@ from dstltree.security.keys import (
 from dstltree.security.rotation import (
     KeyDirStatus,
     RotationError,
+    abort_rotation,
     finish_rotation,
     key_dir_status,
     promote_rotation,
@@ -66,6 +67,7 @@ __all__ = [
     "Rotation",
     "RotationError",
     "SecuritySettings",
+    "abort_rotation",
     "auth_accepts",
     "auth_refusals",
     "cluster_keys_for_nodes",

@@ -12,6 +12,10 @@ at a time (docs/deploy.md, "Rotating keys"):
   current one. Nodes started now serve with it, clients started now connect with it;
   the previous generation is still accepted and known.
 - :func:`finish_rotation` ("promoted" -> "stable"): the previous generation is removed.
+- :func:`abort_rotation` undoes the last step: before promote ("started" -> "stable")
+  the next generation is removed; after it ("promoted" -> "promoted") the previous
+  generation becomes the current one again, the aborted one previous, and restarting
+  jobs and nodes, then ``finish``, removes it.
 
 On disk (see :mod:`dstltree.security.keys`), all plain files in the one directory:
 the four files of ``dstl keys generate`` per generation, prefixed ``gen-<name>.`` (the
@@ -58,6 +62,7 @@ from dstltree.security.keys import (
 __all__ = [
     "KeyDirStatus",
     "RotationError",
+    "abort_rotation",
     "finish_rotation",
     "key_dir_status",
     "promote_rotation",
@@ -230,6 +235,31 @@ def finish_rotation(directory: str | Path) -> KeyDirStatus:
         _sync_top_level(d, manifest["current"])  # completes an interrupted promote
         _write_atomic(d / ROTATION_FILE, manifest_text(STABLE), 0o644)
         _remove_generations(d)
+    return key_dir_status(d)
+
+
+def abort_rotation(directory: str | Path) -> KeyDirStatus:
+    """Undo the rotation under way. "started" -> "stable": the next generation's
+    files go (no client connects with them yet; a node restarted since accepts them
+    until its next restart). "promoted" -> "promoted" with the generations swapped:
+    the previous generation is current again (the top-level files its copies), the
+    aborted one previous, still accepted and known until ``finish``. Raises
+    RotationError in state "stable", KeyDirError, OSError."""
+    d = Path(directory)
+    with _locked(d):
+        manifest = read_manifest(d)
+        state = manifest["state"]
+        if state == STABLE:
+            raise RotationError(f"{d}: no rotation to abort (state: stable)")
+        if state == STARTED:
+            _sync_top_level(d, manifest["current"])
+            _write_atomic(d / ROTATION_FILE, manifest_text(STABLE), 0o644)
+            _remove_generations(d)
+            return key_dir_status(d)
+        previous, aborted = manifest["previous"], manifest["current"]
+        _check_complete(d, previous)
+        _write_atomic(d / ROTATION_FILE, manifest_text(PROMOTED, previous, aborted), 0o644)
+        _sync_top_level(d, previous)
     return key_dir_status(d)
 
 

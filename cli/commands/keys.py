@@ -1,5 +1,5 @@
 """``dstl keys generate DIR``: the cluster's CURVE keys (dstltree.security); ``dstl keys
-rotate start|promote|finish DIR`` and ``dstl keys status DIR``: rotating them without
+rotate start|promote|finish|abort DIR`` and ``dstl keys status DIR``: rotating them without
 downtime (dstltree.security.rotation)."""
 
 from __future__ import annotations
@@ -57,12 +57,18 @@ def _run_step(step: str, directory: Path) -> None:
     error (naming the state and the step due) when it fails."""
     from dstltree.security import (
         KeyDirError,
+        abort_rotation,
         finish_rotation,
         promote_rotation,
         start_rotation,
     )
 
-    steps = {"start": start_rotation, "promote": promote_rotation, "finish": finish_rotation}
+    steps = {
+        "start": start_rotation,
+        "promote": promote_rotation,
+        "finish": finish_rotation,
+        "abort": abort_rotation,
+    }
     try:
         status = steps[step](directory)
     except (KeyDirError, OSError) as e:
@@ -95,6 +101,15 @@ def rotate_finish(directory: Annotated[Path, typer.Argument(help=_DIR_HELP)]) ->
     current keys. Every node and job must have been restarted since promote. Exit 1
     without a promoted rotation."""
     _run_step("finish", directory)
+
+
+@rotate_app.command("abort", short_help="Undo the rotation's last step.")
+def rotate_abort(directory: Annotated[Path, typer.Argument(help=_DIR_HELP)]) -> None:
+    """Undo the rotation under way. Before promote: the next generation is removed.
+    After promote: the previous generation is current again and the aborted one
+    previous; restart every job, then every node (one at a time), then run finish to
+    remove it. Exit 1 without a rotation under way."""
+    _run_step("abort", directory)
 
 
 @keys_app.command("status", short_help="Rotation state, fingerprints, next step.")

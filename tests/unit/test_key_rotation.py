@@ -22,6 +22,7 @@ from dstltree.security import (
     JobSecurity,
     KeyDirError,
     RotationError,
+    abort_rotation,
     fingerprint,
     finish_rotation,
     generate_key_dir,
@@ -132,6 +133,7 @@ def test_start_promote_finish(key_dir: Path) -> None:
         ((start_rotation,), finish_rotation, r"not promoted yet \(state: started\)"),
         ((start_rotation, promote_rotation), start_rotation, r"state: promoted"),
         ((start_rotation, promote_rotation), promote_rotation, r"already promoted"),
+        ((), abort_rotation, r"no rotation to abort \(state: stable\)"),
     ],
 )
 def test_a_step_out_of_order_is_refused_naming_the_state(
@@ -145,6 +147,39 @@ def test_a_step_out_of_order_is_refused_naming_the_state(
     assert _files(key_dir) == before  # nothing changed
 
 
+def test_abort_before_promote_leaves_the_directory_as_it_was(key_dir: Path) -> None:
+    before = _files(key_dir)
+    start_rotation(key_dir)
+    status = abort_rotation(key_dir)
+    assert status.state == "stable" and status.top_level_current
+    after = _files(key_dir)
+    assert json.loads(after.pop("rotation.json")) == {"format": 1, "state": "stable"}
+    assert after == before  # the current generation's files, nothing of the next one
+    start_rotation(key_dir)  # a new rotation may begin
+
+
+def test_abort_after_promote_makes_the_previous_generation_current_again(
+    key_dir: Path,
+) -> None:
+    old = load_key_dir(key_dir)
+    start_rotation(key_dir)
+    promote_rotation(key_dir)
+    new = load_key_dir(key_dir)
+    status = abort_rotation(key_dir)
+    keys = load_key_dir(key_dir)
+    assert status.state == "promoted" and status.top_level_current
+    assert keys.node == old.node and keys.writer == old.writer  # current again
+    assert load_generation(key_dir).node == old.node  # the top-level files follow
+    # the aborted generation is still accepted and known until finish
+    assert Curve.for_writer(keys).server_keys == (old.node.public, new.node.public)
+    assert new.writer.public in Curve.for_node(keys).clients
+    assert [g[0] for g in status.generations] == ["current", "previous"]
+    finish_rotation(key_dir)
+    keys = load_key_dir(key_dir)
+    assert keys.rotation is None and keys.node == old.node
+    assert Curve.for_node(keys).clients == frozenset({old.node.public, old.writer.public})
+
+
 def test_the_cli_steps_and_status(key_dir: Path) -> None:
     runner = CliRunner()
     refused = runner.invoke(app, ["keys", "rotate", "promote", str(key_dir)])
@@ -156,6 +191,11 @@ def test_the_cli_steps_and_status(key_dir: Path) -> None:
         assert status.exit_code == 0 and f": {state}" in status.output
         keys = load_key_dir(key_dir)
         assert f"serves with node key {fingerprint(keys.node.public)}" in status.output
+    assert runner.invoke(app, ["keys", "rotate", "start", str(key_dir)]).exit_code == 0
+    aborted = runner.invoke(app, ["keys", "rotate", "abort", str(key_dir)])
+    assert aborted.exit_code == 0 and ": stable" in aborted.output
+    again = runner.invoke(app, ["keys", "rotate", "abort", str(key_dir)])
+    assert again.exit_code == 1 and "no rotation to abort" in again.output
     missing = runner.invoke(app, ["keys", "status", str(key_dir / "nope")])
     assert missing.exit_code == 1 and "no such key directory" in missing.output
 
