@@ -20,7 +20,7 @@ from tests.support.s3_server import S3Target
 from tests.support.waiting import wait_until
 
 
-def _ack_next(link: TaskLink, paths: list[str], timeout: float = 5.0) -> TriggerCheckpoint:
+def _ack_next(link: TaskLink, paths: list[str], timeout: float = 30.0) -> TriggerCheckpoint:
     """Acknowledge the next TriggerCheckpoint on ``link`` with state naming ``paths``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

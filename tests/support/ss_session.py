@@ -65,18 +65,11 @@ STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip", ".sst")
 
 def start_tree(folder: Path) -> LocalServices:
     """A 2-node tree (root and one child, persist delay 0.02 s) and a bridge on this
-    machine, its objects under ``folder/dstl``; stop it with ``stop()``. A parent is
-    waited for 10 s (not 2) and a silent node or parent left after 5 s (not 0.5): a
-    stall of a busy test machine must not make the bridge or the child send a batch
-    again that its node is still writing. The second copy would be an orphan, which
-    the tests count, and no sweep deletes orphans of Structured Streaming queries."""
+    machine, its objects under ``folder/dstl``; stop it with ``stop()``."""
     topology = folder / "topology.yaml"
     topology.write_text(
         "base_path: dstl\n"
         "persist_delay: 0.02\n"
-        "parent_timeout: 10.0\n"
-        "ping_interval: 0.5\n"
-        "liveness_timeout: 5.0\n"
         "nodes:\n"
         "  - {id: root, bind: auto}\n"
         "  - {id: a, bind: auto, parent: root}\n"
