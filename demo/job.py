@@ -235,8 +235,7 @@ def run_job(
     gracefully when set (a failed producer, or a :class:`RescaleStop`); ``monkey``:
     chaos in this run (its task kills armed after the drill, its hook after
     ``progress``); ``node_kill``: its hook joins the progress hooks when ``drill`` is
-    set. Returns the
-    ``JobResult``; raises what ``StreamingJob.run`` raises."""
+    set. Returns the ``JobResult``; raises what ``StreamingJob.run`` raises."""
     from dstltree.sparkplug import CrashDrill
 
     tasks = parallelism or opts.tasks

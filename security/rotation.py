@@ -207,10 +207,7 @@ def promote_rotation(directory: str | Path) -> KeyDirStatus:
                 )
             _sync_top_level(d, manifest["current"])
             return key_dir_status(d)
-        current, following = manifest["current"], manifest["next"]
-        _check_complete(d, following)
-        _write_atomic(d / ROTATION_FILE, manifest_text(PROMOTED, following, current), 0o644)
-        _sync_top_level(d, following)
+        _make_current(d, manifest["next"], manifest["current"])
     return key_dir_status(d)
 
 
@@ -256,10 +253,7 @@ def abort_rotation(directory: str | Path) -> KeyDirStatus:
             _write_atomic(d / ROTATION_FILE, manifest_text(STABLE), 0o644)
             _remove_generations(d)
             return key_dir_status(d)
-        previous, aborted = manifest["previous"], manifest["current"]
-        _check_complete(d, previous)
-        _write_atomic(d / ROTATION_FILE, manifest_text(PROMOTED, previous, aborted), 0o644)
-        _sync_top_level(d, previous)
+        _make_current(d, manifest["previous"], manifest["current"])
     return key_dir_status(d)
 
 
@@ -320,6 +314,14 @@ def _check_complete(d: Path, name: str) -> None:
     if missing:
         raise RotationError(f"{d}: {', '.join(missing)} missing: rotate the full key directory")
     load_generation(d, name)  # parses, checks the secrets' modes
+
+
+def _make_current(d: Path, current: str, previous: str) -> None:
+    """State "promoted" with generation ``current`` current and ``previous`` kept
+    (``rotation.json`` the commit point), then the top-level files ``current``'s."""
+    _check_complete(d, current)
+    _write_atomic(d / ROTATION_FILE, manifest_text(PROMOTED, current, previous), 0o644)
+    _sync_top_level(d, current)
 
 
 def _sync_top_level(d: Path, name: str) -> None:
