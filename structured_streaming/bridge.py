@@ -173,8 +173,10 @@ class Bridge:
             self._threads.append(t)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop listening, close connections, write the last manifests, close the
-        client (waits for uploads in flight) and remove the socket. Idempotent."""
+        """Stop listening, close connections, close the client (waits for uploads in
+        flight), write the last manifests, delete the orphans of its queries (copies of
+        writes sent twice, whatever their age: none is on its way) and remove the
+        socket. Idempotent."""
         if self._stopping.is_set():
             return
         self._stopping.set()
@@ -193,7 +195,7 @@ class Bridge:
         if self._owns_client:
             self.files.client.close()
         try:
-            self.files.housekeep()
+            self.files.housekeep(final=True)
         except Exception:  # noqa: BLE001 - the next start rebuilds from the indexes
             log.exception("last housekeeping failed")
         with contextlib.suppress(FileNotFoundError):

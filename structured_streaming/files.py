@@ -37,6 +37,7 @@ from dstltree.structured_streaming.view import (
     ReadIndex,
     View,
     log_id,
+    parse_log_id,
     query_key,
 )
 from dstltree.structured_streaming.wire import WireError
@@ -55,6 +56,10 @@ _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip
 # manifest-<seq>.json (format 1, one bridge) or manifest-<bridge id>-<seq>.json
 _MANIFEST = re.compile(r"/manifest-(?:([A-Za-z0-9._-]{1,64})-)?(\d{1,18})\.json$")
 REFRESH_INTERVAL = 1.0  # s between refreshes of a root on a miss, at least
+SWEEP_INTERVAL = 60.0  # s between orphan sweeps, at least (and one when the bridge stops)
+SWEEP_MIN_AGE = 10.0  # s: younger objects wait for the next sweep (a copy may be on its way)
+SHARED_ORPHAN_AGE = 3600.0  # s: a row of a root other bridges write that no version names
+# is dead once its object is this old (their manifests, every few seconds, name it by then)
 
 
 def manifest_name(url: str) -> tuple[str, int] | None:
@@ -133,6 +138,8 @@ class TreeFiles:
         self._cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
         self._cache_bytes, self._cache_max = 0, cache_bytes
         self._todo: deque[Instruction] = deque()
+        self._next_sweep = 0.0  # monotonic
+        self._foreign: dict[str, frozenset[str]] = {}  # object -> query keys ("": not ss)
         self.max_held_bytes, self.max_hold = max_held_bytes, max_hold
         self._held: dict[str, list[_Held]] = {}  # by root
         self._held_bytes = 0
@@ -140,7 +147,7 @@ class TreeFiles:
         self.counts: dict[str, int] = dict.fromkeys(
             (
                 "puts", "deletes", "durable", "failed", "manifests", "objects_deleted",
-                "held", "flushes",
+                "held", "flushes", "orphans_deleted",
             ),
             0,
         )  # fmt: skip
@@ -589,10 +596,13 @@ class TreeFiles:
             return self.view.listing(root, d)
 
     # -- housekeeping ------------------------------------------------------------------
-    def housekeep(self) -> None:
+    def housekeep(self, final: bool = False) -> None:
         """Persist writes held longer than ``max_hold``, write the manifests of changed
         roots, then release objects whose every segment is dead (read their index,
-        delete them). Storage errors are logged."""
+        delete them); every SWEEP_INTERVAL s also delete orphans (:meth:`sweep`).
+        ``final`` (the bridge stops, no write is on its way): sweep objects of any age,
+        then manifests and releases again until nothing changes (4 rounds at most).
+        Storage errors are logged."""
         self.flush(older_than=self.max_hold)
         for root in list(self._ready):
             self.refresh(root)
@@ -600,11 +610,105 @@ class TreeFiles:
             gone = self._clock() - COMMITTER_TTL
             for k in [k for k, t in self._committers.items() if t < gone]:
                 del self._committers[k]
+        self._manifests_and_releases()
+        if not final and time.monotonic() < self._next_sweep:
+            return
+        self._next_sweep = time.monotonic() + SWEEP_INTERVAL
+        for _ in range(4 if final else 1):
+            swept = self.sweep(min_age=0.0 if final else SWEEP_MIN_AGE)
+            if not self._manifests_and_releases() and not swept:
+                return
+
+    def _manifests_and_releases(self) -> int:
+        """Write the manifests of changed roots, then run the queued releases; the
+        number of manifests written."""
         with self.cond:
             docs = [(r, m) for r in list(self.view.roots) if (m := self.view.manifest(r))]
         for root, doc in docs:
             self._write_manifest(root, doc)
         self._run_todo()
+        return len(docs)
+
+    def sweep(self, min_age: float = SWEEP_MIN_AGE) -> int:
+        """Delete the orphans of the queries this bridge serves: objects modified at
+        least ``min_age`` s ago whose every index row is dead in the view
+        (:meth:`View.is_orphan`: copies of writes sent again or fallen back to the DFS,
+        writes reported failed); the number deleted. Objects holding only rows of other
+        writers or queries are remembered and not read again while none of their queries
+        is served here. Storage errors are logged (the next sweep tries again)."""
+        now = self._clock()
+        try:
+            infos = self.store.list_info(self.store.changelog_root())
+        except (DstlError, OSError) as e:
+            log.warning("orphan sweep: cannot list objects: %s", e)
+            return 0
+        candidates = self._sweep_candidates(infos, now - min_age)
+        shared = self._shared_roots()
+        deleted = 0
+        for url, (refs, mtime) in candidates.items():
+            aged = mtime is not None and now - mtime >= SHARED_ORPHAN_AGE
+            with self.cond:
+                orphan = self.view.is_orphan(url, refs, shared, aged)
+            if orphan and self._delete_orphan(url):
+                deleted += 1
+        return deleted
+
+    def _sweep_candidates(
+        self, infos: list[Any], before: float
+    ) -> dict[str, tuple[list[SegmentRef], float | None]]:
+        """Index rows (and modification time) of the listed objects a sweep judges:
+        written objects modified before ``before`` that hold no live segment here and
+        may hold rows of a query served here (unreadable ones are skipped)."""
+        with self.cond:
+            busy = {u for u, o in self.view.objects.items() if o.live}
+            served = {rv.key for r, rv in self.view.roots.items() if r in self._ready}
+        self._foreign = {i.url: k for i in infos if (k := self._foreign.get(i.url)) is not None}
+        out: dict[str, tuple[list[SegmentRef], float | None]] = {}
+        for info in infos:
+            url = info.url
+            if not url.endswith(".dstl") or info.size == 0 or url in busy:
+                continue
+            if (info.mtime is not None and info.mtime > before) or (
+                url in self._foreign and not self._foreign[url] & served
+            ):
+                continue
+            try:
+                refs = read_index(self.store, url, verify=False)
+            except (CorruptObjectError, DstlError) as e:
+                log.debug("orphan sweep: skipping %s: %s", url, e)
+                continue
+            keys = frozenset((p or ("",))[0] for p in (parse_log_id(r.log_id) for r in refs))
+            if not keys & served:
+                self._foreign[url] = keys
+                continue
+            out[url] = (refs, info.mtime)
+        return out
+
+    def _shared_roots(self) -> set[str]:
+        """The served roots another bridge has written a manifest of (a root whose
+        manifests cannot be listed counts as shared)."""
+        out: set[str] = set()
+        for root in list(self._ready):
+            try:
+                bridges = set(self._newest_infos(root))
+            except (DstlError, OSError) as e:
+                log.warning("orphan sweep: cannot list manifests of %s: %s", root, e)
+                bridges = {"?"}
+            if bridges - {self.bridge_id, ""}:
+                out.add(root)
+        return out
+
+    def _delete_orphan(self, url: str) -> bool:
+        try:
+            self.store.delete([url])
+        except DstlError as e:
+            log.warning("orphan %s not deleted: %s", url, e)
+            return False
+        log.info("orphan sweep: deleted %s (no segment in it is needed)", url)
+        with self.cond:
+            self.counts["orphans_deleted"] += 1
+            self._todo.extend(self.view.on_object_deleted(url))
+        return True
 
     def _write_manifest(self, root: str, doc: dict[str, Any]) -> None:
         folder = self.manifest_dir(root)

@@ -22,6 +22,10 @@ COUNTERS = {
     "failed": ("dstltree_bridge_failed", "Writes that failed (the next commit fails)."),
     "manifests": ("dstltree_bridge_manifests", "Manifests written."),
     "objects_deleted": ("dstltree_bridge_objects_deleted", "Objects released and deleted."),
+    "orphans_deleted": (
+        "dstltree_bridge_orphans_deleted",
+        "Orphans deleted by the sweep (copies of writes sent twice, failed writes).",
+    ),
 }
 
 

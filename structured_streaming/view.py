@@ -29,7 +29,7 @@ a deleted object).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -518,6 +518,46 @@ class View:
         if e.by != self.me:
             return []
         return self._kill(rv, path, e.sqn, e.ref.path)
+
+    # -- orphans -------------------------------------------------------------------------
+    def is_orphan(
+        self, url: str, refs: Iterable[SegmentRef], shared: Collection[str], aged: bool
+    ) -> bool:
+        """Whether object ``url`` (its index rows ``refs``) holds nothing any view of its
+        queries needs, so the bridge may delete it: a node's copy of a write it was sent
+        again (after a silence or a reconnect), or the late copy of a write that fell back
+        to the DFS, or a write reported failed that landed anyway. True only when every
+        row is of a root this view holds and is dead: its (path, SQN) is no version this
+        view holds (every write of a root no other bridge writes, ``shared`` roots
+        excepted, is this bridge's, so a write it does not hold was replaced, deleted or
+        failed), or that version is durable in another object (a copy). Rows of a
+        ``shared`` root that no version names count only once the object is ``aged`` (the
+        other bridges' manifests name their files by then). An object this view tracks
+        waits for a manifest written after its last death (:meth:`_covered`)."""
+        keys = {rv.key: rv for rv in self.roots.values()}
+        obj = self.objects.get(url)
+        if obj is not None and (obj.live or obj.asked or not self._covered(obj)):
+            return False
+        ours = False
+        for r in refs:
+            parsed = parse_log_id(r.log_id)
+            if parsed is None or parsed[0] not in keys:
+                return False  # another writer's, or a query this bridge does not serve
+            if r.meta.is_marker:
+                continue
+            rv = keys[parsed[0]]
+            if not self._row_dead(rv, parsed[1], r.sqn_from, url, rv.root in shared, aged):
+                return False
+            ours = True
+        return ours
+
+    @staticmethod
+    def _row_dead(rv: RootView, path: str, sqn: int, url: str, shared: bool, aged: bool) -> bool:
+        e = rv.files.get(path)
+        for v in (e, e.prev) if e is not None else ():
+            if v is not None and v.sqn == sqn:  # a version held: dead only as a copy
+                return v.ref is not None and v.ref.path != url
+        return aged or not shared
 
     # -- checks --------------------------------------------------------------------------
     def validate(self) -> None:

@@ -4,6 +4,7 @@ files in and out, few objects, restarts, deletions, hostile frames, the node dow
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import struct
@@ -271,6 +272,40 @@ def test_deletion_releases_objects(tmp_path: Path, tree) -> None:  # type: ignor
 
         wait_until(released, timeout=30, interval=0.1)
         assert c.list(ROOT, "state/1")["dirs"] == []
+
+
+def _copy_object(url: str, name: str) -> str:
+    """A second copy of a written object, as a node leaves one when a writer sends a
+    batch again after a silence or falls back to the DFS (same rows, another name)."""
+    src = Path(url.removeprefix("file://"))
+    dst = src.with_name(name)
+    shutil.copyfile(src, dst)
+    return str(dst)
+
+
+def test_copies_of_writes_are_swept_and_the_originals_stay(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    from dstltree.cli.commands.inspect import inspect_base
+
+    paths = [f"state/2/{p}/7.changelog" for p in range(3)]
+    with _bridge(tmp_path, tree, manifest_interval=3600) as b, BridgeClient(b.socket_path) as c:
+        for p in paths:
+            c.put(ROOT, p, p.encode())
+        assert c.commit(ROOT)["ok"]
+        written = _objects(tmp_path)
+        copies = [_copy_object(u, f"copy-{i}.dstl") for i, u in enumerate(written)]
+        assert b.files.sweep(min_age=3600.0) == 0  # too young for a running bridge's sweep
+        assert all(Path(u).exists() for u in copies)
+        assert b.files.sweep(min_age=0.0) == len(copies)
+        assert {Path(u).name for u in _objects(tmp_path)} == {Path(u).name for u in written}
+        assert [c.read_all(ROOT, p) for p in paths] == [p.encode() for p in paths]
+        copies = [_copy_object(u, f"late-{i}.dstl") for i, u in enumerate(written)]
+    assert b.files.counts["orphans_deleted"] == 2 * len(written)  # the last ones at the stop
+    assert not any(Path(u).exists() for u in copies)
+    tree.stop()  # the node deletes the object files it keeps created ahead
+    info = inspect_base(str(tmp_path / "dfs"), {})
+    assert info["orphans"] == [] and info["missing"] == [] and info["present"]
+    with _bridge(tmp_path, None) as again, BridgeClient(again.socket_path) as c:
+        assert [c.read_all(ROOT, p) for p in paths] == [p.encode() for p in paths]
 
 
 def _error(c: BridgeClient, raw: bytes) -> dict:  # type: ignore[type-arg]

@@ -304,3 +304,70 @@ def test_a_rewrite_keeps_the_older_version_until_it_is_durable() -> None:
     b.on_durable(R, P, 40, ref(P, 40, "Z"))  # durable: v1 dies now
     assert b.on_manifest_written(R, b.manifest(R)["seq"]) == [ReadIndex("X"), ReadIndex("Y")]
     b.validate()
+
+
+# -- orphans: objects no version of this view needs --------------------------------------
+P2 = "state/0/2/1.changelog"
+
+
+def test_a_copy_of_a_durable_write_is_an_orphan_and_the_original_is_not() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1")
+    assert v.is_orphan("copy", [ref(P, 1, "copy")], (), aged=False)  # sent twice
+    assert not v.is_orphan("o1", [ref(P, 1, "o1")], (), aged=False)
+    assert not v.is_orphan("empty", [], (), aged=False)  # nothing of ours in it
+
+
+def test_a_copy_of_a_write_on_its_way_is_kept() -> None:
+    v = loaded()
+    v.new_sqn(1)
+    v.on_accepted(R, P, b"d", 1)  # the node wrote it, the ack is on its way
+    assert not v.is_orphan("o1", [ref(P, 1, "o1")], (), aged=False)
+    _durable(v, P, 2, "o2")  # a rewrite keeps the durable version until it is durable
+    v.on_accepted(R, P, b"e", 3)
+    assert not v.is_orphan("o2", [ref(P, 2, "o2")], (), aged=False)
+    assert v.is_orphan("copy", [ref(P, 2, "copy")], (), aged=False)
+
+
+def test_a_write_reported_failed_that_landed_is_an_orphan() -> None:
+    v = loaded()
+    v.new_sqn(1)
+    v.on_accepted(R, P, b"x", 1)
+    v.on_failed(R, P, 1)  # the writer was told: the commit fails
+    assert v.is_orphan("late", [ref(P, 1, "late")], (), aged=False)
+    v.validate()
+
+
+def test_an_object_with_another_writers_or_querys_rows_is_kept() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1")
+    foreign = SegmentRef(SegmentMeta("task1", 0, 1, (0,), 9, 1), "copy", 40)
+    assert not v.is_orphan("copy", [ref(P, 1, "copy"), foreign], (), aged=True)
+    other = SegmentRef(SegmentMeta(log_id(query_key("file:/q2"), P), 1, 2, (0,), 9, 1), "x", 0)
+    assert not v.is_orphan("x", [other], (), aged=True)
+
+
+def test_a_root_other_bridges_write_keeps_unknown_rows_until_aged() -> None:
+    v = loaded()
+    _durable(v, P, 5, "o1")
+    unknown = [ref(P2, 3, "theirs")]  # another bridge's file, not in its manifest yet
+    assert not v.is_orphan("theirs", unknown, {R}, aged=False)
+    assert v.is_orphan("theirs", unknown, {R}, aged=True)
+    assert v.is_orphan("copy", [ref(P, 5, "copy")], {R}, aged=False)  # a copy still is
+    assert v.is_orphan("theirs", unknown, (), aged=False)  # no other bridge: it was ours
+
+
+def test_a_tracked_object_waits_for_a_manifest_and_its_tombstones_go_with_it() -> None:
+    v = loaded()
+    _durable(v, P, 1, "o1")
+    v.new_sqn(2)
+    v.on_delete(R, P, 2)
+    v.on_durable(R, P, 2, ref(P, 2, "o2", kg=1))
+    assert v.roots[R].files[P].older == {"o1"}
+    assert not v.is_orphan("o1", [ref(P, 1, "o1")], (), aged=True)  # death not in a manifest
+    assert _manifest(v) == [ReadIndex("o1")]
+    v.on_index_failed("o1")  # the release failed: the sweep takes it
+    assert v.is_orphan("o1", [ref(P, 1, "o1")], (), aged=False)
+    assert v.on_object_deleted("o1") == []
+    v.validate()
+    assert P not in v.roots[R].files  # the tombstone went with the older object
