@@ -530,9 +530,10 @@ class View:
         row is of a root this view holds and is dead: its (path, SQN) is no version this
         view holds (every write of a root no other bridge writes, ``shared`` roots
         excepted, is this bridge's, so a write it does not hold was replaced, deleted or
-        failed), or that version is durable in another object (a copy). Rows of a
-        ``shared`` root that no version names count only once the object is ``aged`` (the
-        other bridges' manifests name their files by then). An object this view tracks
+        failed), or that version is durable in another object (a copy). In a ``shared``
+        root a row counts only once the object is ``aged``: the other bridges' manifests
+        name their files by then, and one that adopted the copy from an index (a miss)
+        has read it. An object this view tracks
         waits for a manifest written after its last death (:meth:`_covered`)."""
         keys = {rv.key: rv for rv in self.roots.values()}
         obj = self.objects.get(url)
@@ -556,7 +557,8 @@ class View:
         e = rv.files.get(path)
         for v in (e, e.prev) if e is not None else ():
             if v is not None and v.sqn == sqn:  # a version held: dead only as a copy
-                return v.ref is not None and v.ref.path != url
+                copy = v.ref is not None and v.ref.path != url
+                return copy and (aged or not shared)  # another bridge may have found it
         return aged or not shared
 
     # -- checks --------------------------------------------------------------------------

@@ -353,7 +353,8 @@ def test_a_root_other_bridges_write_keeps_unknown_rows_until_aged() -> None:
     unknown = [ref(P2, 3, "theirs")]  # another bridge's file, not in its manifest yet
     assert not v.is_orphan("theirs", unknown, {R}, aged=False)
     assert v.is_orphan("theirs", unknown, {R}, aged=True)
-    assert v.is_orphan("copy", [ref(P, 5, "copy")], {R}, aged=False)  # a copy still is
+    assert not v.is_orphan("copy", [ref(P, 5, "copy")], {R}, aged=False)  # found by another?
+    assert v.is_orphan("copy", [ref(P, 5, "copy")], {R}, aged=True)
     assert v.is_orphan("theirs", unknown, (), aged=False)  # no other bridge: it was ours
 
 
