@@ -658,7 +658,7 @@ class TreeFiles:
     ) -> dict[str, tuple[list[SegmentRef], float | None]]:
         """Index rows (and modification time) of the listed objects a sweep judges:
         written objects modified before ``before`` that hold no live segment here and
-        may hold rows of a query served here (unreadable ones are skipped)."""
+        only rows of queries served here (unreadable ones are skipped)."""
         with self.cond:
             busy = {u for u, o in self.view.objects.items() if o.live}
             served = {rv.key for r, rv in self.view.roots.items() if r in self._ready}
@@ -669,7 +669,7 @@ class TreeFiles:
             if not url.endswith(".dstl") or info.size == 0 or url in busy:
                 continue
             if (info.mtime is not None and info.mtime > before) or (
-                url in self._foreign and not self._foreign[url] & served
+                url in self._foreign and not _judgeable(self._foreign[url], served)
             ):
                 continue
             try:
@@ -678,8 +678,8 @@ class TreeFiles:
                 log.debug("orphan sweep: skipping %s: %s", url, e)
                 continue
             keys = frozenset((p or ("",))[0] for p in (parse_log_id(r.log_id) for r in refs))
-            if not keys & served:
-                self._foreign[url] = keys
+            if not _judgeable(keys, served):
+                self._foreign[url] = keys  # read again only once all its queries are served
                 continue
             out[url] = (refs, info.mtime)
         return out
@@ -768,3 +768,9 @@ class TreeFiles:
         with self.cond:
             self.counts["objects_deleted"] += 1
             return self.view.on_object_deleted(ins.url)
+
+
+def _judgeable(keys: frozenset[str], served: set[str]) -> bool:
+    """Whether an object whose rows are of the queries ``keys`` ("": a writer that is no
+    bridge's) can be an orphan of a bridge serving ``served``: all of them served."""
+    return bool(keys) and keys <= served
