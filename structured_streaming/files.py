@@ -643,12 +643,13 @@ class TreeFiles:
             log.warning("orphan sweep: cannot list objects: %s", e)
             return 0
         candidates = self._sweep_candidates(infos, now - min_age)
+        present = {i.url for i in infos}
         shared = self._shared_roots()
         deleted = 0
         for url, (refs, mtime) in candidates.items():
             aged = mtime is not None and now - mtime >= SHARED_ORPHAN_AGE
             with self.cond:
-                orphan = self.view.is_orphan(url, refs, shared, aged)
+                orphan = self.view.is_orphan(url, refs, shared, aged, present)
             if orphan and self._delete_orphan(url):
                 deleted += 1
         return deleted

