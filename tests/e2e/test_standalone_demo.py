@@ -102,6 +102,7 @@ def _latest(base: Path) -> Any:
     return CheckpointStore(ObjectStore(checkpoint_dir(str(base)))).load_latest()
 
 
+@pytest.mark.timeout(900)  # its waits (240 + 240 + 400 s) bound it: one took 281 s loaded
 def test_demo_submitted_to_a_standalone_cluster_survives_executor_and_node_kills(
     cluster: StandaloneCluster, tmp_path: Path
 ) -> None:

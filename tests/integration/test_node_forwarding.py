@@ -202,7 +202,11 @@ def test_the_loop_leaves_large_objects_to_write_threads(tmp_path: Path) -> None:
                 assert w.persist_durably(after).result(timeout=20).segments
                 after = w.next_sqn()
         stats = node.statistics()
-        assert stats.objects_written == 5 and stats.loop_writes == 2, stats
+        assert stats.objects_written == 5, stats
+        # the small ones after the first are the loop's; on a stalled machine the first
+        # of them can outlast the deputy's 10 ms, and then the last goes to a thread too
+        small = 2 if stats.loop_takeovers == 0 else 1
+        assert stats.loop_writes in (small, 2), stats
     finally:
         node.stop()
 
