@@ -97,14 +97,19 @@ class Restored:
     inflight: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
 
 
-def kill_if_drilled(cfg: TaskConfig, task: int, checkpoint_id: int) -> None:
-    """The crash drill: SIGKILL this process (no cleanup, no flush) when checkpoint
-    ``checkpoint_id`` comes ``kill_after_checkpoints`` checkpoints after the restored
-    one, in an attempt the driver armed (``kill_task`` set: the run's first)."""
+def kill_if_drilled(cfg: TaskConfig, task: int, barriers: int, completed: bool) -> None:
+    """The crash drill: SIGKILL this process (no cleanup, no flush) at the barrier that
+    comes after ``kill_after_checkpoints`` barriers of this attempt (``barriers``: those
+    before it), once a checkpoint of the attempt is known complete (``completed``), in
+    an attempt the driver armed (``kill_task`` set). Counted per attempt, not by
+    checkpoint id: ids the coordinator used up while the previous attempt failed
+    (aborted checkpoints) do not count, and every killed attempt leaves a completed
+    checkpoint of its own behind."""
     if (
         cfg.kill_task == task
         and cfg.kill_after_checkpoints > 0
-        and checkpoint_id > (cfg.restore_id or 0) + cfg.kill_after_checkpoints
+        and barriers >= cfg.kill_after_checkpoints
+        and completed
     ):
         os.kill(os.getpid(), signal.SIGKILL)
 

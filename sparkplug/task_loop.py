@@ -152,6 +152,10 @@ class TaskLoop:
         self.barrier_states: dict[int, tuple[SplitState, ...]] = {}
         self.final: int | None = None
         self.uncommitted: list[Committable] = []
+        # barriers of this attempt, the first one's id, whether one of them completed
+        self.barriers = 0
+        self._first_barrier: int | None = None
+        self.completed_in_attempt = False
         self.sink = None if p.sink is None else p.sink.create_writer(task, cfg.attempt)
         self.out = _Output(self.sink)
         self.exchange = Exchange(
@@ -475,19 +479,26 @@ class TaskLoop:
         elif isinstance(cmd, protocol.ApplyMaterialization):
             self._apply(cmd.ref)
         elif isinstance(cmd, protocol.CheckpointComplete):
-            self.uncommitted = [c for c in self.uncommitted if c.checkpoint_id > cmd.checkpoint_id]
+            self._on_complete(cmd.checkpoint_id)
         elif isinstance(cmd, protocol.Finish | protocol.Fenced):
             return True
         elif isinstance(cmd, protocol.ErrorReply):
             log.warning("task %d: the coordinator rejected a message: %s", self.task, cmd.reason)
         return False
 
+    def _on_complete(self, checkpoint_id: int) -> None:
+        self.uncommitted = [c for c in self.uncommitted if c.checkpoint_id > checkpoint_id]
+        first = self._first_barrier
+        self.completed_in_attempt |= first is not None and checkpoint_id >= first
+
     def _barrier(self, cmd: protocol.TriggerCheckpoint) -> None:
         """The reader's part of a checkpoint: split states, then the barrier on every
         channel (unaligned: overtaking the batches queued here, whose output channel
         state is logged at the operator's snapshot of the checkpoint)."""
         cp = cmd.checkpoint_id
-        kill_if_drilled(self.cfg, self.task, cp)
+        kill_if_drilled(self.cfg, self.task, self.barriers, self.completed_in_attempt)
+        self.barriers += 1
+        self._first_barrier = cp if self._first_barrier is None else self._first_barrier
         self._triggered[cp] = time.monotonic()
         self.barrier_states[cp] = self.splits.states()
         overtaken = self.exchange.barrier(cp, aligned=cmd.final)  # the last one: aligned
