@@ -96,6 +96,8 @@ from dstltree.aggregator.events import (
     UpstreamUp,
     WriteObject,
 )
+from dstltree.aggregator.groups import GroupHold
+from dstltree.aggregator.notes import NoteRouter
 from dstltree.client.batching import Batch, PersistItem, RemoteOrigin
 from dstltree.client.handle import SegmentRef
 from dstltree.client.liveness import DEFAULT_LIVENESS_TIMEOUT, DEFAULT_PING_INTERVAL, check_timing
@@ -103,6 +105,7 @@ from dstltree.client.wire import (
     WIRE_VERSIONS,
     AckEntry,
     Error,
+    Note,
     Persist,
     PersistAck,
     PersistRequest,
@@ -156,7 +159,8 @@ class NodeConfig:
     between the pongs it sends its version-2 peers while its backlog is full (the
     module docstring, Liveness), and between the pings the shell sends upstream;
     ``liveness_timeout``: seconds without a message from an upstream node before the
-    shell reports it lost (client/liveness.py). Raises ValueError for bad
+    shell reports it lost (client/liveness.py). ``group_wait``: seconds a flush group's
+    items are held for its missing parts at most (aggregator/groups.py). Raises ValueError for bad
     ``wire_versions`` or timings."""
 
     node_id: str
@@ -182,6 +186,7 @@ class NodeConfig:
     wire_versions: tuple[int, ...] = WIRE_VERSIONS
     ping_interval: float = DEFAULT_PING_INTERVAL
     liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
+    group_wait: float = 2.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "wire_versions", check_versions(self.wire_versions))
@@ -256,6 +261,9 @@ class NodeCore:
     def __init__(self, config: NodeConfig, validate: bool = False) -> None:
         self.config = config
         self.batch = Batch(config.target_bytes, config.persist_delay)
+        self._groups = GroupHold(config.group_wait)  # flush groups written here, incomplete
+        self._group_ready: list[PersistItem] = []  # complete groups: to batch and flush
+        self._notes = NoteRouter(config.registration_lease)
         self._relay_check_at = config.max_forward_bytes  # batch bytes of the next relay check
         self.parent: str | None = config.parent_address
         self._validate = validate
@@ -339,6 +347,8 @@ class NodeCore:
             return self._relay_acks(event.address, msg.items)
         if isinstance(msg, Plan) and event.address == self.parent:
             return self._on_plan(msg, event.now)
+        if isinstance(msg, Note):
+            return self._on_note(None, msg, event.now)
         return []
 
     @_handle_event.register
@@ -380,7 +390,7 @@ class NodeCore:
 
     @_handle_event.register
     def _(self, event: ShuttingDown) -> list[Instruction]:
-        return self._write(self.batch.take())
+        return self._write(self.batch.take() + self._groups.take_all())
 
     def accepting(self) -> bool:
         """False while the batch plus the objects being written hold
@@ -389,12 +399,12 @@ class NodeCore:
 
     def idle(self) -> bool:
         """Nothing batched, being written or awaiting an upstream ack (shutdown)."""
-        return not self.batch.items and not self._writing and not self._sent
+        return not self.batch.items and not self._writing and not self._sent and not self._groups
 
     @property
     def backlog_bytes(self) -> int:
         """Segment bytes batched or being written by this node (bytes)."""
-        return self.batch.nbytes + self._writing_bytes
+        return self.batch.nbytes + self._writing_bytes + self._groups.nbytes
 
     def next_deadline(self) -> float | None:
         """The earliest time a TimePassed would change something (None: nothing pending)."""
@@ -402,6 +412,8 @@ class NodeCore:
         if self._sent:  # in send order: the first one is due first
             times.append(next(iter(self._sent.values())).deadline)
         if (d := self.batch.deadline()) is not None:
+            times.append(d)
+        if (d := self._groups.deadline()) is not None:
             times.append(d)
         if self.parent is not None:
             times.append(self._stats_due_at())
@@ -516,6 +528,8 @@ class NodeCore:
 
         for item in self.batch.items:
             put(item, "batched")
+        for item in self._groups.items():
+            put(item, "grouped")
         for sent in self._sent.values():
             put(sent.item, f"sent:{sent.address}")
         for oid, items in self._writing.items():
@@ -595,6 +609,8 @@ class NodeCore:
                 return self._on_stats(identity, msg, now)
             case Persist(requests, via):
                 return self._on_persist(identity, requests, via is not None, now)
+            case Note():
+                return self._on_note(identity, msg, now)
         return self._reject(identity, f"unexpected {type(msg).__name__} from below")
 
     def _on_hello(self, identity: bytes, msg: WireHello) -> list[Instruction]:
@@ -650,6 +666,30 @@ class NodeCore:
                 out += self._relay_cut(now)
         if refused:
             out.append(ReplyBelow(identity, PersistAck(tuple(refused))))
+        if self._group_ready:
+            out += self._flush_groups(self._group_ready, now)
+            self._group_ready = []
+        return out
+
+    def _flush_groups(self, items: list[PersistItem], now: float) -> list[Instruction]:
+        """Complete (or timed-out) flush groups: batched with whatever waits, flushed."""
+        for item in items:
+            self.batch.add(item, now)
+        return self._flush("group", now)
+
+    def _on_note(self, identity: bytes | None, note: Note, now: float) -> list[Instruction]:
+        """Pass a note on (aggregator/notes.py): to this node's clients it names, the
+        children and the parent the rules give."""
+        children = [c.identity for c in self._children.values()]
+        from_child = identity is not None and identity in self._peer_children
+        parent_up = self.parent is not None and self._up(self.parent, now)
+        routes = self._notes.route(note, identity, from_child, children, parent_up, now)
+        self._counters["notes"] += 1
+        passed = Note(note.to, note.frm, note.body, self.config.node_id)
+        out: list[Instruction] = [ReplyBelow(i, passed) for i in routes.clients]
+        out += [ReplyBelow(i, passed) for i in routes.children]
+        if routes.up and self.parent is not None:
+            out.append(SendUpstream(self.parent, passed))
         return out
 
     def _on_stats(self, identity: bytes, msg: Stats, now: float) -> list[Instruction]:
@@ -737,6 +777,9 @@ class NodeCore:
             self._counters["bytes_own"] += size
             self._own_bytes(cp, size)
         self._counters["bytes_received"] += size
+        if item.group is not None and self._route(cp, "group", now) == SELF:
+            self._group_ready += self._groups.add(item, now)  # held here until complete
+            return None
         self.batch.add(item, now)
         return None
 
@@ -1072,6 +1115,8 @@ class NodeCore:
         if self.parent != self.config.parent_address:
             self._return_home(now)
         self._expire_leases(now)
+        if self._groups and (late := self._groups.due(now)):
+            out += self._flush_groups(late, now)
         reason = self.batch.due(now, self.expected_writers())
         if reason is not None:
             out += self._flush(reason, now)

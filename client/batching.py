@@ -38,6 +38,35 @@ class RemoteOrigin:
 
 Origin = LocalOrigin | RemoteOrigin
 
+MAX_GROUP_ID = 128  # characters of a flush group's id
+MAX_GROUP_PARTS = 4096  # contributors of one flush group
+MAX_GROUP_COUNT = 1 << 20  # items one contributor sends for a group
+
+
+@dataclass(frozen=True)
+class FlushGroup:
+    """Items that belong in one object: flush group ``gid`` has ``parts`` contributors
+    (e.g. the bridges of the hosts that held files of one Structured Streaming batch),
+    and contributor ``contributor`` sends ``count`` items of it. The node that writes
+    them holds a group's items until all of them arrived (or its ``group_wait``
+    passed), so neither the persist delay nor the all-persisted rule cuts it in two
+    (aggregator/groups.py)."""
+
+    gid: str
+    parts: int
+    contributor: str
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.gid) <= MAX_GROUP_ID:
+            raise ValueError(f"a flush group id has 1..{MAX_GROUP_ID} characters")
+        if not 1 <= len(self.contributor) <= MAX_GROUP_ID:
+            raise ValueError(f"a group contributor has 1..{MAX_GROUP_ID} characters")
+        if not 1 <= self.parts <= MAX_GROUP_PARTS:
+            raise ValueError(f"a flush group has 1..{MAX_GROUP_PARTS} parts, got {self.parts}")
+        if not 1 <= self.count <= MAX_GROUP_COUNT:
+            raise ValueError(f"a group part has 1..{MAX_GROUP_COUNT} items, got {self.count}")
+
 
 @dataclass(frozen=True)
 class PersistItem:
@@ -49,13 +78,14 @@ class PersistItem:
     changes") and its ``origin``, whom to ack (None until the receiver sets it).
     ``writers``: None for a writer's own item (counted once by its log id for the
     all-persisted rule); for a node's summary marker, the number of writers it stands
-    for (:meth:`summary`)."""
+    for (:meth:`summary`). ``group``: the flush group it belongs to, if any."""
 
     meta: SegmentMeta
     checkpoint_id: int | None
     data: Buffer | tuple[Buffer, ...] | None = field(default=None, repr=False)
     origin: Origin | None = None
     writers: int | None = None
+    group: FlushGroup | None = None
 
     @classmethod
     def marker(cls, log_id: str, sqn: int, checkpoint_id: int) -> PersistItem:
@@ -77,7 +107,15 @@ class PersistItem:
     def from_origin(self, origin: Origin | None) -> PersistItem:
         """This item with ``origin`` (built directly: ``dataclasses.replace`` costs
         several times more per item on the node's hot path)."""
-        return PersistItem(self.meta, self.checkpoint_id, self.data, origin, self.writers)
+        return PersistItem(
+            self.meta, self.checkpoint_id, self.data, origin, self.writers, self.group
+        )
+
+    def in_group(self, group: FlushGroup | None) -> PersistItem:
+        """This item as a member of flush ``group``."""
+        return PersistItem(
+            self.meta, self.checkpoint_id, self.data, self.origin, self.writers, group
+        )
 
     def future(self) -> SegmentFuture[SegmentRef | None]:
         """The future of a :class:`LocalOrigin` item; TypeError for any other origin."""

@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import zmq
@@ -57,10 +57,12 @@ from dstltree.client.liveness import (
     check_timing,
 )
 from dstltree.client.wire import (
+    BROADCAST,
     REFUSAL,
     WIRE_VERSIONS,
     Error,
     Message,
+    Note,
     PersistAck,
     PersistRequest,
     Ping,
@@ -230,6 +232,7 @@ class NodeUploader:
         self._fallback = DirectUploader(store, upload_policy=upload_policy)
         self._ids = itertools.count(1)
         self._writers: set[str] = set()
+        self._listeners: dict[str, Callable[[Note], None]] = {}  # note names subscribed
         self._lock = threading.Lock()  # writers, lifecycle flags, the pipe's descriptors
         # the socket, the current link and the items awaiting acks (never held while
         # a future is resolved or a fallback starts)
@@ -270,6 +273,24 @@ class NodeUploader:
             self._check_usable()
             self._writers.discard(log_id)
         self._send_now([Unregister(log_id)])
+
+    def subscribe(self, name: str, on_note: Callable[[Note], None]) -> None:
+        """Receive the notes addressed to ``name`` (and broadcasts) through the node:
+        ``on_note`` runs on the I/O thread, so it must only hand the note on. The
+        subscription is renewed with the writers' lease and follows a failover.
+        Raises DstlError once closed, ValueError for a bad name."""
+        hello = Note("", name, b"")
+        with self._lock:
+            self._check_usable()
+            self._listeners[name] = on_note
+        self._send_now([hello])
+
+    def send_note(self, note: Note) -> None:
+        """Send ``note`` to the node (best effort: a note is never resent). Raises
+        DstlError once closed."""
+        with self._lock:
+            self._check_usable()
+        self._send_now([note])
 
     def submit(self, item: PersistItem) -> SegmentFuture[SegmentRef | None]:
         """Send ``item`` to the node on the caller's thread (or write it to DFS while
@@ -507,7 +528,10 @@ class NodeUploader:
 
     def _writer_messages(self, kind: type[Register] | type[Unregister]) -> list[Message]:
         with self._lock:
-            return [kind(w) for w in self._writers]
+            out: list[Message] = [kind(w) for w in self._writers]
+            if kind is Register:  # note subscriptions are renewed with the writers
+                out += [Note("", name, b"") for name in self._listeners]
+            return out
 
     def _renew(self) -> None:
         """Announce every writer again (the node's lease on them), unless sends wait
@@ -564,6 +588,24 @@ class NodeUploader:
                 self._on_hello(msg, now)
             elif isinstance(msg, Error):
                 self._on_error(msg, now)
+            elif isinstance(msg, Note):
+                self._on_note(msg)
+
+    def _on_note(self, note: Note) -> None:
+        """A note from the tree: to the listener it names (every one for a broadcast)."""
+        with self._lock:
+            listeners = (
+                list(self._listeners.values())
+                if note.to == BROADCAST
+                else [f]
+                if (f := self._listeners.get(note.to)) is not None
+                else []
+            )
+        for on_note in listeners:
+            try:
+                on_note(note)
+            except Exception:  # noqa: BLE001 - a listener must not stop the I/O thread
+                log.exception("note listener failed")
 
     def _on_hello(self, msg: WireHello, now: float) -> None:
         """The node's answer to our hello: the version it chose (one we speak, or the
@@ -583,7 +625,7 @@ class NodeUploader:
             self._refused(msg.message, now)
             return
         kind = unknown_type(msg)
-        if kind in ("hello", "ping"):
+        if kind in ("hello", "ping", "note"):  # "note": a node of before notes
             if kind == "hello":
                 self._version = 1
                 log.debug("node %s speaks wire version 1 only", self.address)

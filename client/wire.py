@@ -14,7 +14,9 @@ Header shapes (``t`` is the type)::
                 frames per item with size > 0, in item order, their bytes summing
                 to ``size``; ``via`` is the sending node's id when a node passes
                 items on (None from clients);
-                ``w`` only on a node's summary marker (size 0): the writers it stands for
+                ``w`` only on a node's summary marker (size 0): the writers it stands for;
+                ``g`` [group id, parts, contributor, count] on an item of a flush group
+                (client/batching.py FlushGroup; aggregator/groups.py)
     ack         {t, items: [{id, path, off} | {id, err}, ...]}
     stats       {t, node, writers, bytes, cp, pw}
                                               a child's residual writers and bytes per
@@ -33,6 +35,15 @@ Version 2 adds (``VERSION_2_TYPES``)::
                 {t, v: version, node}         the node's answer: the highest common one
     ping        {t, seq}                      are you making progress? (``seq`` 0..2**63-1)
     pong        {t, seq}                      the answer from the node's loop (same seq)
+    note        {t, to, frm, body, via}       a small message between clients of the tree
+                                              (bridges of different hosts): ``frm`` the
+                                              sender's name (1..64 characters), ``to`` the
+                                              receiver's, ``*`` for every client, ``""``
+                                              for none (the sender only subscribes);
+                                              ``body`` opaque bytes (at most
+                                              ``MAX_NOTE_BYTES``); ``via`` the node passing
+                                              it on (None from a client). Routed by
+                                              aggregator/notes.py.
 
 Versions. ``WIRE_VERSION`` (2) is this code's; it speaks ``WIRE_VERSIONS`` (1, 2) unless
 configured otherwise (a node's ``wire_versions`` in the topology, a writer's
@@ -59,7 +70,7 @@ from typing import Any
 
 import msgpack
 
-from dstltree.client.batching import PersistItem
+from dstltree.client.batching import FlushGroup, PersistItem
 from dstltree.client.errors import WireError
 from dstltree.client.segment import (
     MAX_SEGMENT_PARTS,
@@ -71,13 +82,18 @@ from dstltree.client.segment import (
 
 WIRE_VERSION = 2  # this code's version of the protocol
 WIRE_VERSIONS: tuple[int, ...] = (1, 2)  # the versions it speaks, by default
-VERSION_2_TYPES = frozenset({"hello", "ping", "pong"})  # types a version-1 peer does not know
+VERSION_2_TYPES = frozenset(
+    {"hello", "ping", "pong", "note"}
+)  # types a version-1 peer does not know
 MAX_VERSIONS = 16  # versions a hello may list
 MAX_VERSION = 65535
 MAX_SEQ = (1 << 63) - 1
 REFUSAL = "no common wire version"  # how a node's refusal of a hello starts
 UNKNOWN_TYPE = "unknown message type"  # how a node's answer to a type it does not know starts
 MAX_ITEMS = 4096
+MAX_NOTE_NAME = 64  # characters of a note's sender or receiver name
+MAX_NOTE_BYTES = 16 * 1024  # bytes of a note's body
+BROADCAST = "*"  # a note's receiver: every client of the tree
 MAX_LOG_ID = 256
 MAX_WRITERS = 1 << 20  # residual writers a Stats may claim
 MAX_STATS_BYTES = float(1 << 62)  # bytes per checkpoint a Stats may claim
@@ -108,6 +124,8 @@ class PersistRequest:
             d["w"] = self.item.writers
         if type(self.item.data) is tuple:
             d["n"] = len(self.item.data)
+        if (g := self.item.group) is not None:
+            d["g"] = [g.gid, g.parts, g.contributor, g.count]
         return d
 
 
@@ -228,8 +246,39 @@ class Pong:
     seq: int
 
 
+@dataclass(frozen=True)
+class Note:
+    """A small message from client ``frm`` to client ``to`` (``BROADCAST``: all; "": none,
+    the sender subscribes under ``frm``), carried by the nodes of the tree over their
+    authenticated sockets; ``body`` is opaque to them. ``via``: the node that passed it
+    on (None from a client)."""
+
+    to: str
+    frm: str
+    body: bytes
+    via: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.to) > MAX_NOTE_NAME or not 1 <= len(self.frm) <= MAX_NOTE_NAME:
+            raise ValueError(f"note names have at most {MAX_NOTE_NAME} characters")
+        if self.frm == BROADCAST:
+            raise ValueError(f"{BROADCAST!r} names no sender")
+        if len(self.body) > MAX_NOTE_BYTES:
+            raise ValueError(f"a note body has at most {MAX_NOTE_BYTES} bytes")
+
+
 Message = (
-    Register | Unregister | Persist | PersistAck | Stats | Plan | Error | WireHello | Ping | Pong
+    Register
+    | Unregister
+    | Persist
+    | PersistAck
+    | Stats
+    | Plan
+    | Error
+    | WireHello
+    | Ping
+    | Pong
+    | Note
 )
 
 
@@ -308,6 +357,8 @@ def dump(msg: Message) -> list[Any]:
             h = {"t": "ping", "seq": seq}
         case Pong(seq):
             h = {"t": "pong", "seq": seq}
+        case Note(to, frm, body, via):
+            h = {"t": "note", "to": to, "frm": frm, "body": body, "via": via}
         case _:
             raise TypeError(f"not a message: {msg!r}")
     return [msgpack.packb(h), *payloads]
@@ -372,7 +423,19 @@ def _decode(h: dict[str, Any], payloads: Sequence[Any]) -> Message:
         if seq > MAX_SEQ:
             raise WireError(f"{t} seq must be <= {MAX_SEQ}, got {seq}")
         return Ping(seq) if t == "ping" else Pong(seq)
+    if t == "note":
+        return _decode_note(h)
     raise WireError(f"{UNKNOWN_TYPE} {t!r}")
+
+
+def _decode_note(h: dict[str, Any]) -> Note:
+    body, via = h["body"], h.get("via")
+    if not isinstance(body, bytes):
+        raise WireError(f"a note body is bytes, got {type(body).__name__}")
+    try:
+        return Note(_str(h["to"]), _str(h["frm"]), body, None if via is None else _log_id(via))
+    except ValueError as e:
+        raise WireError(f"bad note: {e}") from e
 
 
 def _decode_hello(h: dict[str, Any]) -> WireHello:
@@ -454,7 +517,19 @@ def _request(d: Any, frame: Any) -> PersistRequest:
     meta = SegmentMeta(_log_id(d["log"]), lo, hi, kgs, size, _int(d.get("crc", 0)))
     cp = None if cp is None else _int(cp)
     writers = _summary_writers(rid, d, size, cp)
-    return PersistRequest(rid, PersistItem(meta, cp, frame, writers=writers))
+    group = _group(rid, d["g"], size) if "g" in d else None
+    return PersistRequest(rid, PersistItem(meta, cp, frame, writers=writers, group=group))
+
+
+def _group(rid: int, raw: Any, size: int) -> FlushGroup:
+    """The ``g`` of an item: [gid, parts, contributor, count], only on an item with data."""
+    g = _list(raw)
+    if len(g) != 4 or size == 0:
+        raise WireError(f"item {rid}: a flush group is [id, parts, contributor, count] on data")
+    try:
+        return FlushGroup(_str(g[0]), _int(g[1]), _str(g[2]), _int(g[3]))
+    except ValueError as e:
+        raise WireError(f"item {rid}: {e}") from e
 
 
 def _frame_count(d: Any, size: int) -> int:

@@ -191,6 +191,7 @@ class Bridge:
                 c.shutdown(socket.SHUT_RDWR)
         for t in self._threads:
             t.join(timeout)
+        self.files.close_notes()
         self.files.flush()  # held writes: persisted before the client closes
         if self._owns_client:
             self.files.client.close()

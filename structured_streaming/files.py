@@ -16,16 +16,20 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from dstltree.client.api import ChangelogClient
+from dstltree.client.batching import FlushGroup, PersistItem
 from dstltree.client.errors import CorruptObjectError
 from dstltree.client.handle import ChangelogHandle, SegmentRef
 from dstltree.client.reader import read_index, read_segment
+from dstltree.client.wire import BROADCAST, Note
 from dstltree.client.writer import ChangelogWriter
 from dstltree.storage.errors import DstlError
+from dstltree.structured_streaming import crosshost
+from dstltree.structured_streaming.crosshost import CrossHost, Remote, dump_body, load_body
 from dstltree.structured_streaming.view import (
     DATA_KEY_GROUP,
     KEY_GROUPS,
@@ -54,6 +58,7 @@ MAX_HOLD = 300.0  # s a held write waits for its root's commit before it is pers
 COMMITTER_TTL = 3600.0  # s after its last commit an application is forgotten
 _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip)$")
 # manifest-<seq>.json (format 1, one bridge) or manifest-<bridge id>-<seq>.json
+FLUSH_WAIT = 100.0  # s a holder waits for its flushed files to become durable
 _MANIFEST = re.compile(r"/manifest-(?:([A-Za-z0-9._-]{1,64})-)?(\d{1,18})\.json$")
 REFRESH_INTERVAL = 1.0  # s between refreshes of a root on a miss, at least
 SWEEP_INTERVAL = 60.0  # s between orphan sweeps, at least (and one when the bridge stops)
@@ -144,10 +149,14 @@ class TreeFiles:
         self._held: dict[str, list[_Held]] = {}  # by root
         self._held_bytes = 0
         self._committers: dict[tuple[str, str], float] = {}  # (root, app) -> last commit
+        self.crosshost = CrossHost(bridge_id or "bridge")  # commits across hosts
+        self._announcing: dict[str, threading.Event] = {}  # root -> hold note on its way
+        self._notes = self._subscribe()
+        self._note_pool: ThreadPoolExecutor | None = None
         self.counts: dict[str, int] = dict.fromkeys(
             (
                 "puts", "deletes", "durable", "failed", "manifests", "objects_deleted",
-                "held", "flushes", "orphans_deleted",
+                "held", "flushes", "orphans_deleted", "remote_flushes", "notes_refused",
             ),
             0,
         )  # fmt: skip
@@ -355,6 +364,12 @@ class TreeFiles:
         now; whether it was held."""
         with self.cond:
             hold = (root, app) in self._committers
+            remote = None
+            if not hold and self._notes is not None:
+                remote = self.crosshost.committer(root, app, time.monotonic())
+        if remote is not None:  # the driver commits on another host: hold for it
+            hold = self._announce(root, remote)
+        with self.cond:
             if hold:
                 h = _Held(path, sqn, kg, chunks, size, time.monotonic())
                 self._held.setdefault(root, []).append(h)
@@ -376,6 +391,14 @@ class TreeFiles:
         """Persist the held writes of ``root`` (None: of every root), only those held
         at least ``older_than`` seconds if given; the number persisted. A held write
         already replaced by a newer one is dropped instead."""
+        out = self._take_held(root, older_than)
+        self._persist_many(out)
+        return len(out)
+
+    def _take_held(
+        self, root: str | None = None, older_than: float | None = None
+    ) -> list[tuple[str, _Held]]:
+        """Take the held writes :meth:`flush` persists (replaced ones are dropped)."""
         now = time.monotonic()
         out: list[tuple[str, _Held]] = []
         dropped = 0
@@ -400,8 +423,7 @@ class TreeFiles:
                 self.cond.notify_all()
             if out:
                 self.counts["flushes"] += 1
-        self._persist_many(out)
-        return len(out)
+        return out
 
     def drive(self, root: str, app: str) -> None:
         """The driver of ``app`` runs ``root``'s batches from this host (it will commit
@@ -409,9 +431,12 @@ class TreeFiles:
         with self.cond:
             new = (root, app) not in self._committers
             self._committers[(root, app)] = self._clock()
+            broadcast = self._notes is not None and self.crosshost.drive_due(root, time.monotonic())
         if new:
             log.info("application %r drives %s from this host: its state files are held", app, root)
         self.ensure(root)
+        if broadcast:  # the other hosts' bridges hold this application's files for us
+            self._send_note(BROADCAST, "drive", root=root, app=app, boot=self.boot)
 
     def commit(self, root: str, app: str, timeout: float, boot: str | None = None) -> int:
         """The driver of ``app`` commits ``root``: from now on ``app``'s writes to it are
@@ -425,11 +450,45 @@ class TreeFiles:
                 "unavailable", "the bridge restarted during the batch: held state files lost"
             )
         self.ensure(root)
+        deadline = time.monotonic() + timeout
         with self.cond:
             self._committers[(root, app)] = self._clock()
             targets = self.view.pending(root)
-        self.flush(root)
-        return self.wait_durable(root, timeout, targets)
+            flushes = self.crosshost.start_commit(root, time.monotonic())
+        own = self._take_held(root)
+        parts = len(flushes) + (1 if own else 0)
+        gid = f"{query_key(root)}:{secrets.token_hex(6)}"
+        for cid, (holder, boot) in flushes.items():
+            self._send_note(holder, "flush", root=root, gid=gid, parts=parts, boot=boot, cid=cid)
+        group = FlushGroup(gid, parts, self.crosshost.name, len(own)) if own else None
+        self._persist_many(own, group)
+        try:
+            waited = self.wait_durable(root, timeout, targets)
+            return waited + self._wait_flushes(list(flushes), deadline)
+        finally:
+            with self.cond:
+                self.crosshost.end_commit(list(flushes))
+
+    def _wait_flushes(self, cids: list[str], deadline: float) -> int:
+        """Wait for the holders' flushes of a commit (crosshost module docstring); the
+        files they made durable. Raises WireError(``unavailable``) when one failed, did
+        not answer in time, or ``deadline`` (monotonic) passed."""
+        if not cids:
+            return 0
+        with self.cond:
+            while True:
+                finished, error = self.crosshost.commit_state(cids, time.monotonic())
+                if finished:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    error = "holders' state files not durable in time"
+                    break
+                self.cond.wait(min(left, 0.5))
+            if error:
+                raise WireError("unavailable", f"state files on another host: {error}")
+            self.counts["remote_flushes"] += len(cids)
+            return sum(self.crosshost.flushes[c].n for c in cids)
 
     def wait_written(self, root: str, path: str, sqn: int, timeout: float) -> None:
         """Wait until write ``sqn`` of ``path`` is durable (or replaced by a newer
@@ -457,17 +516,21 @@ class TreeFiles:
     ) -> None:
         self._persist_many([(root, _Held(path, sqn, kg, chunks, size, 0.0))])
 
-    def _persist_many(self, writes: list[tuple[str, _Held]]) -> None:
-        """Persist each write as one segment of a fresh writer. Every writer is
-        registered before the first persists, so the node's all-persisted rule cannot
-        close an object while the rest are still on their way (one object per flush,
-        size and delay permitting)."""
+    def _persist_many(
+        self, writes: list[tuple[str, _Held]], group: FlushGroup | None = None
+    ) -> None:
+        """Persist each write as one segment of a fresh writer, the segments of ``group``
+        (the node that writes them holds a group until all its parts arrived:
+        aggregator/groups.py). Every writer is registered before the first persists,
+        so the node's all-persisted rule cannot close an object while the rest are
+        still on their way (one object per flush, size and delay permitting)."""
         c = self.client
+        uploader: Any = c.uploader if group is None else _InGroup(c.uploader, group)
         writers: list[tuple[str, _Held, ChangelogWriter | BaseException]] = []
         for root, h in writes:
             try:
                 new = ChangelogWriter(
-                    log_id(query_key(root), h.path), KEY_GROUPS, c.uploader, h.sqn,
+                    log_id(query_key(root), h.path), KEY_GROUPS, uploader, h.sqn,
                     NEVER_PREEMPT, c.in_flight, squash_entries=0,
                 )  # fmt: skip
                 new.compression = c.compression
@@ -517,6 +580,114 @@ class TreeFiles:
         if isinstance(w, ChangelogWriter):
             with contextlib.suppress(DstlError):  # the client is closing
                 w.close()
+
+    # -- notes between hosts (crosshost module) -----------------------------------------
+    def _subscribe(self) -> Any:
+        """The uploader notes go through (None: no node, or no bridge name), subscribed
+        under this bridge's name."""
+        up = self.client.uploader
+        if not self.bridge_id or not hasattr(up, "subscribe"):
+            return None
+        try:
+            up.subscribe(self.bridge_id, self._on_note)
+        except (DstlError, ValueError) as e:
+            log.warning("no notes between hosts: %s", e)
+            return None
+        return up
+
+    def _send_note(self, to: str, op: str, **fields: Any) -> None:
+        if self._notes is None:
+            return
+        try:
+            self._notes.send_note(Note(to, self.bridge_id, dump_body(op, **fields)))
+        except (DstlError, ValueError) as e:
+            log.warning("note %s to %s not sent: %s", op, to, e)
+
+    def _on_note(self, note: Note) -> None:
+        """A note from another host (the uploader's I/O thread): handled on a pool."""
+        with self.cond:
+            if self._note_pool is None:
+                self._note_pool = ThreadPoolExecutor(4, thread_name_prefix="bridge-notes")
+            pool = self._note_pool
+        with contextlib.suppress(RuntimeError):  # shut down: the bridge stops
+            pool.submit(self._handle_note, note)
+
+    def _handle_note(self, note: Note) -> None:
+        try:
+            d = load_body(note.body)
+        except WireError as e:
+            with self.cond:
+                self.counts["notes_refused"] += 1
+            log.warning("note from %s refused: %s", note.frm, e)
+            return
+        op, frm, now = d["op"], note.frm, time.monotonic()
+        if op == "flush":
+            self._flush_for(d, frm)
+            return
+        with self.cond:
+            if op == "drive":
+                self.crosshost.on_drive(d, frm, now)
+            elif op == "hold":
+                self.crosshost.on_hold(d, frm)
+            elif op == "held" and (ev := self._announcing.pop(d["root"], None)) is not None:
+                self.crosshost.announced[d["root"]] = frm
+                ev.set()
+            elif op == "flushing":
+                self.crosshost.on_flushing(d, frm)
+            elif op == "flushed":
+                self.crosshost.on_flushed(d, frm)
+            self.cond.notify_all()
+        if op == "hold":
+            self._send_note(frm, "held", root=d["root"])
+
+    def _announce(self, root: str, remote: Remote) -> bool:
+        """Make sure the committer ``remote`` knows this bridge holds files of ``root``
+        for its next commit (one hold note per commit); whether it does."""
+        with self.cond:
+            if self.crosshost.announced.get(root) == remote.bridge:
+                return True
+            ev = self._announcing.get(root)
+            first = ev is None
+            if ev is None:
+                ev = self._announcing[root] = threading.Event()
+        if first:
+            self._send_note(remote.bridge, "hold", root=root, app="", boot=self.boot)
+        if ev.wait(crosshost.HOLD_WAIT):
+            return True
+        with self.cond:
+            if self._announcing.get(root) is ev:
+                del self._announcing[root]
+        log.warning("no answer from %s for %s: state files are persisted at once", remote, root)
+        return False
+
+    def _flush_for(self, d: dict[str, Any], frm: str) -> None:
+        """The committer ``frm`` commits ``d['root']``: persist the writes held for it as
+        a part of its flush group, answer once they are durable."""
+        cid, root = d["cid"], d["root"]
+        self._send_note(frm, "flushing", cid=cid)
+        if d["boot"] != self.boot:
+            self._send_note(frm, "flushed", cid=cid, ok=False, error="bridge restarted")
+            return
+        with self.cond:
+            self.crosshost.announced.pop(root, None)  # the next write announces again
+        own = self._take_held(root) if root in self.view.roots else []
+        parts = max(1, d["parts"])
+        group = FlushGroup(d["gid"], parts, self.crosshost.name, len(own)) if own else None
+        self._persist_many(own, group)
+        try:
+            if own:
+                self.wait_durable(root, FLUSH_WAIT, {(h.path, h.sqn) for _, h in own})
+        except WireError as e:
+            self._send_note(frm, "flushed", cid=cid, ok=False, n=len(own), error=str(e)[:200])
+            return
+        self._send_note(frm, "flushed", cid=cid, ok=True, n=len(own))
+
+    def close_notes(self) -> None:
+        """Stop handling notes (the bridge stops)."""
+        with self.cond:
+            pool, self._note_pool = self._note_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def wait_durable(
         self, root: str, timeout: float, targets: set[tuple[str, int]] | None = None
@@ -769,6 +940,25 @@ class TreeFiles:
         with self.cond:
             self.counts["objects_deleted"] += 1
             return self.view.on_object_deleted(ins.url)
+
+
+class _InGroup:
+    """An uploader whose items go as members of one flush group."""
+
+    def __init__(self, uploader: Any, group: FlushGroup) -> None:
+        self._up, self._group = uploader, group
+
+    def register(self, log_id: str) -> None:
+        self._up.register(log_id)
+
+    def unregister(self, log_id: str) -> None:
+        self._up.unregister(log_id)
+
+    def submit(self, item: PersistItem) -> Any:
+        return self._up.submit(item if item.data is None else item.in_group(self._group))
+
+    def close(self) -> None:
+        """The shared uploader is closed by its client."""
 
 
 def _judgeable(keys: frozenset[str], served: set[str]) -> bool:

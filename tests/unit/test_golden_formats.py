@@ -645,3 +645,11 @@ def test_a_hello_of_a_future_wire_version_is_refused_naming_it() -> None:
     assert wire.is_refusal(reply.message) and str(FUTURE) in reply.message.message
     register = next(f for f in frames if msgpack.unpackb(f[0])["t"] == "register")
     assert core.handle(MessageFromBelow(0.1, b"peer", wire.load(register))) == [reply]
+
+
+def test_every_wire_message_of_0_2_loads() -> None:
+    """The wire shapes added in 0.2 (notes, flush groups) read back as written."""
+    folder = GOLDEN / "formats-0.2"
+    expected = json.loads((folder / "expected.json").read_text())["wire"]
+    frames: list[list[bytes]] = msgpack.unpackb((folder / "wire.msgpack").read_bytes())
+    _assert_agrees([plain(wire.load(f)) for f in frames], expected)
