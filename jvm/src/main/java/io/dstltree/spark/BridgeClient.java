@@ -4,9 +4,11 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
+import java.io.InterruptedIOException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
+import java.nio.channels.ClosedByInterruptException;
 import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.util.Map;
@@ -24,6 +26,10 @@ import java.util.concurrent.TimeUnit;
  * Spark application (its hello named it), so a request costs no new connection; a connection
  * that saw any error is closed, never reused.
  * Every wait for a reply is bounded: the connection is closed when its deadline passes.
+ *
+ * <p>An interrupted thread (Spark cancelling its task, or stopping a query) gets {@link
+ * InterruptedIOException}, never code {@code unavailable}: a cancel is not a missing bridge,
+ * so no caller falls back to plain files for it (see {@link #interrupted}).
  */
 final class BridgeClient implements AutoCloseable {
   static final int MAX_PAYLOAD = 8 << 20;
@@ -59,8 +65,13 @@ final class BridgeClient implements AutoCloseable {
    * An idle pooled connection to {@code socket}, or a new one after its {@code hello}.
    *
    * @throws BridgeException code {@code unavailable} when the socket is missing or refuses
+   * @throws InterruptedIOException when this thread is interrupted (no pooled connection is
+   *     touched then: an interrupted channel operation would close it)
    */
-  static BridgeClient connect(String socket, long timeoutMillis) throws BridgeException {
+  static BridgeClient connect(String socket, long timeoutMillis) throws IOException {
+    if (Thread.currentThread().isInterrupted()) {
+      throw interrupted(socket, null);
+    }
     String app = applicationId(); // a JVM that outlives a session names the next one
     String key = socket + "\n" + app;
     ConcurrentLinkedDeque<BridgeClient> pool = POOLS.get(key);
@@ -78,19 +89,52 @@ final class BridgeClient implements AutoCloseable {
     try {
       ch = SocketChannel.open(StandardProtocolFamily.UNIX);
     } catch (IOException e) {
-      throw new BridgeException("unavailable", "cannot open a Unix domain socket", e);
+      throw interruptedOr(
+          socket, e, new BridgeException("unavailable", "cannot open a Unix domain socket", e));
     }
     try {
       ch.connect(UnixDomainSocketAddress.of(socket));
     } catch (IOException e) {
       closeQuietly(ch);
-      throw new BridgeException("unavailable", "no bridge on " + socket + ": " + e, e);
+      throw interruptedOr(
+          socket, e, new BridgeException("unavailable", "no bridge on " + socket + ": " + e, e));
     }
     BridgeClient c = new BridgeClient(socket, ch, key);
     ObjectNode hello = JSON.createObjectNode().put("op", "hello").put("app", app);
     hello.putArray("versions").add(1);
     c.call(hello, null, timeoutMillis);
     return c;
+  }
+
+  /**
+   * The exception for a request cut short because this thread was interrupted: {@link
+   * InterruptedIOException} naming the bridge, its cause {@code e} (null when the request was
+   * not begun). The thread's interrupt flag stays set (a {@link ClosedByInterruptException}
+   * leaves it set; it is set again in case a library cleared it), so Spark sees the cancel.
+   */
+  static InterruptedIOException interrupted(String socket, IOException e) {
+    Thread.currentThread().interrupt();
+    InterruptedIOException x =
+        new InterruptedIOException("bridge " + socket + ": request interrupted (task cancelled)");
+    x.initCause(e);
+    return x;
+  }
+
+  /**
+   * {@code unavailable}, unless {@code e} came from an interrupt ({@link
+   * ClosedByInterruptException}, or any failure while this thread is interrupted): then {@link
+   * #interrupted}.
+   */
+  private IOException interruptedOr(IOException e, BridgeException unavailable) {
+    return interruptedOr(socket, e, unavailable);
+  }
+
+  private static IOException interruptedOr(
+      String socket, IOException e, BridgeException unavailable) {
+    if (e instanceof ClosedByInterruptException || Thread.currentThread().isInterrupted()) {
+      return interrupted(socket, e);
+    }
+    return unavailable;
   }
 
   /**
@@ -144,8 +188,9 @@ final class BridgeClient implements AutoCloseable {
    * @throws BridgeException with the reply's code when it says {@code "ok": false} (the
    *     connection is closed), or code {@code unavailable} when the connection broke or the
    *     deadline passed
+   * @throws InterruptedIOException when this thread was interrupted (the connection is closed)
    */
-  Reply call(ObjectNode header, byte[] payload, long timeoutMillis) throws BridgeException {
+  Reply call(ObjectNode header, byte[] payload, long timeoutMillis) throws IOException {
     ScheduledFuture<?> deadline =
         WATCHDOG.schedule(this::close, timeoutMillis, TimeUnit.MILLISECONDS);
     try {
@@ -153,18 +198,27 @@ final class BridgeClient implements AutoCloseable {
       return receive();
     } catch (BridgeException e) {
       close();
+      throw e.unavailable() ? interruptedOr(e, e) : e; // "unavailable" when cancelled: a cancel
+    } catch (InterruptedIOException e) {
+      close();
       throw e;
     } catch (IOException e) {
       close();
       String why = deadline.isDone() ? "no reply within " + timeoutMillis + " ms" : e.toString();
-      throw new BridgeException("unavailable", "bridge " + socket + ": " + why, e);
+      BridgeException unavailable =
+          new BridgeException("unavailable", "bridge " + socket + ": " + why, e);
+      throw interruptedOr(e, unavailable);
     } finally {
       deadline.cancel(false);
     }
   }
 
-  /** Sends one frame that gets no reply (a {@code put} with {@code "last": false}). */
-  void send(ObjectNode header, byte[] payload, int length) throws BridgeException {
+  /**
+   * Sends one frame that gets no reply (a {@code put} with {@code "last": false}).
+   *
+   * @throws InterruptedIOException when this thread was interrupted (the connection is closed)
+   */
+  void send(ObjectNode header, byte[] payload, int length) throws IOException {
     try {
       byte[] h = JSON.writeValueAsBytes(header);
       ByteBuffer head = ByteBuffer.allocate(4 + h.length + 4);
@@ -175,7 +229,9 @@ final class BridgeClient implements AutoCloseable {
       }
     } catch (IOException e) {
       close();
-      throw new BridgeException("unavailable", "bridge " + socket + ": " + e, e);
+      BridgeException unavailable =
+          new BridgeException("unavailable", "bridge " + socket + ": " + e, e);
+      throw interruptedOr(e, unavailable);
     }
   }
 

@@ -10,7 +10,10 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
  * "last": false}, and {@link #close()} sends the rest with {@code "last": true} and waits for
  * the bridge to accept the file. {@link #cancel()} drops the connection: the bridge writes
  * nothing. A file that fits in one chunk is only sent at close, so when no bridge answers
- * then, it is written as a plain file through the manager's fallback instead.
+ * then, it is written as a plain file through the manager's fallback instead. A write or close
+ * on an interrupted thread (Spark cancelling the task) throws {@link
+ * java.io.InterruptedIOException} and writes nothing anywhere: a cancelled attempt leaves no
+ * plain file.
  */
 final class BridgeOutputStream extends CancellableFSDataOutputStream {
   /** Where a file goes when no bridge answers at close: a plain file of these bytes. */
@@ -101,7 +104,7 @@ final class BridgeOutputStream extends CancellableFSDataOutputStream {
       }
     }
 
-    private void put(boolean last) throws BridgeException {
+    private void put(boolean last) throws IOException {
       if (client == null) {
         client = BridgeClient.connect(socket, timeoutMillis);
       }

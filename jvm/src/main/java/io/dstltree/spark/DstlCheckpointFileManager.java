@@ -42,7 +42,12 @@ import org.slf4j.LoggerFactory;
  * <p>When no bridge answers, a state file is written as a plain file through the default
  * manager (logged once per manager at WARN, counted in {@link #plainStateFiles()} and over JMX,
  * {@link StateFileMetricsMXBean}), so a query
- * never fails because of the tree, and reads find plain files as before.
+ * never fails because of the tree, and reads find plain files as before. An interrupted
+ * thread (Spark cancelling a task) is not a missing bridge: its request throws {@link
+ * java.io.InterruptedIOException}, with no plain file, no warning and nothing counted.
+ *
+ * <p>The driver announces a root ({@code drive}) when it writes {@code <root>/offsets/<N>}
+ * and on its first read of {@code <root>/offsets} per manager ({@link #driverReads}).
  */
 public final class DstlCheckpointFileManager implements CheckpointFileManager {
   public static final String SOCKET_KEY = "dstltree.bridge.socket";
@@ -56,6 +61,8 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   private static final Pattern COMMIT = Pattern.compile("^(.+)/commits/\\d+$");
   /** {@code <root>/offsets/<batch id>}: the driver is about to run a batch. */
   private static final Pattern OFFSETS = Pattern.compile("^(.+)/offsets/\\d+$");
+  /** {@code <root>/offsets} or {@code <root>/offsets/<batch id>}: only a driver reads these. */
+  private static final Pattern OFFSETS_LOG = Pattern.compile("^(.+)/offsets(?:/\\d+)?/?$");
   /** Roots whose batches this driver announced ({@code drive}): the bridge process's boot id. */
   private static final Map<String, String> DRIVEN = new ConcurrentHashMap<>();
   /** Roots with files accepted by a bridge in this JVM since their last commit. */
@@ -67,6 +74,8 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   private final long timeoutMillis;
   private final long commitTimeoutSeconds;
   private final AtomicBoolean warned = new AtomicBoolean();
+  /** Roots this manager announced on a read of their offsets log (see {@link #driverReads}). */
+  private final Set<String> announced = ConcurrentHashMap.newKeySet();
 
   public DstlCheckpointFileManager(Path path, Configuration conf) throws IOException {
     this.conf = conf;
@@ -140,7 +149,7 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     return StateFiles.request(op, f);
   }
 
-  private BridgeClient.Reply call(ObjectNode header, long timeout) throws BridgeException {
+  private BridgeClient.Reply call(ObjectNode header, long timeout) throws IOException {
     BridgeClient c = BridgeClient.connect(socket, timeout);
     BridgeClient.Reply r = c.call(header, null, timeout);
     c.release();
@@ -193,17 +202,45 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   /**
    * Tells the bridge that this application's driver runs {@code root}'s batches from this host,
    * so the bridge holds the batch's state files for the commit from the first batch on. Only
-   * advice: without a bridge, or with one that does not know the request, nothing changes.
+   * advice: without a bridge, or with one that does not know the request, nothing changes
+   * (the root's boot id is forgotten then: no bridge holds this driver's next files, so its
+   * commit names no process). An interrupted thread gets {@link java.io.InterruptedIOException}.
    */
-  private void drive(String root) {
+  private void drive(String root) throws IOException {
     try {
       ObjectNode h = BridgeClient.JSON.createObjectNode().put("op", "drive").put("root", root);
       String boot = call(h, timeoutMillis).header().path("boot").asText("");
-      if (!boot.isEmpty()) {
+      if (boot.isEmpty()) {
+        DRIVEN.remove(root); // a bridge without boot ids: its commit checks none
+      } else {
         DRIVEN.put(root, boot); // the bridge process now holding this batch's files
       }
     } catch (BridgeException e) {
+      DRIVEN.remove(root);
       LOG.debug("dstltree: drive {} not announced: {}", root, e.getMessage());
+    }
+  }
+
+  /**
+   * A read ({@code open}, {@code exists}, {@code list}) of {@code <root>/offsets} or {@code
+   * <root>/offsets/<N>}: only a driver reads a query's offsets log, first when the query
+   * starts, so it announces {@code root} ({@link #drive}) on the first such read. A query
+   * restarted after its driver died reruns the uncommitted batch without writing {@code
+   * offsets/<N>} again (it exists), so without this no {@code drive} would reach the bridge
+   * and each of the batch's state files would become an object of its own.
+   *
+   * <p>Decision: once per root per manager, not per JVM. Spark makes a new manager for the
+   * offsets log of every query run ({@code HDFSMetadataLog}'s own), so each start (and
+   * restart in the same JVM) announces once, and later reads of the run cost nothing; each
+   * batch's write of {@code offsets/<N>} announces again as before. Once per JVM would keep a
+   * stale boot id ({@link #DRIVEN}) across a bridge restart: a query restarted in the same
+   * JVM after the bridge restarted would send the old boot with every commit of its rerun
+   * batch and fail it each time; a fresh announcement at each start takes the new boot.
+   */
+  private void driverReads(Path p) throws IOException {
+    Matcher m = OFFSETS_LOG.matcher(qualified(p));
+    if (m.matches() && announced.add(m.group(1))) {
+      drive(m.group(1));
     }
   }
 
@@ -244,7 +281,9 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
 
   private FSDataInputStream ioOpen(Path p) throws IOException {
     StateFile f = stateFile(p);
-    if (f != null) {
+    if (f == null) {
+      driverReads(p);
+    } else {
       try {
         byte[] bytes = StateFiles.read(socket, f, timeoutMillis);
         if (bytes != null) {
@@ -262,7 +301,9 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
 
   private boolean ioExists(Path p) throws IOException {
     StateFile f = stateFile(p);
-    if (f != null) {
+    if (f == null) {
+      driverReads(p);
+    } else {
       try {
         if (call(request("stat", f).put("path", f.path()), timeoutMillis)
             .header()
@@ -283,6 +324,7 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   private FileStatus[] ioList(Path dir, PathFilter filter) throws IOException {
     StateFile f = stateFile(dir);
     if (f == null) {
+      driverReads(dir);
       return plain.list(dir, filter);
     }
     Map<String, FileStatus> found = new LinkedHashMap<>();

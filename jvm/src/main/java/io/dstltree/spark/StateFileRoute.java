@@ -101,12 +101,12 @@ final class StateFileRoute {
     try {
       out.write(bytes);
       out.close();
-    } catch (BridgeException e) {
+    } catch (IOException e) {
       out.cancel(); // the bridge writes nothing of an unfinished file
-      if (!e.unavailable()) {
-        throw e;
+      if (!(e instanceof BridgeException b) || !b.unavailable()) {
+        throw e; // an interrupt (InterruptedIOException) too: a cancel, not a missing bridge
       }
-      noBridge(e, f);
+      noBridge(b, f);
       StateFileMetrics.INSTANCE.plain.incrementAndGet();
       return false;
     }

@@ -3,6 +3,7 @@ package io.dstltree.spark;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.ByteArrayOutputStream;
+import java.io.IOException;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.regex.Matcher;
@@ -75,7 +76,7 @@ final class StateFiles {
   }
 
   /** The file's length in bytes from the bridge, -1 when the bridge does not hold it. */
-  static long length(String socket, StateFile f, long timeoutMillis) throws BridgeException {
+  static long length(String socket, StateFile f, long timeoutMillis) throws IOException {
     BridgeClient c = BridgeClient.connect(socket, timeoutMillis);
     JsonNode stat = c.call(request("stat", f).put("path", f.path()), null, timeoutMillis).header();
     c.release();
@@ -83,7 +84,7 @@ final class StateFiles {
   }
 
   /** The whole file from the bridge, or null when the bridge does not hold it. */
-  static byte[] read(String socket, StateFile f, long timeoutMillis) throws BridgeException {
+  static byte[] read(String socket, StateFile f, long timeoutMillis) throws IOException {
     BridgeClient c = BridgeClient.connect(socket, timeoutMillis);
     JsonNode stat = c.call(request("stat", f).put("path", f.path()), null, timeoutMillis).header();
     if (!stat.path("exists").asBoolean(false)) {
