@@ -83,3 +83,66 @@ def test_each_host_writes_through_its_own_bridge(tmp_path: Path) -> None:
     assert moved, partitions  # a partition written on both hosts: it moved
     info = inspect_base(str(base), {})
     assert info["orphans"] == [] and info["missing"] == []
+
+
+def _state_objects(base: Path) -> list[set[str]]:
+    """The paths of Structured Streaming state files in each tree object under ``base``
+    (objects holding none, e.g. only tombstones, are left out)."""
+    from dstltree.client import ObjectStore
+    from dstltree.client.reader import read_index
+
+    store = ObjectStore(str(base))
+    out = []
+    for info in store.list_info(store.changelog_root()):
+        if not info.url.endswith(".dstl") or info.size == 0:
+            continue
+        paths = {
+            r.log_id.split("/", 2)[2]
+            for r in read_index(store, info.url, verify=False)
+            if r.log_id.startswith("ss/") and 0 in r.key_groups
+        }
+        if paths:
+            out.append(paths)
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_a_batch_of_200_partitions_on_two_hosts_is_one_object(tmp_path: Path) -> None:
+    """Issue 45: with the tasks on two executor hosts (each with its own bridge) and the
+    driver on a third, every batch's state files, from both hosts, land in one tree
+    object: the executors' bridges hold them and the driver's commit flushes them as
+    one group (docs/structured-streaming.md, "Several hosts")."""
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    batches = 10
+    for n in range(1, batches + 1):
+        _write_input(source, n)
+    (tmp_path / "tree").mkdir()
+    services = start_tree(tmp_path / "tree")
+    base = Path(services.nodes.local_tree.topology.base_path)
+    try:
+        sockets = [tmp_path / f"host{i}" / "bridge.sock" for i in range(2)]
+        for s in sockets:
+            services.add_bridge(s)
+        env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in sockets]
+        with standalone_cluster(tmp_path, workers=2, worker_env=env) as cluster:
+            builder = ss_builder(cluster.master_url, partitions=200)
+            for k, v in submit_conf(cluster, {}).items():
+                builder = builder.config(k, v)
+            spark = configure(builder, socket=services.socket).getOrCreate()
+            spark.sparkContext.setLogLevel("ERROR")
+            try:
+                sc = spark.sparkContext._jsc.sc()
+                wait_until(lambda: sc.getExecutorMemoryStatus().size() == 3, timeout=120.0)
+                q = _start(spark, source, checkpoint, "wide")
+                got = _finish(spark, q, "wide", timeout=QUERY_TIMEOUT)
+                assert got == _expected(spark, source)
+                assert _state(spark, checkpoint) == got
+            finally:
+                spark.stop()
+    finally:
+        services.stop()
+    assert [p for p in checkpoint.rglob("*") if p.name.endswith(STATE_SUFFIXES)] == []
+    objects = _state_objects(base)
+    per_batch = len(objects) / batches
+    print(f"tree objects holding state: {len(objects)} for {batches} batches ({per_batch:.2f})")
+    assert per_batch <= 1.2, sorted(len(o) for o in objects)
