@@ -137,3 +137,19 @@ def test_an_application_without_a_committer_elsewhere_is_durable_at_the_reply(
         _write(ea, range(0, 3), 1, app="unknown-app")
         assert ea.files.counts["held"] == 0
         assert ea.files.view.pending(ROOT) == set()
+
+
+def test_a_flush_on_one_host_is_not_cut_by_the_persist_delay(tmp_path: Path) -> None:
+    """Issue 45: a commit's 300 held files reach the node over many milliseconds; with a
+    persist delay of 1 ms only the flush group keeps them in one object."""
+    nodes = [{"id": "root", "bind": "auto"}]
+    with start(tmp_path, nodes, security={"curve": False}, persist_delay=0.001) as t:
+        with _bridge(tmp_path, t, "driver-host", "root") as d:
+            with BridgeClient(d.socket_path, app=APP) as driver:
+                boot = driver.ok({"op": "drive", "root": ROOT})["boot"]
+                for p in range(300):
+                    driver.put(ROOT, f"state/0/{p}/1.changelog", bytes(2000))
+                h = driver.ok({"op": "commit", "root": ROOT, "timeout": 30, "boot": boot})
+                assert h["files"] == 300
+                (obj,) = _objects(tmp_path)
+                assert len(_paths_in(obj, tmp_path)) == 300
