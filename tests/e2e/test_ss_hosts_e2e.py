@@ -12,7 +12,10 @@ and no missing object."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,11 +39,12 @@ pytestmark = [pytest.mark.standalone, pytest.mark.spark, pytest.mark.slow]
 QUERY_TIMEOUT = 300.0  # seconds for the 8 batches, task retries included
 
 
-@pytest.mark.timeout(900)
-def test_each_host_writes_through_its_own_bridge(tmp_path: Path) -> None:
-    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
-    for n in range(1, 9):
-        _write_input(source, n)
+@contextmanager
+def _two_hosts(tmp_path: Path, partitions: int, conf: dict[str, str]) -> Iterator[tuple[Any, Path]]:
+    """A Spark session on a standalone cluster of two workers standing for two hosts,
+    each with its own bridge, and the driver's host with a third, all on the same nodes:
+    (the session, the tree's base path). Everything is stopped on exit, the bridges
+    writing their last manifests."""
     (tmp_path / "tree").mkdir()
     services = start_tree(tmp_path / "tree")  # the nodes and the driver's host's bridge
     base = Path(services.nodes.local_tree.topology.base_path)
@@ -50,27 +54,36 @@ def test_each_host_writes_through_its_own_bridge(tmp_path: Path) -> None:
             services.add_bridge(s)
         env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in sockets]
         with standalone_cluster(tmp_path, workers=2, worker_env=env) as cluster:
-            builder = ss_builder(cluster.master_url, partitions=4)
-            for k, v in submit_conf(cluster, {"spark.locality.wait": "0s"}).items():
+            builder = ss_builder(cluster.master_url, partitions=partitions)
+            for k, v in submit_conf(cluster, conf).items():
                 builder = builder.config(k, v)
             spark = configure(builder, socket=services.socket).getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
             try:
-                app = spark.sparkContext.applicationId
                 sc = spark.sparkContext._jsc.sc()
                 wait_until(lambda: sc.getExecutorMemoryStatus().size() == 3, timeout=120.0)
-                q = _start(spark, source, checkpoint, "hosts")
-                killed = _kill_mid_batch(spark, checkpoint)
-                got = _finish(spark, q, "hosts", timeout=QUERY_TIMEOUT)
-                assert killed not in _executor_pids(app)
-                expected = _expected(spark, source)
-                assert got == expected
-                assert _state(spark, checkpoint) == expected  # the statestore source
-                assert (checkpoint / "commits" / "7").exists()
+                yield spark, base
             finally:
                 spark.stop()
     finally:
-        services.stop()  # every bridge writes its last manifest
+        services.stop()
+
+
+@pytest.mark.timeout(900)
+def test_each_host_writes_through_its_own_bridge(tmp_path: Path) -> None:
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    for n in range(1, 9):
+        _write_input(source, n)
+    with _two_hosts(tmp_path, 4, {"spark.locality.wait": "0s"}) as (spark, base):
+        app = spark.sparkContext.applicationId
+        q = _start(spark, source, checkpoint, "hosts")
+        killed = _kill_mid_batch(spark, checkpoint)
+        got = _finish(spark, q, "hosts", timeout=QUERY_TIMEOUT)
+        assert killed not in _executor_pids(app)
+        expected = _expected(spark, source)
+        assert got == expected
+        assert _state(spark, checkpoint) == expected  # the statestore source
+        assert (checkpoint / "commits" / "7").exists()
     assert [p for p in checkpoint.rglob("*") if p.name.endswith(STATE_SUFFIXES)] == []
     partitions: dict[str, set[str]] = {}  # bridge -> state/<op>/<partition> it wrote in
     for m in base.glob("ss/*/manifest-*.json"):
@@ -116,31 +129,11 @@ def test_a_batch_of_200_partitions_on_two_hosts_is_one_object(tmp_path: Path) ->
     batches = 10
     for n in range(1, batches + 1):
         _write_input(source, n)
-    (tmp_path / "tree").mkdir()
-    services = start_tree(tmp_path / "tree")
-    base = Path(services.nodes.local_tree.topology.base_path)
-    try:
-        sockets = [tmp_path / f"host{i}" / "bridge.sock" for i in range(2)]
-        for s in sockets:
-            services.add_bridge(s)
-        env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in sockets]
-        with standalone_cluster(tmp_path, workers=2, worker_env=env) as cluster:
-            builder = ss_builder(cluster.master_url, partitions=200)
-            for k, v in submit_conf(cluster, {}).items():
-                builder = builder.config(k, v)
-            spark = configure(builder, socket=services.socket).getOrCreate()
-            spark.sparkContext.setLogLevel("ERROR")
-            try:
-                sc = spark.sparkContext._jsc.sc()
-                wait_until(lambda: sc.getExecutorMemoryStatus().size() == 3, timeout=120.0)
-                q = _start(spark, source, checkpoint, "wide")
-                got = _finish(spark, q, "wide", timeout=QUERY_TIMEOUT)
-                assert got == _expected(spark, source)
-                assert _state(spark, checkpoint) == got
-            finally:
-                spark.stop()
-    finally:
-        services.stop()
+    with _two_hosts(tmp_path, 200, {}) as (spark, base):
+        q = _start(spark, source, checkpoint, "wide")
+        got = _finish(spark, q, "wide", timeout=QUERY_TIMEOUT)
+        assert got == _expected(spark, source)
+        assert _state(spark, checkpoint) == got
     assert [p for p in checkpoint.rglob("*") if p.name.endswith(STATE_SUFFIXES)] == []
     objects = _state_objects(base)
     per_batch = len(objects) / batches
