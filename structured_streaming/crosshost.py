@@ -10,16 +10,18 @@ checked (:func:`load_body`):
 - ``drive {root, app, boot}``, broadcast by the bridge of the driver's host (the
   *committer*) when the driver announces a batch (at most every ``DRIVE_RENEW`` s per
   root): the other bridges learn that ``app``'s writes of ``root`` are committed there.
-- ``hold {root, app, boot}``, from a bridge that accepts a write of such a root and has
+- ``hold {root, app, boot, cp}``, from a bridge that accepts a write of such a root and has
   not announced itself since the committer's last flush of it; answered by
   ``held {root}``. The write's ``put`` is answered only after that, so the committer
   knows every host holding files of a batch before the batch's tasks have finished, and
   so before its commit. No answer within ``HOLD_WAIT`` s: the write is persisted at once
   and waited for, as without a committer elsewhere.
-- ``flush {root, gid, parts, boot, cid}``, from the committer at the commit, to every
-  bridge that announced itself: persist every held write of ``root`` as part of flush
-  group ``gid`` of ``parts`` contributors (client/batching.py FlushGroup: the node that
-  writes them waits for all parts, one object), answered at once by ``flushing {cid}``
+- ``flush {root, gid, parts, boot, cid, cp}``, from the committer at the commit, to
+  every bridge that announced itself: persist every held write of ``root`` as part of
+  flush group ``gid`` of ``parts`` contributors, each with checkpoint id ``cp`` (the
+  highest version any holder announced: every node routes all parts alike;
+  client/batching.py FlushGroup: the node that writes them waits for all parts, one
+  object), answered at once by ``flushing {cid}``
   and, once those writes are durable, by ``flushed {cid, ok, n, error}``. ``boot`` is
   the process the holder announced itself from: a bridge restarted since lost what it
   held, answers ``ok: false``, and the commit fails (Spark runs the batch again).
@@ -66,9 +68,9 @@ def load_body(body: bytes) -> dict[str, Any]:
     for key in ("cid", "error"):
         if key in d and (not isinstance(d[key], str) or len(d[key]) > MAX_TEXT):
             raise WireError("malformed", f"note field {key!r}: a string of at most {MAX_TEXT}")
-    for key in ("parts", "n"):
-        if key in d and (type(d[key]) is not int or not 0 <= d[key] <= 1 << 20):
-            raise WireError("malformed", f"note field {key!r}: an integer 0..{1 << 20}")
+    for key, top in (("parts", 1 << 20), ("n", 1 << 20), ("cp", 1 << 62)):
+        if key in d and (type(d[key]) is not int or not 0 <= d[key] <= top):
+            raise WireError("malformed", f"note field {key!r}: an integer 0..{top}")
     required = {
         "drive": ("root", "app", "boot"),
         "hold": ("root", "app", "boot"),
@@ -117,6 +119,7 @@ class CrossHost:
     remotes: dict[tuple[str, str], Remote] = field(default_factory=dict)  # (root, app)
     announced: dict[str, str] = field(default_factory=dict)  # root -> committer bridge
     holders: dict[str, dict[str, str]] = field(default_factory=dict)  # root -> {bridge: boot}
+    hold_cps: dict[str, int] = field(default_factory=dict)  # root -> highest version held
     flushes: dict[str, Flush] = field(default_factory=dict)  # cid -> a holder's flush
     drives: dict[str, float] = field(default_factory=dict)  # root -> last broadcast
 
@@ -145,8 +148,15 @@ class CrossHost:
         return True
 
     def on_hold(self, d: dict[str, Any], frm: str) -> None:
-        """Bridge ``frm`` (process ``boot``) holds files of ``root`` for the next commit."""
+        """Bridge ``frm`` (process ``boot``) holds files of ``root`` for the next commit,
+        the first of version ``cp``."""
         self.holders.setdefault(d["root"], {})[frm] = d["boot"]
+        self.hold_cps[d["root"]] = max(self.hold_cps.get(d["root"], 0), int(d.get("cp", 0)))
+
+    def commit_cp(self, root: str, own: int) -> int:
+        """The checkpoint id every part of ``root``'s flush group goes with (the highest
+        version held anywhere, ``own`` here): every node routes the parts alike."""
+        return max(own, self.hold_cps.pop(root, 0))
 
     def start_commit(self, root: str, now: float) -> dict[str, tuple[str, str]]:
         """The holders of ``root`` to flush: cid -> (holder, its boot); they are

@@ -368,7 +368,7 @@ class TreeFiles:
             if not hold and self._notes is not None:
                 remote = self.crosshost.committer(root, app, time.monotonic())
         if remote is not None:  # the driver commits on another host: hold for it
-            hold = self._announce(root, remote)
+            hold = self._announce(root, remote, checkpoint_id(path))
         with self.cond:
             if hold:
                 h = _Held(path, sqn, kg, chunks, size, time.monotonic())
@@ -458,10 +458,14 @@ class TreeFiles:
         own = self._take_held(root)
         parts = len(flushes) + (1 if own else 0)
         gid = f"{query_key(root)}:{secrets.token_hex(6)}"
+        with self.cond:
+            cp = self.crosshost.commit_cp(root, _highest_version(own))
         for cid, (holder, boot) in flushes.items():
-            self._send_note(holder, "flush", root=root, gid=gid, parts=parts, boot=boot, cid=cid)
+            self._send_note(
+                holder, "flush", root=root, gid=gid, parts=parts, boot=boot, cid=cid, cp=cp
+            )
         group = FlushGroup(gid, parts, self.crosshost.name, len(own)) if own else None
-        self._persist_many(own, group)
+        self._persist_many(own, group, cp)
         try:
             waited = self.wait_durable(root, timeout, targets)
             return waited + self._wait_flushes(list(flushes), deadline)
@@ -517,7 +521,7 @@ class TreeFiles:
         self._persist_many([(root, _Held(path, sqn, kg, chunks, size, 0.0))])
 
     def _persist_many(
-        self, writes: list[tuple[str, _Held]], group: FlushGroup | None = None
+        self, writes: list[tuple[str, _Held]], group: FlushGroup | None = None, cp: int = 0
     ) -> None:
         """Persist each write as one segment of a fresh writer, the segments of ``group``
         (the node that writes them holds a group until all its parts arrived:
@@ -527,6 +531,9 @@ class TreeFiles:
         c = self.client
         uploader: Any = c.uploader if group is None else _InGroup(c.uploader, group)
         writers: list[tuple[str, _Held, ChangelogWriter | BaseException]] = []
+        # a group's segments go with one checkpoint id, so that every node routes them
+        # alike (an SST file's 0 would take another plan window's route)
+        group_cp = max(cp, _highest_version(writes))
         for root, h in writes:
             try:
                 new = ChangelogWriter(
@@ -538,9 +545,11 @@ class TreeFiles:
             except Exception as e:  # noqa: BLE001 - a refused writer is a failed write
                 writers.append((root, h, e))
         for root, h, w in writers:
-            self._start(root, h, w)
+            self._start(root, h, w, None if group is None else group_cp)
 
-    def _start(self, root: str, h: _Held, w: ChangelogWriter | BaseException) -> None:
+    def _start(
+        self, root: str, h: _Held, w: ChangelogWriter | BaseException, cp: int | None = None
+    ) -> None:
         """Append ``h``'s changes to ``w`` and persist; the outcome to :meth:`_persisted`."""
         fut: Future[ChangelogHandle]
         try:
@@ -548,7 +557,8 @@ class TreeFiles:
                 raise w
             for chunk in h.chunks:
                 w.append(h.kg, chunk)
-            fut = w.persist_durably(h.sqn, checkpoint_id=checkpoint_id(h.path))
+            cp = checkpoint_id(h.path) if cp is None else cp
+            fut = w.persist_durably(h.sqn, checkpoint_id=cp)
         except Exception as e:  # noqa: BLE001 - a refused persist is a failed write
             fut = Future()
             fut.set_exception(e)
@@ -640,7 +650,7 @@ class TreeFiles:
         if op == "hold":
             self._send_note(frm, "held", root=d["root"])
 
-    def _announce(self, root: str, remote: Remote) -> bool:
+    def _announce(self, root: str, remote: Remote, cp: int) -> bool:
         """Make sure the committer ``remote`` knows this bridge holds files of ``root``
         for its next commit (one hold note per commit); whether it does."""
         with self.cond:
@@ -651,7 +661,7 @@ class TreeFiles:
             if ev is None:
                 ev = self._announcing[root] = threading.Event()
         if first:
-            self._send_note(remote.bridge, "hold", root=root, app="", boot=self.boot)
+            self._send_note(remote.bridge, "hold", root=root, app="", boot=self.boot, cp=cp)
         if ev.wait(crosshost.HOLD_WAIT):
             return True
         with self.cond:
@@ -673,7 +683,7 @@ class TreeFiles:
         own = self._take_held(root) if root in self.view.roots else []
         parts = max(1, d["parts"])
         group = FlushGroup(d["gid"], parts, self.crosshost.name, len(own)) if own else None
-        self._persist_many(own, group)
+        self._persist_many(own, group, int(d.get("cp", 0)))
         try:
             if own:
                 self.wait_durable(root, FLUSH_WAIT, {(h.path, h.sqn) for _, h in own})
@@ -940,6 +950,11 @@ class TreeFiles:
         with self.cond:
             self.counts["objects_deleted"] += 1
             return self.view.on_object_deleted(ins.url)
+
+
+def _highest_version(writes: list[tuple[str, _Held]]) -> int:
+    """The highest state version the files of ``writes`` name (0: none)."""
+    return max((checkpoint_id(h.path) for _, h in writes), default=0)
 
 
 class _InGroup:

@@ -110,6 +110,9 @@ def test_a_holder_that_restarted_fails_the_commit(tmp_path: Path, tree) -> None:
         ea.stop()  # its held files are persisted at stop, but it is another process now
         ea2 = _bridge(tmp_path, tree, "host-a", "a")
         with ea2:
+            d.files.crosshost.drives.clear()  # broadcast again: notes reach the new process
+            driver.ok({"op": "drive", "root": ROOT})
+            wait_until(lambda: _knows_committer(ea2), timeout=20)
             h, _ = driver.call({"op": "commit", "root": ROOT, "timeout": 30, "boot": boot})
             assert h["ok"] is False and h["code"] == "unavailable"
             assert "restarted" in h["error"]
