@@ -14,6 +14,14 @@ is wrapped in ``faulty::`` with ``--dfs-faults``'s spec of the same model
 (:func:`dstltree.storage.targets.with_faults`). Both draw from the same seed.
 ``minBatchesToRetain`` is set above the batch count so that nothing is deleted during
 a run: the files counted are the files written.
+
+``hosts`` N > 0 (``--hosts N``, issue 45): the runs go to a Spark standalone cluster of N
+workers, each on its own loopback host (``dstl cluster``'s classes) with its own node
+and bridge (``DSTLTREE_BRIDGE_SOCKET`` in the worker's environment), and the driver on
+this process's host with a third bridge on the tree's root and no executor: every state
+file is written on a host other than the driver's. Spark's requests by kind are then
+counted in the driver's JVM only (the executors' LatencyFileSystem counters stay in
+their JVMs): the metadata logs' requests, not the state files'.
 """
 
 from __future__ import annotations
@@ -50,6 +58,8 @@ class SsBenchSettings:
     duration and trigger figures (state store start-up: RocksDB instances, folders);
     ``maintenance_s``: the state maintenance interval (seconds; a snapshot, zip and SST
     files, every 10 versions of a partition, counted with the files written).
+    ``hosts``: 0 for ``local[cores]``, else worker hosts of a standalone cluster
+    (module docstring), ``cores`` cores each.
     Raises ValueError for an unknown model or out-of-range numbers."""
 
     partitions: tuple[int, ...] = (4, 200)
@@ -66,6 +76,7 @@ class SsBenchSettings:
     persist_delay_s: float = 0.05
     warmup: int = 1
     maintenance_s: float = 1.0
+    hosts: int = 0
 
     def __post_init__(self) -> None:
         from dstltree.topology.latency import get_model
@@ -82,6 +93,8 @@ class SsBenchSettings:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.maintenance_s <= 0:
             raise ValueError(f"maintenance_s must be > 0, got {self.maintenance_s}")
+        if not 0 <= self.hosts <= 8:
+            raise ValueError(f"hosts must be 0..8, got {self.hosts}")
         if self.persist_delay_s < 0:
             raise ValueError(f"persist_delay_s must be >= 0, got {self.persist_delay_s}")
 
@@ -142,12 +155,14 @@ def latency_conf(model_name: str, scale: float = 1.0, seed: int = 0) -> dict[str
     return {f"spark.hadoop.{k}": v for k, v in conf.items()}
 
 
-def _topology(work: Path, hedged: bool, persist_delay_s: float) -> Path:
-    """A two-node tree (root and one leaf, the host's node) with ``persist_delay_s``
+def _topology(work: Path, hedged: bool, persist_delay_s: float, hosts: int = 0) -> Path:
+    """A two-node tree (root and one leaf, the host's node), or with ``hosts`` the root
+    (the driver's host) and one node per worker host below it, with ``persist_delay_s``
     (seconds); uploads hedged after the p75 of recent latencies on an object store
     (docs/tuning.md)."""
     path = work / "topology.yaml"
     hedging = "upload_adaptive_percentile: 75\n" if hedged else ""
+    leaves = [f"h{i}" for i in range(hosts)] or ["a"]
     path.write_text(
         "base_path: dstl\n"
         "target_object_bytes: 4MiB\n"
@@ -155,9 +170,14 @@ def _topology(work: Path, hedged: bool, persist_delay_s: float) -> Path:
         f"{hedging}"
         "nodes:\n"
         "  - {id: root, bind: auto}\n"
-        "  - {id: a, bind: auto, parent: root}\n"
+        + "".join(f"  - {{id: {leaf}, bind: auto, parent: root}}\n" for leaf in leaves)
     )
     return path
+
+
+def host_sockets(work: Path, hosts: int) -> list[Path]:
+    """The bridge socket of each worker host."""
+    return [work / f"host{i}" / "bridge.sock" for i in range(hosts)]
 
 
 @contextmanager
@@ -171,20 +191,45 @@ def _tree(work: Path, settings: SsBenchSettings) -> Iterator[tuple[Any, Path]]:
     base, opts = str(folder), dict[str, Any]()
     if settings.fault_spec is not None:
         base, opts = with_faults(base, {}, settings.fault_spec)
+    hosts = settings.hosts
     services = start_local(
-        _topology(work, settings.fault_spec is not None, settings.persist_delay_s),
+        _topology(work, settings.fault_spec is not None, settings.persist_delay_s, hosts),
         base_path=base,
         storage_options=opts,
+        bridge_node="root" if hosts else None,
     )
     try:
+        for i, sock in enumerate(host_sockets(work, hosts)):
+            services.add_bridge(sock, node=f"h{i}")  # the worker host's bridge, its node
         yield services, folder
     finally:
         services.stop()
 
 
-def _builder(settings: SsBenchSettings, partitions: int) -> Any:
-    """A quiet loopback ``local[cores]`` builder with the query's state store settings
-    (and the latency file system when a model is set)."""
+@contextmanager
+def _cluster(work: Path, settings: SsBenchSettings) -> Iterator[str | None]:
+    """The master URL of a standalone cluster of ``settings.hosts`` worker hosts, each
+    with its bridge's socket in its environment (None, no cluster, for 0 hosts);
+    stopped by PID on exit."""
+    if not settings.hosts:
+        yield None
+        return
+    from dstltree.cli.commands.cluster import start_cluster
+
+    env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in host_sockets(work, settings.hosts)]
+    cluster = start_cluster(
+        work / "standalone", settings.hosts, settings.cores, "2g", worker_env=env
+    )
+    try:
+        yield cluster.master_url
+    finally:
+        cluster.stop()
+
+
+def _builder(settings: SsBenchSettings, partitions: int, master: str | None = None) -> Any:
+    """A quiet loopback ``local[cores]`` builder (or one for the standalone ``master``)
+    with the query's state store settings (and the latency file system when a model is
+    set)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -214,7 +259,15 @@ def _builder(settings: SsBenchSettings, partitions: int) -> Any:
     jar = str(jar_path())
     conf["spark.jars"] = jar
     conf["spark.driver.extraClassPath"] = jar  # Hadoop finds the file system class
-    builder = SparkSession.builder.master(f"local[{settings.cores}]").appName("dstl-bench-ss")
+    if master is not None:  # the executors' JVMs on this machine: the same jar file
+        from dstltree.cli.commands.cluster import QUICK_JVM
+
+        conf["spark.executor.extraClassPath"] = jar
+        conf["spark.executor.memory"] = "1g"
+        conf["spark.driver.extraJavaOptions"] += f" {QUICK_JVM}"
+        conf["spark.executor.extraJavaOptions"] += f" {QUICK_JVM}"
+    url = master or f"local[{settings.cores}]"
+    builder = SparkSession.builder.master(url).appName("dstl-bench-ss")
     for k, v in conf.items():
         builder = builder.config(k, v)
     return builder
@@ -237,14 +290,19 @@ def _close_latency_fs(spark: Any) -> None:
 
 
 def _one_run(
-    settings: SsBenchSettings, work: Path, engine: str, partitions: int, socket: Path | None
+    settings: SsBenchSettings,
+    work: Path,
+    engine: str,
+    partitions: int,
+    socket: Path | None,
+    master: str | None = None,
 ) -> tuple[QueryFigures, dict[str, int]]:
     """One run in a fresh session: the query's figures and Spark's requests (by kind)
     on the latency file system during it."""
     from dstltree.structured_streaming import configure, jar_path
     from dstltree.structured_streaming.configure import add_to_running_driver
 
-    builder = _builder(settings, partitions)
+    builder = _builder(settings, partitions, master)
     if engine == "tree":  # the latency file system wrapped too: SST files reach the tree
         wrapped = {"file": ""}
         if settings.dfs_model != NO_MODEL:
@@ -254,6 +312,8 @@ def _one_run(
         add_to_running_driver(str(jar_path()))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if master is not None:
+        _await_executors(spark, settings.hosts, settings.timeout_s)
     run_dir = work / f"{engine}-{partitions}"
     scheme = "file" if settings.dfs_model == NO_MODEL else LATENCY_SCHEME
     spec = QueryInput(
@@ -280,6 +340,19 @@ def _one_run(
         spark.stop()
 
 
+def _await_executors(spark: Any, hosts: int, timeout_s: float) -> None:
+    """Wait until an executor of every worker host registered (the driver counts too).
+    Raises TimeoutError after ``timeout_s`` seconds."""
+    import time
+
+    sc = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + timeout_s
+    while sc.getExecutorMemoryStatus().size() < hosts + 1:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"executors of {hosts} hosts not registered in {timeout_s} s")
+        time.sleep(0.2)  # polling Spark's registry: nothing to wait on
+
+
 def _objects(folder: Path) -> int:
     """Objects (``*.dstl``) written under the tree's folder: not the empty files a
     local store keeps created ahead (:mod:`dstltree.storage.reserve`)."""
@@ -302,14 +375,19 @@ def run_ss_bench(
     folder = Path(tempfile.mkdtemp(prefix="dstl-bench-ss-")) if work is None else work
     runs: list[SsRun] = []
     try:
-        with _tree(folder, settings) as (services, objects):
+        with (
+            _tree(folder, settings) as (services, objects),
+            _cluster(folder, settings) as master,
+        ):
             for partitions in settings.partitions:
                 for engine in engines:
                     if progress is not None:
                         progress(f"{engine}, {partitions} shuffle partitions")
                     before = _objects(objects)
                     socket = services.socket if engine == "tree" else None
-                    figures, requests = _one_run(settings, folder, engine, partitions, socket)
+                    figures, requests = _one_run(
+                        settings, folder, engine, partitions, socket, master
+                    )
                     made = _objects(objects) - before
                     runs.append(SsRun(engine, partitions, figures, made, requests))
     finally:

@@ -82,16 +82,19 @@ class LocalServices:
     more_bridges: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _stopped: bool = field(default=False, repr=False)
 
-    def add_bridge(self, socket: Path, start_timeout: float = BRIDGE_START_TIMEOUT) -> None:
-        """Start one more bridge to the same nodes on ``socket``, as another host's
-        bridge beside its own node would be (stopped with the rest). Raises
+    def add_bridge(
+        self, socket: Path, start_timeout: float = BRIDGE_START_TIMEOUT, node: str | None = None
+    ) -> None:
+        """Start one more bridge on ``socket``, as another host's bridge beside its own
+        node would be (stopped with the rest): to ``node`` (a node id of the local tree,
+        then its parents) or, when None, to the same nodes as the first bridge. Raises
         BridgeStartError."""
         n = len(self.more_bridges) + 1
         self.more_bridges.append(
             _start_bridge(
                 socket,
                 self.workdir / "topology.yaml",
-                _bridge_nodes(self.nodes),
+                _bridge_nodes(self.nodes, node),
                 self.workdir / f"bridge-{n}.log",
                 start_timeout,
             )
@@ -244,11 +247,13 @@ def start_local(
     storage_options: dict[str, Any] | None = None,
     curve: bool = True,
     start_timeout: float = BRIDGE_START_TIMEOUT,
+    bridge_node: str | None = None,
 ) -> LocalServices:
     """Start the nodes of ``topology`` here and one bridge to them on ``socket`` (None:
     ``<private dir>/bridge.sock``, the directory 0700), wait for the bridge's ready line
     (at most ``start_timeout`` s) and return what was started (also stopped at exit).
-    Raises BridgeStartError, TopologyError."""
+    ``bridge_node``: the node id the bridge sends to first (None: a leaf). Raises
+    BridgeStartError, TopologyError."""
     from dstltree.sparkplug.nodes import local_nodes
     from dstltree.topology.config import load_topology
 
@@ -273,7 +278,7 @@ def start_local(
         services.bridge = _start_bridge(
             services.socket,
             bridge_topology,
-            _bridge_nodes(services.nodes),
+            _bridge_nodes(services.nodes, bridge_node),
             services.log,
             start_timeout,
         )
@@ -295,11 +300,11 @@ def _bridge_topology(topo: Any, nodes: Any, curve: bool) -> dict[str, Any]:
     return data
 
 
-def _bridge_nodes(nodes: Any) -> list[str]:
-    """The endpoints the bridge sends to, in order of preference: a leaf of the local
-    tree (as the node beside an executor would be), then that leaf's parents."""
+def _bridge_nodes(nodes: Any, node: str | None = None) -> list[str]:
+    """The endpoints the bridge sends to, in order of preference: ``node`` (None: a leaf
+    of the local tree, as the node beside an executor would be), then its parents."""
     tree = nodes.local_tree
-    leaf = tree.tree.nodes[-1]  # breadth-first order: the last node is a leaf
+    leaf = tree.tree.nodes[-1] if node is None else node  # breadth-first: last is a leaf
     return [tree.address(leaf), *tree.parent_addresses(leaf)]
 
 

@@ -80,10 +80,11 @@ def table_rows(runs: list[SsRun]) -> list[tuple[str, ...]]:
 
 def _title(s: SsBenchSettings) -> str:
     model = s.dfs_model if s.scale == 1 else f"{s.dfs_model} x{s.scale:g}"
+    where = f"local[{s.cores}]" if not s.hosts else f"{s.hosts} worker hosts x {s.cores} cores"
     return (
         f"structured streaming: {s.batches} batches of {s.rows} rows over {s.keys} keys, "
         f"trigger {s.trigger_s * 1000:.0f} ms (held: every start within "
-        f"{s.held_factor:g}x), local[{s.cores}], RocksDB changelog, DFS model {model}, "
+        f"{s.held_factor:g}x), {where}, RocksDB changelog, DFS model {model}, "
         f"maintenance every {s.maintenance_s:g} s, "
         f"tree persist delay {s.persist_delay_s:g} s, p50/p99/held without the first "
         f"{s.warmup} batch(es)"
@@ -108,7 +109,18 @@ def structured_streaming(
     trigger: Annotated[
         float, typer.Option(min=0.01, help="Trigger interval (s); files land at it.")
     ] = 0.3,
-    cores: Annotated[int, typer.Option(min=1, help="Cores: local[N].")] = 4,
+    cores: Annotated[
+        int, typer.Option(min=1, help="Cores: local[N], or of each worker host with --hosts.")
+    ] = 4,
+    hosts: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=8,
+            help="0: local[N]; else a standalone cluster of this many worker hosts, each "
+            "with its own node and bridge, the driver on a third host.",
+        ),
+    ] = 0,
     engines: Annotated[str, typer.Option(help="spark,tree or one of them.")] = "spark,tree",
     persist_delay: Annotated[
         float, typer.Option(min=0.0, help="The tree's persist delay (s).")
@@ -153,6 +165,7 @@ def structured_streaming(
             persist_delay_s=persist_delay,
             warmup=warmup,
             maintenance_s=maintenance,
+            hosts=hosts,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from e

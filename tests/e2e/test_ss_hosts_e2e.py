@@ -40,11 +40,14 @@ QUERY_TIMEOUT = 300.0  # seconds for the 8 batches, task retries included
 
 
 @contextmanager
-def _two_hosts(tmp_path: Path, partitions: int, conf: dict[str, str]) -> Iterator[tuple[Any, Path]]:
+def _two_hosts(
+    tmp_path: Path, partitions: int, conf: dict[str, str], out: list[Any] | None = None
+) -> Iterator[tuple[Any, Path]]:
     """A Spark session on a standalone cluster of two workers standing for two hosts,
     each with its own bridge, and the driver's host with a third, all on the same nodes:
-    (the session, the tree's base path). Everything is stopped on exit, the bridges
-    writing their last manifests."""
+    (the session, the tree's base path); ``out`` (if given) gets the services and the
+    hosts' sockets. Everything is stopped on exit, the bridges writing their last
+    manifests."""
     (tmp_path / "tree").mkdir()
     services = start_tree(tmp_path / "tree")  # the nodes and the driver's host's bridge
     base = Path(services.nodes.local_tree.topology.base_path)
@@ -53,6 +56,8 @@ def _two_hosts(tmp_path: Path, partitions: int, conf: dict[str, str]) -> Iterato
         for s in sockets:
             services.add_bridge(s)
         env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in sockets]
+        if out is not None:
+            out += [services, sockets]
         with standalone_cluster(tmp_path, workers=2, worker_env=env) as cluster:
             builder = ss_builder(cluster.master_url, partitions=partitions)
             for k, v in submit_conf(cluster, conf).items():
@@ -139,3 +144,39 @@ def test_a_batch_of_200_partitions_on_two_hosts_is_one_object(tmp_path: Path) ->
     per_batch = len(objects) / batches
     print(f"tree objects holding state: {len(objects)} for {batches} batches ({per_batch:.2f})")
     assert per_batch <= 1.2, sorted(len(o) for o in objects)
+
+
+@pytest.mark.timeout(900)
+def test_a_worker_hosts_bridge_killed_while_holding_files_fails_the_batch_not_the_state(
+    tmp_path: Path,
+) -> None:
+    """Issue 45: SIGKILL one executor host's bridge mid-batch, while it holds the batch's
+    files, and start it again: that batch's commit fails (the holder is silent) or its
+    files went elsewhere, the query started again from its checkpoint finishes, and the
+    state read back equals the batch answer."""
+    import os
+    import signal
+
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    for n in range(1, 9):
+        _write_input(source, n)
+    parts: list[Any] = []
+    with _two_hosts(tmp_path, 8, {}, parts) as (spark, base):
+        services, sockets = parts
+        q = _start(spark, source, checkpoint, "bridgekill")
+        wait_until(lambda: (checkpoint / "commits" / "1").exists(), timeout=QUERY_TIMEOUT)
+        victim = services.more_bridges[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(30)
+        services.add_bridge(sockets[0])  # the host's bridge again, a new process
+        ended = q.awaitTermination(QUERY_TIMEOUT)
+        assert ended, "the query did not end in time"
+        if q.exception() is not None:  # the commit of the batch in flight failed
+            q = _start(spark, source, checkpoint, "bridgekill")
+        got = _finish(spark, q, "bridgekill", timeout=QUERY_TIMEOUT)
+        expected = _expected(spark, source)
+        assert got == expected
+        assert _state(spark, checkpoint) == expected
+        assert (checkpoint / "commits" / "7").exists()
+    info = inspect_base(str(base), {})
+    assert info["missing"] == []

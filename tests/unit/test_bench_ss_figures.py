@@ -61,7 +61,8 @@ def test_settings_checks_and_fault_spec() -> None:
     assert SsBenchSettings().fault_spec is None
     s = SsBenchSettings(dfs_model="flip158-s3", scale=0.1, seed=3)
     assert s.fault_spec == "flip158-s3,scale=0.1,seed=3"
-    for bad in ({"dfs_model": "nope"}, {"partitions": ()}, {"batches": 0}, {"trigger_s": 0}):
+    bads = ({"dfs_model": "nope"}, {"partitions": ()}, {"batches": 0}, {"trigger_s": 0})
+    for bad in (*bads, {"hosts": -1}, {"hosts": 9}):
         with pytest.raises(ValueError):
             SsBenchSettings(**bad)  # type: ignore[arg-type]
 
