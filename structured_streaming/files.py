@@ -60,6 +60,8 @@ _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip
 # manifest-<seq>.json (format 1, one bridge) or manifest-<bridge id>-<seq>.json
 FLUSH_WAIT = 100.0  # s a holder waits for its flushed files to become durable
 _MANIFEST = re.compile(r"/manifest-(?:([A-Za-z0-9._-]{1,64})-)?(\d{1,18})\.json$")
+MANIFEST_BATCHES = 2  # a root's manifest is written at most once per this many batches
+MANIFEST_MAX_WAIT = 30.0  # s: ... and at least this often while it changes
 REFRESH_INTERVAL = 1.0  # s between refreshes of a root on a miss, at least
 SWEEP_INTERVAL = 60.0  # s between orphan sweeps, at least (and one when the bridge stops)
 SWEEP_MIN_AGE = 10.0  # s: younger objects wait for the next sweep (a copy may be on its way)
@@ -153,6 +155,8 @@ class TreeFiles:
         self._announcing: dict[str, threading.Event] = {}  # root -> hold note on its way
         self._notes = self._subscribe()
         self._note_pool: ThreadPoolExecutor | None = None
+        self._manifested: dict[str, float] = {}  # root -> monotonic time of its manifest
+        self._batches: dict[str, deque[float]] = {}  # root -> monotonic commit/flush times
         self.counts: dict[str, int] = dict.fromkeys(
             (
                 "puts", "deletes", "durable", "failed", "manifests", "objects_deleted",
@@ -450,6 +454,7 @@ class TreeFiles:
                 "unavailable", "the bridge restarted during the batch: held state files lost"
             )
         self.ensure(root)
+        self._batch_seen(root)
         deadline = time.monotonic() + timeout
         with self.cond:
             self._committers[(root, app)] = self._clock()
@@ -678,6 +683,7 @@ class TreeFiles:
         if d["boot"] != self.boot:
             self._send_note(frm, "flushed", cid=cid, ok=False, error="bridge restarted")
             return
+        self._batch_seen(root)
         with self.cond:
             self.crosshost.announced.pop(root, None)  # the next write announces again
         own = self._take_held(root) if root in self.view.roots else []
@@ -791,20 +797,42 @@ class TreeFiles:
             gone = self._clock() - COMMITTER_TTL
             for k in [k for k, t in self._committers.items() if t < gone]:
                 del self._committers[k]
-        self._manifests_and_releases()
+        self._manifests_and_releases(final)
         if not final and time.monotonic() < self._next_sweep:
             return
         self._next_sweep = time.monotonic() + SWEEP_INTERVAL
         for _ in range(4 if final else 1):
             swept = self.sweep(min_age=0.0 if final else SWEEP_MIN_AGE)
-            if not self._manifests_and_releases() and not swept:
+            if not self._manifests_and_releases(final) and not swept:
                 return
 
-    def _manifests_and_releases(self) -> int:
-        """Write the manifests of changed roots, then run the queued releases; the
-        number of manifests written."""
+    def _batch_seen(self, root: str) -> None:
+        """A batch of ``root`` ended here (a commit, or a holder's flush)."""
         with self.cond:
-            docs = [(r, m) for r in list(self.view.roots) if (m := self.view.manifest(r))]
+            self._batches.setdefault(root, deque(maxlen=MANIFEST_BATCHES + 1)).append(
+                time.monotonic()
+            )
+
+    def _manifest_due(self, root: str, now: float) -> bool:
+        """Whether ``root``'s manifest may be written now: at most once per
+        MANIFEST_BATCHES of its batches (their recent mean interval), at least every
+        MANIFEST_MAX_WAIT s (the housekeeper's interval bounds it from below)."""
+        last = self._manifested.get(root)
+        times = self._batches.get(root)
+        if last is None or not times or len(times) < 2:
+            return True
+        gap = (times[-1] - times[0]) / (len(times) - 1)
+        return now - last >= min(MANIFEST_MAX_WAIT, MANIFEST_BATCHES * gap)
+
+    def _manifests_and_releases(self, final: bool = False) -> int:
+        """Write the manifests of changed roots that are due (all when ``final``), then
+        run the queued releases; the number of manifests written."""
+        now = time.monotonic()
+        with self.cond:
+            due = [r for r in list(self.view.roots) if final or self._manifest_due(r, now)]
+            docs = [(r, m) for r in due if (m := self.view.manifest(r))]
+            for r, _ in docs:
+                self._manifested[r] = now
         for root, doc in docs:
             self._write_manifest(root, doc)
         self._run_todo()

@@ -295,10 +295,12 @@ class View:
         prev = None
         if cur is not None and cur.by == self.me and not cur.deleted:
             prev = cur if cur.ref is not None else cur.prev
-        if prev is None:
+        if prev is None and cur is not None:
             self._supersede(rv, path)
+            rv.dirty = True  # the version it replaces leaves the manifest
         rv.files[path] = Entry(sqn, len(data), data=data, by=self.me, prev=prev)
-        rv.dirty = True
+        # a new file changes no manifest until it is durable (manifests hold durable
+        # files only): a batch's puts do not make the root's manifest due
 
     def on_delete(self, root: str, path: str, sqn: int) -> bool:
         """Delete ``path``; returns whether it existed (then the shell writes a

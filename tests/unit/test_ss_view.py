@@ -286,6 +286,8 @@ def test_a_rewrite_keeps_the_older_version_until_it_is_durable() -> None:
     b.new_sqn(20)
     b.on_accepted(R, P, b"v2", 20)  # held: only in memory
     assert b.get(R, P).data == b"v2"  # readers see the new version
+    assert b.manifest(R) is None  # nothing durable changed: no manifest is due
+    b.root(R).dirty = True  # one written anyway (another file changed) still names v1
     m2 = b.manifest(R)
     assert m2["files"][P]["sqn"] == 10 and m2["files"][P]["segment"]["path"] == "X"
     assert b.on_manifest_written(R, m2["seq"]) == []  # X is not released
