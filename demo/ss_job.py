@@ -108,15 +108,18 @@ def run_ss_demo(
     *,
     max_files_per_trigger: int = MAX_FILES_PER_TRIGGER,
     progress: Progress | None = None,
+    hosts: int = 0,
 ) -> dict[str, Any]:
     """Run the demo on this engine end to end (module docstring); returns the report.
     Uses from ``opts``: the base path (a local folder), run id, ``fresh``, topology,
     master, ``checkpoint_interval`` (the trigger, s), ``kill_task_after`` (kill the
     driver after that many committed batches; 0: never), the producer's pace and
-    ``limit_records``. Blocking. Raises ValueError for options it does not take
+    ``limit_records``. ``hosts`` > 0: the query's executors on that many worker hosts of
+    a standalone cluster here, each with its own bridge (dstltree.demo.ss_hosts).
+    Blocking. Raises ValueError for options it does not take
     (:func:`unsupported`), RunExistsError, QueryFailedError, ProducerError,
     BridgeStartError, JarBuildError."""
-    from dstltree.structured_streaming.configure import start_local
+    from dstltree.demo.ss_hosts import demo_services
 
     bad = unsupported(opts)
     if bad:
@@ -134,12 +137,41 @@ def run_ss_demo(
         raise ValueError("this engine needs a topology")
     logs = Path(opts.url("logs"))
     logs.mkdir(parents=True, exist_ok=True)
-    services = start_local(opts.topology, base_path=opts.url("tree"))
-    say(f"{services.nodes.count} nodes and a bridge on {services.socket}")
+    with demo_services(opts.topology, opts.url("tree"), hosts, logs / "hosts") as (
+        services,
+        master,
+    ):
+        say(f"{services.nodes.count} nodes and a bridge on {services.socket}")
+        if master is not None:
+            say(f"{hosts} worker hosts, each with its own bridge: {master}")
+        return _run_and_check(
+            opts, producer, services, master, shuffle_partitions, max_files_per_trigger, say
+        ) | {"hosts": hosts, "wall_s": round(time.monotonic() - started, 1)}
+    raise AssertionError("unreachable")  # the context manager does not swallow
+
+
+def _run_and_check(
+    opts: DemoOptions,
+    producer: FlightsProducer,
+    services: Any,
+    master: str | None,
+    shuffle_partitions: int,
+    max_files_per_trigger: int,
+    say: Progress,
+) -> dict[str, Any]:
+    """Steps 3 and 4 of the module docstring with the services up: the report."""
+    logs = Path(opts.url("logs"))
     try:
         producer.start()
         runs = _run_query(
-            opts, producer, services.socket, shuffle_partitions, max_files_per_trigger, logs, say
+            opts,
+            producer,
+            services.socket,
+            shuffle_partitions,
+            max_files_per_trigger,
+            logs,
+            say,
+            master,
         )
         producer.join(timeout=30)
         producer.raise_if_failed()
@@ -156,7 +188,7 @@ def run_ss_demo(
         "engine": ENGINE,
         "records": checks.pop("records"),
         "source_files": producer.total_files,
-        "master": opts.master,
+        "master": master or opts.master,
         "shuffle_partitions": shuffle_partitions,
         "nodes": services.nodes.count,
         "trigger_interval_s": opts.checkpoint_interval,
@@ -171,7 +203,6 @@ def run_ss_demo(
         "base_path": opts.base_path,
         "run_id": opts.run_id,
         "run_prefix": opts.prefix(),
-        "wall_s": round(time.monotonic() - started, 1),
     }
 
 
@@ -192,9 +223,11 @@ def _run_query(
     max_files_per_trigger: int,
     logs: Path,
     say: Progress,
+    master: str | None = None,
 ) -> dict[str, Any]:
-    """The query's driver processes: the first killed after ``kill_task_after``
-    committed batches (unless it finished first), the next one run to the end.
+    """The query's driver processes (on ``master``, default ``opts.master``): the first
+    killed after ``kill_task_after`` committed batches (unless it finished first), the
+    next one run to the end.
     Returns ``drivers`` (PIDs in order) and ``killed`` (None, or pid,
     ``after_batches`` and ``mid_batch``: a batch was planned but not committed).
     Raises QueryFailedError."""
@@ -211,7 +244,7 @@ def _run_query(
         "--socket",
         str(socket),
         "--master",
-        opts.master,
+        master or opts.master,
         "--shuffle-partitions",
         str(shuffle_partitions),
         "--trigger",

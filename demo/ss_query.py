@@ -77,7 +77,7 @@ def builder(master: str, shuffle_partitions: int, app: str = "dstltree-ss-demo")
     )
     for key, value in STATE_STORE_CONF.items():
         b = b.config(key, value)
-    if master.startswith("local"):
+    if master.startswith(("local", "spark://127.")):  # a cluster on this machine too
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         b = b.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"

@@ -12,7 +12,9 @@ import typer
 from dstltree.cli.commands.demo import _figures, _verdict
 
 
-def run_and_report(console: Any, opts: Any, shuffle_partitions: int, report: Path) -> None:
+def run_and_report(
+    console: Any, opts: Any, shuffle_partitions: int, report: Path, hosts: int = 0
+) -> None:
     """Run the demo on the Structured Streaming engine with ``opts`` (a DemoOptions),
     write the JSON report to ``report`` and print the summary. Raises typer.BadParameter
     for options the engine does not take, typer.Exit(2) when the run id's folder holds
@@ -26,7 +28,7 @@ def run_and_report(console: Any, opts: Any, shuffle_partitions: int, report: Pat
         raise typer.BadParameter(f"{flags}: not with this engine", param_hint="--engine")
     console.print(f"this run's files: {opts.prefix()}/")
     try:
-        result = run_ss_demo(opts, shuffle_partitions, progress=console.print)
+        result = run_ss_demo(opts, shuffle_partitions, progress=console.print, hosts=hosts)
     except RunExistsError as e:
         console.print(f"[red]{e}")
         raise typer.Exit(2) from e

@@ -153,6 +153,13 @@ def demo(
     shuffle_partitions: int = typer.Option(
         4, min=1, max=1000, help="Shuffle partitions (structured-streaming)."
     ),
+    hosts: int = typer.Option(
+        0,
+        min=0,
+        max=8,
+        help="structured-streaming: 0 runs on --master; N runs the query's executors on N "
+        "worker hosts of a standalone cluster here, each with its own bridge.",
+    ),
 ) -> None:
     """Run the plane-statistics demo job.
 
@@ -205,8 +212,10 @@ def demo(
     if engine != ENGINES[0]:
         from dstltree.cli.commands._demo_ss import run_and_report
 
-        run_and_report(console, opts, shuffle_partitions, report)
+        run_and_report(console, opts, shuffle_partitions, report, hosts)
         return
+    if hosts:
+        raise typer.BadParameter("only with --engine structured-streaming", param_hint="--hosts")
     _run_and_report(console, opts, report, s3)
 
 
