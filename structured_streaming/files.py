@@ -152,7 +152,8 @@ class TreeFiles:
         self._held_bytes = 0
         self._committers: dict[tuple[str, str], float] = {}  # (root, app) -> last commit
         self.crosshost = CrossHost(bridge_id or "bridge")  # commits across hosts
-        self._announcing: dict[str, threading.Event] = {}  # root -> hold note on its way
+        # root -> (the committer asked, its answer): a hold note on its way
+        self._announcing: dict[str, tuple[str, threading.Event]] = {}
         self._notes = self._subscribe()
         self._note_pool: ThreadPoolExecutor | None = None
         self._manifested: dict[str, float] = {}  # root -> monotonic time of its manifest
@@ -644,7 +645,8 @@ class TreeFiles:
                 self.crosshost.on_drive(d, frm, now)
             elif op == "hold":
                 self.crosshost.on_hold(d, frm)
-            elif op == "held" and (ev := self._announcing.pop(d["root"], None)) is not None:
+            elif op == "held" and self._announcing.get(d["root"], ("", None))[0] == frm:
+                _, ev = self._announcing.pop(d["root"])  # only the committer asked answers
                 self.crosshost.announced[d["root"]] = frm
                 ev.set()
             elif op == "flushing":
@@ -661,16 +663,17 @@ class TreeFiles:
         with self.cond:
             if self.crosshost.announced.get(root) == remote.bridge:
                 return True
-            ev = self._announcing.get(root)
-            first = ev is None
-            if ev is None:
-                ev = self._announcing[root] = threading.Event()
+            asked = self._announcing.get(root)
+            first = asked is None or asked[0] != remote.bridge
+            if first:
+                self._announcing[root] = (remote.bridge, threading.Event())
+            ev = self._announcing[root][1]
         if first:
             self._send_note(remote.bridge, "hold", root=root, app="", boot=self.boot, cp=cp)
         if ev.wait(crosshost.HOLD_WAIT):
             return True
         with self.cond:
-            if self._announcing.get(root) is ev:
+            if self._announcing.get(root, ("", None))[1] is ev:
                 del self._announcing[root]
         log.warning("no answer from %s for %s: state files are persisted at once", remote, root)
         return False

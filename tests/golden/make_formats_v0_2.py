@@ -3,8 +3,8 @@ this version's own code, so that tests/unit/test_golden_formats.py checks that e
 version still reads them.
 
 Run once, from the repository root, at the commit that adds it:
-``PYTHONPATH=. .venv/bin/python tests/golden/make_formats_v0_2.py``. The files are committed and never
-regenerated (formats-0.1/ holds every other format, unchanged in 0.2).
+``PYTHONPATH=. .venv/bin/python tests/golden/make_formats_v0_2.py``. The files are
+committed and never regenerated (formats-0.1/ holds every other format, unchanged in 0.2).
 
 What it writes:
 

@@ -146,13 +146,40 @@ def test_a_flush_on_one_host_is_not_cut_by_the_persist_delay(tmp_path: Path) -> 
     """Issue 45: a commit's 300 held files reach the node over many milliseconds; with a
     persist delay of 1 ms only the flush group keeps them in one object."""
     nodes = [{"id": "root", "bind": "auto"}]
-    with start(tmp_path, nodes, security={"curve": False}, persist_delay=0.001) as t:
-        with _bridge(tmp_path, t, "driver-host", "root") as d:
-            with BridgeClient(d.socket_path, app=APP) as driver:
-                boot = driver.ok({"op": "drive", "root": ROOT})["boot"]
-                for p in range(300):
-                    driver.put(ROOT, f"state/0/{p}/1.changelog", bytes(2000))
-                h = driver.ok({"op": "commit", "root": ROOT, "timeout": 30, "boot": boot})
-                assert h["files"] == 300
-                (obj,) = _objects(tmp_path)
-                assert len(_paths_in(obj, tmp_path)) == 300
+    with (
+        start(tmp_path, nodes, security={"curve": False}, persist_delay=0.001) as t,
+        _bridge(tmp_path, t, "driver-host", "root") as d,
+        BridgeClient(d.socket_path, app=APP) as driver,
+    ):
+        boot = driver.ok({"op": "drive", "root": ROOT})["boot"]
+        for p in range(300):
+            driver.put(ROOT, f"state/0/{p}/1.changelog", bytes(2000))
+        h = driver.ok({"op": "commit", "root": ROOT, "timeout": 30, "boot": boot})
+        assert h["files"] == 300
+        (obj,) = _objects(tmp_path)
+        assert len(_paths_in(obj, tmp_path)) == 300
+
+
+def test_only_the_committer_asked_answers_a_hold_and_bad_notes_are_counted(
+    tmp_path: Path,
+) -> None:
+    import threading as th
+
+    from dstltree.client.api import ChangelogClient
+    from dstltree.client.wire import Note
+    from dstltree.structured_streaming.crosshost import dump_body
+    from dstltree.structured_streaming.files import TreeFiles
+
+    client = ChangelogClient.open(str(tmp_path / "dfs"))  # no node: notes handled directly
+    try:
+        files = TreeFiles(client, bridge_id="host-a")
+        asked = th.Event()
+        files._announcing[ROOT] = ("driver-host", asked)
+        files._handle_note(Note("host-a", "mallory", dump_body("held", root=ROOT)))
+        assert not asked.is_set() and files.crosshost.announced == {}
+        files._handle_note(Note("host-a", "driver-host", dump_body("held", root=ROOT)))
+        assert asked.is_set() and files.crosshost.announced == {ROOT: "driver-host"}
+        files._handle_note(Note("host-a", "mallory", b"\xc1not msgpack"))
+        assert files.counts["notes_refused"] == 1
+    finally:
+        client.close()
