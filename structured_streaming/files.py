@@ -58,6 +58,7 @@ MAX_HOLD = 300.0  # s a held write waits for its root's commit before it is pers
 COMMITTER_TTL = 3600.0  # s after its last commit an application is forgotten
 _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip)$")
 # manifest-<seq>.json (format 1, one bridge) or manifest-<bridge id>-<seq>.json
+HOLD_RETRY = 30.0  # s after an unanswered hold before a bridge asks again
 FLUSH_WAIT = 100.0  # s a holder waits for its flushed files to become durable
 _MANIFEST = re.compile(r"/manifest-(?:([A-Za-z0-9._-]{1,64})-)?(\d{1,18})\.json$")
 MANIFEST_BATCHES = 2  # a root's manifest is written at most once per this many batches
@@ -156,6 +157,7 @@ class TreeFiles:
         self._announcing: dict[str, tuple[str, threading.Event]] = {}
         self._notes = self._subscribe()
         self._note_pool: ThreadPoolExecutor | None = None
+        self._unanswered: dict[str, float] = {}  # root -> monotonic time of a hold unanswered
         self._manifested: dict[str, float] = {}  # root -> monotonic time of its manifest
         self._batches: dict[str, deque[float]] = {}  # root -> monotonic commit/flush times
         self.counts: dict[str, int] = dict.fromkeys(
@@ -659,10 +661,15 @@ class TreeFiles:
 
     def _announce(self, root: str, remote: Remote, cp: int) -> bool:
         """Make sure the committer ``remote`` knows this bridge holds files of ``root``
-        for its next commit (one hold note per commit); whether it does."""
+        for its next commit (one hold note per commit); whether it does. After a hold
+        nobody answered, writes of ``root`` are persisted at once for HOLD_RETRY s
+        (every node down, or the committer gone: no put waits HOLD_WAIT each)."""
+        now = time.monotonic()
         with self.cond:
             if self.crosshost.announced.get(root) == remote.bridge:
                 return True
+            if now - self._unanswered.get(root, float("-inf")) < HOLD_RETRY:
+                return False
             asked = self._announcing.get(root)
             first = asked is None or asked[0] != remote.bridge
             if first:
@@ -675,6 +682,7 @@ class TreeFiles:
         with self.cond:
             if self._announcing.get(root, ("", None))[1] is ev:
                 del self._announcing[root]
+            self._unanswered[root] = time.monotonic()
         log.warning("no answer from %s for %s: state files are persisted at once", remote, root)
         return False
 

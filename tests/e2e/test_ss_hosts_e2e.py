@@ -213,3 +213,34 @@ def test_the_demo_on_two_worker_hosts_survives_its_driver_killed_mid_batch(
     assert r["killed"] is not None and r["killed"]["mid_batch"] and r["recoveries"] == 1
     assert r["state_files_ok"] and r["orphans"] == 0 and r["missing"] == 0
     assert r["objects_per_batch"] <= 1.2, r["objects_written"]
+
+
+@pytest.mark.timeout(900)
+def test_a_query_restarted_with_every_node_down_still_runs_and_reads_its_state(
+    tmp_path: Path,
+) -> None:
+    """Issue 45: after four batches through the tree, every node stops; the query
+    started again from its checkpoint runs the next four with the bridges alone (a hold
+    nobody answers: each host's files durable at their close, written straight to the
+    DFS), reads the state of the first four back from the tree, and its state equals the
+    batch answer."""
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    for n in range(1, 5):
+        _write_input(source, n)
+    parts: list[Any] = []
+    with _two_hosts(tmp_path, 8, {}, parts) as (spark, base):
+        services, _ = parts
+        q = _start(spark, source, checkpoint, "nonodes")
+        _finish(spark, q, "nonodes", timeout=QUERY_TIMEOUT)
+        assert (checkpoint / "commits" / "3").exists()
+        services.nodes.stop()  # every node of the tree
+        for n in range(5, 9):
+            _write_input(source, n)
+        q = _start(spark, source, checkpoint, "nonodes")
+        got = _finish(spark, q, "nonodes", timeout=QUERY_TIMEOUT)
+        expected = _expected(spark, source)
+        assert got == expected
+        assert _state(spark, checkpoint) == expected
+        assert (checkpoint / "commits" / "7").exists()
+    info = inspect_base(str(base), {})
+    assert info["missing"] == []
