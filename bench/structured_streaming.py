@@ -15,7 +15,7 @@ is wrapped in ``faulty::`` with ``--dfs-faults``'s spec of the same model
 ``minBatchesToRetain`` is set above the batch count so that nothing is deleted during
 a run: the files counted are the files written.
 
-``hosts`` N > 0 (``--hosts N``, issue 45): the runs go to a Spark standalone cluster of N
+``hosts`` N > 0 (``--hosts N``): the runs go to a Spark standalone cluster of N
 workers, each on its own loopback host (``dstl cluster``'s classes) with its own node
 and bridge (``DSTLTREE_BRIDGE_SOCKET`` in the worker's environment), and the driver on
 this process's host with a third bridge on the tree's root and no executor: every state
@@ -175,9 +175,10 @@ def _topology(work: Path, hedged: bool, persist_delay_s: float, hosts: int = 0) 
     return path
 
 
-def host_sockets(work: Path, hosts: int) -> list[Path]:
-    """The bridge socket of each worker host."""
-    return [work / f"host{i}" / "bridge.sock" for i in range(hosts)]
+def host_sockets(services: Any, hosts: int) -> list[Path]:
+    """The bridge socket of each worker host, in the services' private folder (a socket
+    path has at most 107 bytes)."""
+    return [services.workdir / f"host{i}.sock" for i in range(hosts)]
 
 
 @contextmanager
@@ -199,7 +200,7 @@ def _tree(work: Path, settings: SsBenchSettings) -> Iterator[tuple[Any, Path]]:
         bridge_node="root" if hosts else None,
     )
     try:
-        for i, sock in enumerate(host_sockets(work, hosts)):
+        for i, sock in enumerate(host_sockets(services, hosts)):
             services.add_bridge(sock, node=f"h{i}")  # the worker host's bridge, its node
         yield services, folder
     finally:
@@ -207,7 +208,7 @@ def _tree(work: Path, settings: SsBenchSettings) -> Iterator[tuple[Any, Path]]:
 
 
 @contextmanager
-def _cluster(work: Path, settings: SsBenchSettings) -> Iterator[str | None]:
+def _cluster(work: Path, settings: SsBenchSettings, services: Any) -> Iterator[str | None]:
     """The master URL of a standalone cluster of ``settings.hosts`` worker hosts, each
     with its bridge's socket in its environment (None, no cluster, for 0 hosts);
     stopped by PID on exit."""
@@ -216,7 +217,7 @@ def _cluster(work: Path, settings: SsBenchSettings) -> Iterator[str | None]:
         return
     from dstltree.cli.commands.cluster import start_cluster
 
-    env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in host_sockets(work, settings.hosts)]
+    env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in host_sockets(services, settings.hosts)]
     cluster = start_cluster(
         work / "standalone", settings.hosts, settings.cores, "2g", worker_env=env
     )
@@ -377,7 +378,7 @@ def run_ss_bench(
     try:
         with (
             _tree(folder, settings) as (services, objects),
-            _cluster(folder, settings) as master,
+            _cluster(folder, settings, services) as master,
         ):
             for partitions in settings.partitions:
                 for engine in engines:

@@ -1,5 +1,5 @@
 """The Structured Streaming demo on several hosts (``dstl demo --engine
-structured-streaming --hosts N``, issue 45): the services of the driver's host and of N
+structured-streaming --hosts N``): the services of the driver's host and of N
 worker hosts of a Spark standalone cluster on this machine.
 
 Each worker stands for a host (``dstl cluster``'s classes: its own loopback address) with
@@ -46,7 +46,8 @@ def demo_services(
     services = start_local(topology, base_path=tree_url, bridge_node=tree.root)
     cluster = None
     try:
-        sockets = [workdir / f"host{i}" / "bridge.sock" for i in range(hosts)]
+        # in the services' private folder: a socket path has at most 107 bytes
+        sockets = [services.workdir / f"host{i}.sock" for i in range(hosts)]
         for i, sock in enumerate(sockets):
             services.add_bridge(sock, node=leaves[i % len(leaves)])
         env = [{"DSTLTREE_BRIDGE_SOCKET": str(s)} for s in sockets]

@@ -146,6 +146,7 @@ def test_a_batch_of_200_partitions_on_two_hosts_is_one_object(tmp_path: Path) ->
     assert per_batch <= 1.2, sorted(len(o) for o in objects)
 
 
+@pytest.mark.ss_faults
 @pytest.mark.timeout(900)
 def test_a_worker_hosts_bridge_killed_while_holding_files_fails_the_batch_not_the_state(
     tmp_path: Path,
@@ -182,6 +183,7 @@ def test_a_worker_hosts_bridge_killed_while_holding_files_fails_the_batch_not_th
     assert info["missing"] == []
 
 
+@pytest.mark.ss_faults
 @pytest.mark.timeout(600)
 def test_the_demo_on_two_worker_hosts_survives_its_driver_killed_mid_batch(
     tmp_path: Path,
@@ -215,6 +217,7 @@ def test_the_demo_on_two_worker_hosts_survives_its_driver_killed_mid_batch(
     assert r["objects_per_batch"] <= 1.2, r["objects_written"]
 
 
+@pytest.mark.ss_faults
 @pytest.mark.timeout(900)
 def test_a_query_restarted_with_every_node_down_still_runs_and_reads_its_state(
     tmp_path: Path,
