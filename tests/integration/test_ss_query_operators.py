@@ -502,7 +502,7 @@ def _cases() -> Iterator[Any]:
         for provider in PROVIDERS:
             if OPERATORS[op].rocksdb_only and PROVIDERS[provider][_PROVIDER] != ROCKSDB:
                 continue
-            marks = [] if (op, provider) in default else [pytest.mark.ss_matrix]
+            marks = [] if (op, provider) in default else [pytest.mark.ss_matrix, pytest.mark.slow]
             yield pytest.param(op, provider, marks=marks, id=f"{op}-{provider}")
 
 
