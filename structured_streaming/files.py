@@ -476,17 +476,18 @@ class TreeFiles:
         self._persist_many(own, group, cp)
         try:
             waited = self.wait_durable(root, timeout, targets)
-            return waited + self._wait_flushes(list(flushes), deadline)
+            self._wait_flushes(list(flushes), deadline)
         finally:
             with self.cond:
-                self.crosshost.end_commit(list(flushes))
+                remote = self.crosshost.end_commit(list(flushes))
+        return waited + remote
 
-    def _wait_flushes(self, cids: list[str], deadline: float) -> int:
-        """Wait for the holders' flushes of a commit (crosshost module docstring); the
-        files they made durable. Raises WireError(``unavailable``) when one failed, did
-        not answer in time, or ``deadline`` (monotonic) passed."""
+    def _wait_flushes(self, cids: list[str], deadline: float) -> None:
+        """Wait for the holders' flushes of a commit (crosshost module docstring).
+        Raises WireError(``unavailable``) when one failed, did not answer in time, or
+        ``deadline`` (monotonic) passed."""
         if not cids:
-            return 0
+            return
         with self.cond:
             while True:
                 finished, error = self.crosshost.commit_state(cids, time.monotonic())
@@ -500,7 +501,6 @@ class TreeFiles:
             if error:
                 raise WireError("unavailable", f"state files on another host: {error}")
             self.counts["remote_flushes"] += len(cids)
-            return sum(self.crosshost.flushes[c].n for c in cids)
 
     def wait_written(self, root: str, path: str, sqn: int, timeout: float) -> None:
         """Wait until write ``sqn`` of ``path`` is durable (or replaced by a newer

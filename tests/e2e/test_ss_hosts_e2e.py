@@ -39,6 +39,15 @@ pytestmark = [pytest.mark.standalone, pytest.mark.spark, pytest.mark.slow]
 QUERY_TIMEOUT = 300.0  # seconds for the 8 batches, task retries included
 
 
+def _check_answer(spark: Any, source: Path, checkpoint: Path, got: set[tuple]) -> None:
+    """The sink's rows ``got`` and the state read back equal the batch answer, and the
+    eighth batch is committed."""
+    expected = _expected(spark, source)
+    assert got == expected
+    assert _state(spark, checkpoint) == expected
+    assert (checkpoint / "commits" / "7").exists()
+
+
 @contextmanager
 def _two_hosts(
     tmp_path: Path, partitions: int, conf: dict[str, str], out: list[Any] | None = None
@@ -175,12 +184,8 @@ def test_a_worker_hosts_bridge_killed_while_holding_files_fails_the_batch_not_th
         if q.exception() is not None:  # the commit of the batch in flight failed
             q = _start(spark, source, checkpoint, "bridgekill")
         got = _finish(spark, q, "bridgekill", timeout=QUERY_TIMEOUT)
-        expected = _expected(spark, source)
-        assert got == expected
-        assert _state(spark, checkpoint) == expected
-        assert (checkpoint / "commits" / "7").exists()
-    info = inspect_base(str(base), {})
-    assert info["missing"] == []
+        _check_answer(spark, source, checkpoint, got)
+    assert inspect_base(str(base), {})["missing"] == []
 
 
 @pytest.mark.ss_faults
@@ -241,9 +246,5 @@ def test_a_query_restarted_with_every_node_down_still_runs_and_reads_its_state(
             _write_input(source, n)
         q = _start(spark, source, checkpoint, "nonodes")
         got = _finish(spark, q, "nonodes", timeout=QUERY_TIMEOUT)
-        expected = _expected(spark, source)
-        assert got == expected
-        assert _state(spark, checkpoint) == expected
-        assert (checkpoint / "commits" / "7").exists()
-    info = inspect_base(str(base), {})
-    assert info["missing"] == []
+        _check_answer(spark, source, checkpoint, got)
+    assert inspect_base(str(base), {})["missing"] == []
