@@ -103,7 +103,9 @@ def tree_figures(tree_base: str, batches: int) -> dict[str, Any]:
     (objects present: those the bridge released are gone), ``objects_per_batch``,
     ``orphans`` (present, referenced by no query's newest manifest nor by a retained
     checkpoint), ``missing`` (referenced, absent), ``orphan_paths`` (the first 20) and
-    ``ss_queries`` (the checkpoint roots with a manifest). Raises StorageError."""
+    ``ss_queries`` (the checkpoint roots with a manifest), ``manifests_written`` (over
+    the roots' lives: each bridge's newest ``seq`` + 1) and ``manifests_per_batch``.
+    Raises StorageError."""
     from dstltree.coordinator.cleanup import list_data_files, normalize
     from dstltree.structured_streaming.inventory import manifest_objects, newest_manifests
 
@@ -118,6 +120,8 @@ def tree_figures(tree_base: str, batches: int) -> dict[str, Any]:
         "orphans": len(orphans),
         "orphan_paths": orphans[:20],
         "missing": len(referenced - present),
+        "manifests_written": (written := sum(int(doc.get("seq", 0)) + 1 for doc in manifests)),
+        "manifests_per_batch": round(written / batches, 3) if batches else None,
         "ss_queries": [doc.get("root") for doc in manifests],
     }
 

@@ -61,7 +61,7 @@ _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip
 HOLD_RETRY = 30.0  # s after an unanswered hold before a bridge asks again
 FLUSH_WAIT = 100.0  # s a holder waits for its flushed files to become durable
 _MANIFEST = re.compile(r"/manifest-(?:([A-Za-z0-9._-]{1,64})-)?(\d{1,18})\.json$")
-MANIFEST_BATCHES = 2  # a root's manifest is written at most once per this many batches
+MANIFEST_BATCHES = 3  # a root's manifest is written at most once per this many batches
 MANIFEST_MAX_WAIT = 30.0  # s: ... and at least this often while it changes
 REFRESH_INTERVAL = 1.0  # s between refreshes of a root on a miss, at least
 SWEEP_INTERVAL = 60.0  # s between orphan sweeps, at least (and one when the bridge stops)
@@ -74,6 +74,17 @@ def manifest_name(url: str) -> tuple[str, int] | None:
     """(bridge id, seq) of a manifest's URL ("" for format 1's name), None otherwise."""
     m = _MANIFEST.search(url)
     return None if m is None else (m.group(1) or "", int(m.group(2)))
+
+
+def manifest_due(last: float | None, batches: list[float], now: float) -> bool:
+    """Whether a root's manifest, last written at ``last`` (None: never), may be written
+    at ``now`` given when its recent batches ended (``batches``, seconds, oldest first):
+    once MANIFEST_BATCHES mean batch intervals passed, or MANIFEST_MAX_WAIT s; at once
+    while fewer than two batches tell no interval (a new query's first files)."""
+    if last is None or len(batches) < 2:
+        return True
+    gap = (batches[-1] - batches[0]) / (len(batches) - 1)
+    return now - last >= min(MANIFEST_MAX_WAIT, MANIFEST_BATCHES * gap)
 
 
 def checkpoint_id(path: str) -> int:
@@ -828,12 +839,7 @@ class TreeFiles:
         """Whether ``root``'s manifest may be written now: at most once per
         MANIFEST_BATCHES of its batches (their recent mean interval), at least every
         MANIFEST_MAX_WAIT s (the housekeeper's interval bounds it from below)."""
-        last = self._manifested.get(root)
-        times = self._batches.get(root)
-        if last is None or not times or len(times) < 2:
-            return True
-        gap = (times[-1] - times[0]) / (len(times) - 1)
-        return now - last >= min(MANIFEST_MAX_WAIT, MANIFEST_BATCHES * gap)
+        return manifest_due(self._manifested.get(root), list(self._batches.get(root, ())), now)
 
     def _manifests_and_releases(self, final: bool = False) -> int:
         """Write the manifests of changed roots that are due (all when ``final``), then

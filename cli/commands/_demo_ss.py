@@ -68,6 +68,10 @@ def summary(r: dict[str, Any]) -> Any:
         ("driver killed", _killed(r["killed"])),
         ("recoveries", str(r["recoveries"])),
         ("objects written / per batch", f"{r['objects_written']} / {r['objects_per_batch']}"),
+        (
+            "manifests written / per batch",
+            f"{r.get('manifests_written')} / {r.get('manifests_per_batch')}",
+        ),
         ("sink rows / duplicates", f"{r['sink_rows']:,} / {r['sink_duplicate_rows']}"),
         ("state matches batch", _verdict(r["state_matches_batch"], r)),
         ("sink matches batch", _verdict(r["sink_matches_batch"], r)),

@@ -103,6 +103,8 @@ def test_tree_figures_orphans_and_missing_as_inspect_sees_them(tmp_path: Path) -
     assert (f["orphans"], f["orphan_paths"]) == (1, [str(orphan)])  # only an old manifest's
     assert f["missing"] == 1
     assert sorted(f["ss_queries"]) == sorted([root, "file:/elsewhere"])
+    # newest seqs 2 and 7 (seq counts from 0): 3 + 8 manifests written
+    assert (f["manifests_written"], f["manifests_per_batch"]) == (11, 2.75)
 
 
 def test_verdicts_state_sink_duplicates() -> None:
