@@ -155,6 +155,61 @@ def test_a_batch_of_200_partitions_on_two_hosts_is_one_object(tmp_path: Path) ->
     assert per_batch <= 1.2, sorted(len(o) for o in objects)
 
 
+RETAINED_BATCHES = 300
+
+
+@pytest.mark.ss_faults
+@pytest.mark.timeout(1500)
+def test_300_batches_on_two_hosts_keep_only_what_spark_retains(tmp_path: Path) -> None:
+    """Spark's retention on two hosts (``minBatchesToRetain=10``, a snapshot every 5
+    changelogs): over 300 batches Spark deletes its old state files through the
+    manager and the bridges record the deletions (tombstones in their manifests, the
+    live files a small remainder). After the run ``dstl inspect`` finds no orphan and no
+    missing object, and the result and the state equal the batch answer. (An object
+    holding several bridges' segments is released by the orphan sweep once an hour
+    old, SHARED_ORPHAN_AGE, not at once: docs/structured-streaming.md, "Known
+    limits".)"""
+    source, checkpoint = tmp_path / "in", tmp_path / "ckpt"
+    for n in range(1, RETAINED_BATCHES + 1):
+        _write_input(source, n)
+    conf = {
+        "spark.sql.streaming.minBatchesToRetain": "10",
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot": "5",
+        "spark.sql.streaming.stateStore.maintenanceInterval": "2s",
+    }
+    with _two_hosts(tmp_path, 4, conf) as (spark, base):
+        for k, v in conf.items():
+            spark.conf.set(k, v)
+        q = _start(spark, source, checkpoint, "long")
+        got = _finish(spark, q, "long", timeout=1200.0)
+        assert got == _expected(spark, source)
+        assert _state(spark, checkpoint) == got
+        assert (checkpoint / "commits" / str(RETAINED_BATCHES - 1)).exists()
+    assert [p for p in checkpoint.rglob("*") if p.name.endswith(STATE_SUFFIXES)] == []
+    info = inspect_base(str(base), {})
+    assert info["orphans"] == [] and info["missing"] == []
+    live, deleted = 0, 0
+    for doc in _newest_manifests(base):
+        entries = doc["files"].values()
+        deleted += sum(1 for e in entries if e["deleted"])
+        live += sum(1 for e in entries if not e["deleted"])
+    objects = _state_objects(base)
+    print(f"after {RETAINED_BATCHES} batches: {live} live files, {deleted} deleted, "
+          f"{len(objects)} tree objects holding state")  # fmt: skip
+    assert deleted >= RETAINED_BATCHES  # Spark's retention reached the bridges' views
+    assert live <= RETAINED_BATCHES // 2, live  # what 10 retained versions need, not more
+
+
+def _newest_manifests(base: Path) -> list[dict[str, Any]]:
+    """The newest manifest of each bridge under ``base`` (parsed)."""
+    newest: dict[str, tuple[int, Path]] = {}
+    for m in base.glob("ss/*/manifest-*.json"):
+        bridge, seq = m.stem.removeprefix("manifest-").rsplit("-", 1)
+        if bridge not in newest or int(seq) > newest[bridge][0]:
+            newest[bridge] = (int(seq), m)
+    return [json.loads(m.read_text()) for _, m in newest.values()]
+
+
 @pytest.mark.ss_faults
 @pytest.mark.timeout(900)
 def test_a_worker_hosts_bridge_killed_while_holding_files_fails_the_batch_not_the_state(

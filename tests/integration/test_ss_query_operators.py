@@ -471,6 +471,45 @@ def _run(
         q.stop()
 
 
+def _read_state(spark: Any, operator: Operator, checkpoint: Path) -> Any:
+    """``operator.state`` read back; when Spark cannot load it, an AssertionError that
+    names what the manager lists under ``state/`` and the newest commits (the evidence
+    a rare failure needs)."""
+    try:
+        return operator.state(spark, checkpoint)
+    except Exception as e:  # noqa: BLE001 - any load failure gets the evidence attached
+        commits = sorted(
+            int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()
+        )
+        newest = (checkpoint / "commits" / str(commits[-1])).read_text() if commits else ""
+        listing = _manager_listing(spark, checkpoint / "state")
+        raise AssertionError(
+            f"state not readable: {str(e).splitlines()[0]}\ncommits {commits}, newest:\n"
+            f"{newest}\nthe manager lists:\n" + "\n".join(listing)
+        ) from e
+
+
+def _manager_listing(spark: Any, folder: Path, depth: int = 4) -> list[str]:
+    """Every file below ``folder`` as the checkpoint file manager lists it (through the
+    bridge's view): ``relative path length``."""
+    jvm = spark._jvm
+    root = jvm.org.apache.hadoop.fs.Path(str(folder))
+    manager = jvm.io.dstltree.spark.DstlCheckpointFileManager(
+        root, spark._jsc.hadoopConfiguration()
+    )
+    out: list[str] = []
+    todo = [(root, 0)]
+    while todo:
+        d, level = todo.pop()
+        for st in manager.list(d):
+            rel = str(st.getPath()).split(str(folder), 1)[-1]
+            if st.isDirectory() and level < depth:
+                todo.append((st.getPath(), level + 1))
+            else:
+                out.append(f"{rel} {st.getLen()}")
+    return sorted(out)
+
+
 def _unload_state_stores(spark: Any) -> None:
     """Unload every state store provider of this JVM (Spark's ``StateStore.stop()``),
     so that the next query loads its state back through the manager, as on a new
@@ -553,6 +592,6 @@ def test_operator_state_goes_through_the_tree_and_restarts(
     assert fired.exists(), f"no task of batch {last + 1} died"
     assert sorted(out) == list(range(len(out))) and len(out) >= last + 2
     assert operator.sink(out) == operator.answer(spark, source)
-    assert operator.state(spark, checkpoint) == operator.state_answer(spark, source)
+    assert _read_state(spark, operator, checkpoint) == operator.state_answer(spark, source)
     assert _state_files(checkpoint) == []
     assert _plain_state_files(spark) == plain
