@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from dstltree.cli.commands.inspect import inspect_base
+from dstltree.storage.store import ObjectStore
 from dstltree.structured_streaming import configure
+from dstltree.structured_streaming.inventory import newest_manifests
 from tests.integration.test_ss_cluster import (
     _executor_pids,
     _expected,
@@ -115,7 +117,6 @@ def test_each_host_writes_through_its_own_bridge(tmp_path: Path) -> None:
 def _state_objects(base: Path) -> list[set[str]]:
     """The paths of Structured Streaming state files in each tree object under ``base``
     (objects holding none, e.g. only tombstones, are left out)."""
-    from dstltree.client import ObjectStore
     from dstltree.client.reader import read_index
 
     store = ObjectStore(str(base))
@@ -163,9 +164,9 @@ RETAINED_BATCHES = 300
 def test_300_batches_on_two_hosts_keep_only_what_spark_retains(tmp_path: Path) -> None:
     """Spark's retention on two hosts (``minBatchesToRetain=10``, a snapshot every 5
     changelogs): over 300 batches Spark deletes its old state files through the
-    manager and the bridges record the deletions (tombstones in their manifests, the
-    live files a small remainder). After the run ``dstl inspect`` finds no orphan and no
-    missing object, and the result and the state equal the batch answer. (An object
+    manager and the bridges' views keep only the small remainder Spark retains. After
+    the run ``dstl inspect`` finds no orphan and no missing object, and the result and
+    the state equal the batch answer. (An object
     holding several bridges' segments is released by the orphan sweep once an hour
     old, SHARED_ORPHAN_AGE, not at once: docs/structured-streaming.md, "Known
     limits".)"""
@@ -189,25 +190,17 @@ def test_300_batches_on_two_hosts_keep_only_what_spark_retains(tmp_path: Path) -
     info = inspect_base(str(base), {})
     assert info["orphans"] == [] and info["missing"] == []
     live, deleted = 0, 0
-    for doc in _newest_manifests(base):
+    for doc in newest_manifests(ObjectStore(str(base))):
         entries = doc["files"].values()
         deleted += sum(1 for e in entries if e["deleted"])
         live += sum(1 for e in entries if not e["deleted"])
     objects = _state_objects(base)
     print(f"after {RETAINED_BATCHES} batches: {live} live files, {deleted} deleted, "
           f"{len(objects)} tree objects holding state")  # fmt: skip
-    assert deleted >= RETAINED_BATCHES  # Spark's retention reached the bridges' views
-    assert live <= RETAINED_BATCHES // 2, live  # what 10 retained versions need, not more
-
-
-def _newest_manifests(base: Path) -> list[dict[str, Any]]:
-    """The newest manifest of each bridge under ``base`` (parsed)."""
-    newest: dict[str, tuple[int, Path]] = {}
-    for m in base.glob("ss/*/manifest-*.json"):
-        bridge, seq = m.stem.removeprefix("manifest-").rsplit("-", 1)
-        if bridge not in newest or int(seq) > newest[bridge][0]:
-            newest[bridge] = (int(seq), m)
-    return [json.loads(m.read_text()) for _, m in newest.values()]
+    # of the 1,200 changelogs alone written, what 10 retained versions need: Spark's
+    # deletions reached the bridges' views (as tombstones, or pruned with the objects
+    # released, so their count depends on where the tasks ran)
+    assert live <= RETAINED_BATCHES // 2, live
 
 
 @pytest.mark.ss_faults

@@ -10,7 +10,6 @@ from dstltree.structured_streaming.files import MANIFEST_BATCHES, MANIFEST_MAX_W
 def test_a_first_manifest_is_due_at_once() -> None:
     assert manifest_due(None, [], 0.0)
     assert manifest_due(None, [1.0, 2.0], 2.0)
-
     assert manifest_due(5.0, [4.0], 5.1)  # one batch: no interval to judge by yet
 
 
