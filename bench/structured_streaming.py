@@ -362,6 +362,27 @@ def _objects(folder: Path) -> int:
     return sum(1 for f in folder.rglob("*.dstl") if f.stat().st_size > 0)
 
 
+SETTLE_S = 7.0  # s without a new object: the bridges flushed what Spark wrote at its stop
+SETTLE_TIMEOUT_S = 60.0
+
+
+def _settled_objects(folder: Path) -> int:
+    """:func:`_objects` once no new one appeared for SETTLE_S s (at most SETTLE_TIMEOUT_S):
+    what Spark's state maintenance uploads while a session stops is held by the bridges
+    and flushed once quiet (structured_streaming/files.py ``idle_flush_due``: IDLE_QUIET,
+    plus the housekeeper's turn), and belongs to this run."""
+    import time
+
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    count, since = _objects(folder), time.monotonic()
+    while time.monotonic() - since < SETTLE_S and time.monotonic() < deadline:
+        time.sleep(0.5)  # polling the store's folder: the count is what is observed
+        now = _objects(folder)
+        if now != count:
+            count, since = now, time.monotonic()
+    return count
+
+
 def run_ss_bench(
     settings: SsBenchSettings,
     engines: tuple[str, ...] = ENGINES,
@@ -389,7 +410,7 @@ def run_ss_bench(
                     figures, requests = _one_run(
                         settings, folder, engine, partitions, socket, master
                     )
-                    made = _objects(objects) - before
+                    made = _settled_objects(objects) - before
                     runs.append(SsRun(engine, partitions, figures, made, requests))
     finally:
         if temp:

@@ -66,6 +66,7 @@ MANIFEST_MAX_WAIT = 30.0  # s: ... and at least this often while it changes
 REFRESH_INTERVAL = 1.0  # s between refreshes of a root on a miss, at least
 SWEEP_INTERVAL = 60.0  # s between orphan sweeps, at least (and one when the bridge stops)
 SWEEP_MIN_AGE = 10.0  # s: younger objects wait for the next sweep (a copy may be on its way)
+IDLE_QUIET = 2.0  # s without a new held write before a root between batches is flushed
 SHARED_ORPHAN_AGE = 3600.0  # s: a row of a root other bridges write that no version names
 # is dead once its object is this old (their manifests, every few seconds, name it by then)
 
@@ -87,11 +88,30 @@ def manifest_due(last: float | None, batches: list[float], now: float) -> bool:
     return now - last >= min(MANIFEST_MAX_WAIT, MANIFEST_BATCHES * gap)
 
 
+def idle_flush_due(in_batch: bool, newest: float | None, now: float) -> bool:
+    """Whether a committer's held writes of a root are persisted without a commit: no
+    batch of the root is running (its driver committed and announced no next one;
+    ``in_batch``) and no write was held for IDLE_QUIET s since ``newest`` (seconds,
+    None: nothing held). They are what Spark's state maintenance writes between
+    batches or after a query stopped (snapshots and their SST files), which no commit
+    may follow: one object for all of them, not one per file or a wait of MAX_HOLD."""
+    return not in_batch and newest is not None and now - newest >= IDLE_QUIET
+
+
 def checkpoint_id(path: str) -> int:
     """The state version named by a file (``12.changelog``, ``12_<uuid>.zip``, ...),
     0 for names without one (SST files)."""
     m = _VERSION.match(path.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else 0
+
+
+@dataclass
+class _Flush:
+    """A flush of a root's held writes under way: the writes it waits for ((path,
+    SQN) pairs, not durable when it started) and its holders' flushes (cids)."""
+
+    targets: set[tuple[str, int]]
+    cids: list[str]
 
 
 @dataclass(frozen=True)
@@ -163,6 +183,9 @@ class TreeFiles:
         self._held: dict[str, list[_Held]] = {}  # by root
         self._held_bytes = 0
         self._committers: dict[tuple[str, str], float] = {}  # (root, app) -> last commit
+        self._in_batch: dict[str, str] = {}  # root -> app: a batch announced, not committed
+        self._idle: dict[str, _Flush] = {}  # root -> an idle flush its next commit sees end
+        self._hold_notes: dict[str, float] = {}  # root -> monotonic time of the last hold note
         self.crosshost = CrossHost(bridge_id or "bridge")  # commits across hosts
         # root -> (the committer asked, its answer): a hold note on its way
         self._announcing: dict[str, tuple[str, threading.Event]] = {}
@@ -175,6 +198,7 @@ class TreeFiles:
             (
                 "puts", "deletes", "durable", "failed", "manifests", "objects_deleted",
                 "held", "flushes", "orphans_deleted", "remote_flushes", "notes_refused",
+                "idle_flushes",
             ),
             0,
         )  # fmt: skip
@@ -449,6 +473,7 @@ class TreeFiles:
         with self.cond:
             new = (root, app) not in self._committers
             self._committers[(root, app)] = self._clock()
+            self._in_batch[root] = app
             broadcast = self._notes is not None and self.crosshost.drive_due(root, time.monotonic())
         if new:
             log.info("application %r drives %s from this host: its state files are held", app, root)
@@ -459,10 +484,11 @@ class TreeFiles:
     def commit(self, root: str, app: str, timeout: float, boot: str | None = None) -> int:
         """The driver of ``app`` commits ``root``: from now on ``app``'s writes to it are
         held for the next commit on this bridge; persist the held ones and wait until
-        every file accepted for ``root`` is durable (:meth:`wait_durable`). Raises
-        WireError(``unavailable``) when ``boot`` (the process the driver's ``drive``
-        reached) is not this one: the bridge restarted since and held files of the
-        batch may be lost."""
+        every file accepted for ``root`` is durable (:meth:`wait_durable`), and for an
+        idle flush of it still under way (:meth:`_idle_flushes`; its files are not
+        counted). Raises WireError(``unavailable``) when ``boot`` (the process the
+        driver's ``drive`` reached) is not this one: the bridge restarted since and held
+        files of the batch may be lost; or when a write or a holder's flush failed."""
         if boot is not None and boot != self.boot:
             raise WireError(
                 "unavailable", "the bridge restarted during the batch: held state files lost"
@@ -472,6 +498,24 @@ class TreeFiles:
         deadline = time.monotonic() + timeout
         with self.cond:
             self._committers[(root, app)] = self._clock()
+            self._in_batch.pop(root, None)
+            earlier = self._idle.pop(root, None)
+        flush = self._start_flush(root)
+        try:
+            if earlier is not None:  # waited for, its files not counted (persisted before)
+                self._finish_flush(root, earlier, deadline)
+            waited = self._finish_flush(root, flush, deadline)
+        finally:
+            with self.cond:
+                if earlier is not None:
+                    self.crosshost.end_commit(earlier.cids)
+                remote = self.crosshost.end_commit(flush.cids)
+        return waited + remote
+
+    def _start_flush(self, root: str) -> _Flush:
+        """Persist ``root``'s held writes here and ask every holder elsewhere to persist
+        theirs, all as one flush group (crosshost module docstring)."""
+        with self.cond:
             targets = self.view.pending(root)
             flushes = self.crosshost.start_commit(root, time.monotonic())
         own = self._take_held(root)
@@ -485,13 +529,63 @@ class TreeFiles:
             )
         group = FlushGroup(gid, parts, self.crosshost.name, len(own)) if own else None
         self._persist_many(own, group, cp)
-        try:
-            waited = self.wait_durable(root, timeout, targets)
-            self._wait_flushes(list(flushes), deadline)
-        finally:
+        return _Flush(targets, list(flushes))
+
+    def _finish_flush(self, root: str, f: _Flush, deadline: float) -> int:
+        """Wait until the flush ``f`` of ``root`` is durable everywhere (``deadline``,
+        monotonic s); the files waited for here. Raises WireError(``unavailable``) as
+        :meth:`commit` does."""
+        waited = self.wait_durable(root, max(0.0, deadline - time.monotonic()), f.targets)
+        self._wait_flushes(f.cids, deadline)
+        return waited
+
+    def _renew_drives(self) -> None:
+        """Broadcast ``drive`` again for the roots whose batch runs, every DRIVE_RENEW s:
+        notes are not retried, and a holder that missed the batch's first one (a node
+        reconnecting) would persist its files one by one until the next batch."""
+        if self._notes is None:
+            return
+        now = time.monotonic()
+        with self.cond:
+            due = [(r, a) for r, a in self._in_batch.items() if self.crosshost.drive_due(r, now)]
+        for root, app in due:
+            self._send_note(BROADCAST, "drive", root=root, app=app, boot=self.boot)
+
+    def _idle_flushes(self) -> int:
+        """Flush the roots this bridge commits that are between batches and whose held
+        writes have been quiet for IDLE_QUIET s (:func:`idle_flush_due`), here and on the
+        holders elsewhere; the number of roots flushed. The next commit of such a root
+        waits for that flush to be durable (and fails if it failed)."""
+        now = time.monotonic()
+        with self.cond:
+            self._retire_idle(now)
+            committed = {r for r, _ in self._committers}
+            due = []
+            for r in sorted(committed - set(self._idle)):
+                held = self._held.get(r, [])
+                if not held and not self.crosshost.holders.get(r):
+                    continue
+                newest = max([h.since for h in held] + [self._hold_notes.get(r, float("-inf"))])
+                if idle_flush_due(r in self._in_batch, newest, now):
+                    due.append(r)
+        for r in due:
+            f = self._start_flush(r)
             with self.cond:
-                remote = self.crosshost.end_commit(list(flushes))
-        return waited + remote
+                self._idle[r] = f
+                self.counts["idle_flushes"] += 1
+        return len(due)
+
+    def _retire_idle(self, now: float) -> None:
+        """Forget idle flushes that succeeded (under ``cond``); a failed one stays for
+        the root's next commit to report."""
+        for r, f in list(self._idle.items()):
+            if f.targets & self.view.pending(r):
+                continue
+            finished, error = self.crosshost.commit_state(f.cids, now)
+            rv = self.view.roots.get(r)
+            if finished and not error and (rv is None or not rv.failed):
+                self.crosshost.end_commit(f.cids)
+                del self._idle[r]
 
     def _wait_flushes(self, cids: list[str], deadline: float) -> None:
         """Wait for the holders' flushes of a commit (crosshost module docstring).
@@ -550,9 +644,9 @@ class TreeFiles:
         c = self.client
         uploader: Any = c.uploader if group is None else _InGroup(c.uploader, group)
         writers: list[tuple[str, _Held, ChangelogWriter | BaseException]] = []
-        # a group's segments go with one checkpoint id, so that every node routes them
-        # alike (an SST file's 0 would take another plan window's route)
-        group_cp = max(cp, _highest_version(writes))
+        # a flush's segments go with one checkpoint id, so that every node routes them
+        # alike (an SST file's 0 would take another plan window's route: two objects)
+        flush_cp = max(cp, _highest_version(writes))
         for root, h in writes:
             try:
                 new = ChangelogWriter(
@@ -564,7 +658,7 @@ class TreeFiles:
             except Exception as e:  # noqa: BLE001 - a refused writer is a failed write
                 writers.append((root, h, e))
         for root, h, w in writers:
-            self._start(root, h, w, None if group is None else group_cp)
+            self._start(root, h, w, flush_cp)
 
     def _start(
         self, root: str, h: _Held, w: ChangelogWriter | BaseException, cp: int | None = None
@@ -658,6 +752,7 @@ class TreeFiles:
                 self.crosshost.on_drive(d, frm, now)
             elif op == "hold":
                 self.crosshost.on_hold(d, frm)
+                self._hold_notes[d["root"]] = now
             elif op == "held" and self._announcing.get(d["root"], ("", None))[0] == frm:
                 _, ev = self._announcing.pop(d["root"])  # only the committer asked answers
                 self.crosshost.announced[d["root"]] = frm
@@ -708,13 +803,15 @@ class TreeFiles:
         self._batch_seen(root)
         with self.cond:
             self.crosshost.announced.pop(root, None)  # the next write announces again
+        with self.cond:  # also writes persisted before (max_hold, max_held_bytes)
+            targets = self.view.pending(root) if root in self.view.roots else set()
         own = self._take_held(root) if root in self.view.roots else []
         parts = max(1, d["parts"])
         group = FlushGroup(d["gid"], parts, self.crosshost.name, len(own)) if own else None
         self._persist_many(own, group, int(d.get("cp", 0)))
         try:
-            if own:
-                self.wait_durable(root, FLUSH_WAIT, {(h.path, h.sqn) for _, h in own})
+            if targets:
+                self.wait_durable(root, FLUSH_WAIT, targets)
         except WireError as e:
             self._send_note(frm, "flushed", cid=cid, ok=False, n=len(own), error=str(e)[:200])
             return
@@ -813,6 +910,9 @@ class TreeFiles:
         then manifests and releases again until nothing changes (4 rounds at most).
         Storage errors are logged."""
         self.flush(older_than=self.max_hold)
+        if not final:
+            self._renew_drives()
+            self._idle_flushes()
         for root in list(self._ready):
             self.refresh(root)
         with self.cond:

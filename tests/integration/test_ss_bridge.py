@@ -92,6 +92,7 @@ def test_a_batch_of_the_committing_application_lands_in_one_object(  # type: ign
     with _bridge(tmp_path, slow_tree) as b:
         clients = [BridgeClient(b.socket_path, app="app-1") for _ in range(4)]
         assert clients[0].commit(ROOT)["files"] == 0  # the driver's first commit
+        assert clients[0].drive(ROOT)["ok"]  # offsets/<N>: the next batch runs
 
         def write(i: int) -> None:
             for p in range(50):
@@ -109,6 +110,7 @@ def test_a_batch_of_the_committing_application_lands_in_one_object(  # type: ign
         assert h["ok"] and h["files"] == 200  # files it waited for
         # one flush of 200 persists: the node closes its batch once all 200 persisted
         assert len(_objects(tmp_path)) == 1
+        assert clients[0].drive(ROOT)["ok"]
         assert clients[2].delete(ROOT, "state/0/7/1.changelog") is True  # held too
         assert clients[0].commit(ROOT)["files"] == 1
         for c in clients:
@@ -158,6 +160,7 @@ def test_held_writes_are_persisted_after_max_hold_without_a_commit(tmp_path: Pat
         b.files.max_hold = 0.2
         with BridgeClient(b.socket_path, app="a") as c:
             assert c.commit(ROOT)["ok"]
+            assert c.drive(ROOT)["ok"]  # a batch runs and never commits
             c.put(ROOT, "state/0/0/1.changelog", b"z")
             assert b.files.counts["held"] == 1
             wait_until(lambda: not b.files.view.pending(ROOT), timeout=20)
@@ -193,7 +196,7 @@ def test_the_bridge_process_serves_prometheus_metrics(tmp_path: Path, tree) -> N
         url = _line(proc).removeprefix("bridge metrics on ")
         assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
         with BridgeClient(sock, app="m") as c:
-            assert c.commit(ROOT)["ok"]
+            assert c.commit(ROOT)["ok"] and c.drive(ROOT)["ok"]
             c.put(ROOT, "state/0/0/1.changelog", b"12345")  # held: the driver is here
 
             def scrape() -> str:
@@ -349,6 +352,7 @@ def test_files_stay_durable_with_the_node_down(tmp_path: Path, tree) -> None:  #
     tree.nodes["root"].kill()
     with _bridge(tmp_path, tree, ack_timeout=1.0) as b, BridgeClient(b.socket_path) as c:
         assert c.commit(ROOT)["files"] == 0  # the driver is here: the put is held
+        assert c.drive(ROOT)["ok"]
         c.put(ROOT, "state/0/3/8.changelog", b"through the DFS")
         assert c.commit(ROOT, timeout=30) == {"ok": True, "files": 1}
     assert _objects(tmp_path)  # written straight to the DFS

@@ -183,3 +183,61 @@ def test_only_the_committer_asked_answers_a_hold_and_bad_notes_are_counted(
         assert files.counts["notes_refused"] == 1
     finally:
         client.close()
+
+
+def test_files_written_after_the_last_commit_become_one_object(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    """What Spark's state maintenance writes after a query's last commit (snapshots and
+    their SST files, on every host) is held, and once no new write came for IDLE_QUIET
+    s with no batch running, the committer flushes every host's part as one object:
+    no commit follows to do it, and one object per file was the cost before."""
+    with (
+        _bridge(tmp_path, tree, "driver-host", "root") as d,
+        _bridge(tmp_path, tree, "host-a", "a") as ea,
+        _bridge(tmp_path, tree, "host-b", "b") as eb,
+        BridgeClient(d.socket_path, app=APP) as driver,
+    ):
+        boot = driver.ok({"op": "drive", "root": ROOT})["boot"]
+        wait_until(lambda: _knows_committer(ea) and _knows_committer(eb), timeout=20)
+        _write(ea, range(0, 4), 1)
+        driver.ok({"op": "commit", "root": ROOT, "timeout": 30, "boot": boot})  # the last
+        before = set(_objects(tmp_path))
+        for b, parts in ((ea, range(0, 20)), (eb, range(20, 40)), (d, range(40, 45))):
+            with BridgeClient(b.socket_path, app=APP) as c:
+                for p in parts:
+                    assert c.put(ROOT, f"state/0/{p}/1.zip", b"z" * 200)["ok"]
+                    assert c.put(ROOT, f"state/0/{p}/SSTs/{p:06d}-x.sst", b"t" * 300)["ok"]
+        assert ea.files.counts["held"] == 44 and eb.files.counts["held"] == 40
+
+        def flushed() -> bool:
+            return all(not b.files.view.pending(ROOT) for b in (d, ea, eb))
+
+        wait_until(flushed, timeout=30)
+        new = sorted(set(_objects(tmp_path)) - before)
+        assert len(new) == 1, new  # every host's files, one object
+        assert len(_paths_in(new[0], tmp_path)) == 90
+        assert d.files.counts["idle_flushes"] == 1
+        # the next batch commits as before (and sees the idle flush durable)
+        boot = driver.ok({"op": "drive", "root": ROOT})["boot"]
+        _write(eb, range(20, 24), 2)
+        h = driver.ok({"op": "commit", "root": ROOT, "timeout": 30, "boot": boot})
+        assert h["files"] == 4
+
+
+def test_a_holder_that_missed_the_drive_learns_it_while_the_batch_runs(
+    tmp_path: Path, tree
+) -> None:  # type: ignore[no-untyped-def]
+    """Notes are not retried: a bridge that was not there for a batch's first ``drive``
+    (here: started after it; on the S3 model, a node reconnecting lost it and the first
+    batch's files were persisted one by one for a minute) hears it again within
+    DRIVE_RENEW s while the batch runs, and holds its files from then on."""
+    with (
+        _bridge(tmp_path, tree, "driver-host", "root") as d,
+        BridgeClient(d.socket_path, app=APP) as driver,
+    ):
+        boot = driver.ok({"op": "drive", "root": ROOT})["boot"]
+        with _bridge(tmp_path, tree, "host-a", "a") as ea:
+            wait_until(lambda: _knows_committer(ea), timeout=30)
+            _write(ea, range(0, 10), 1)
+            assert ea.files.counts["held"] == 10
+            h = driver.ok({"op": "commit", "root": ROOT, "timeout": 30, "boot": boot})
+            assert h["files"] == 10

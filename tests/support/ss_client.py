@@ -78,6 +78,11 @@ class BridgeClient:
         h, _ = self.call({"op": "commit", "root": root, "timeout": timeout})
         return h
 
+    def drive(self, root: str) -> dict[str, Any]:
+        """What the driver sends as it writes ``offsets/<N>``: a batch of ``root`` runs."""
+        h, _ = self.call({"op": "drive", "root": root})
+        return h
+
     def close(self) -> None:
         self.sock.close()
 

@@ -1,10 +1,17 @@
 """How often a bridge writes a root's manifest (structured_streaming/files.py
 :func:`manifest_due`): at most once per MANIFEST_BATCHES mean batch intervals, at least
-every MANIFEST_MAX_WAIT s, at once when nothing is known yet."""
+every MANIFEST_MAX_WAIT s, at once when nothing is known yet; and when held writes are
+flushed without a commit (:func:`idle_flush_due`)."""
 
 from __future__ import annotations
 
-from dstltree.structured_streaming.files import MANIFEST_BATCHES, MANIFEST_MAX_WAIT, manifest_due
+from dstltree.structured_streaming.files import (
+    IDLE_QUIET,
+    MANIFEST_BATCHES,
+    MANIFEST_MAX_WAIT,
+    idle_flush_due,
+    manifest_due,
+)
 
 
 def test_a_first_manifest_is_due_at_once() -> None:
@@ -40,3 +47,13 @@ def test_over_a_run_the_manifests_are_a_third_of_the_batches_or_fewer() -> None:
     assert MANIFEST_BATCHES == 3
     # until the second batch ended (t = 2 s) no interval is known: one at every turn
     assert written <= 20 + 300 / MANIFEST_BATCHES + 1
+
+
+def test_held_writes_are_flushed_only_between_batches_once_quiet() -> None:
+    """structured_streaming/files.py :func:`idle_flush_due`: what Spark's maintenance
+    writes after a commit waits for the next batch's commit while one runs, and is
+    flushed on its own once nothing new was held for IDLE_QUIET s with no batch running."""
+    assert not idle_flush_due(False, None, 100.0)  # nothing held
+    assert not idle_flush_due(True, 0.0, 100.0)  # a batch runs: its commit flushes them
+    assert not idle_flush_due(False, 100.0 - IDLE_QUIET + 0.01, 100.0)  # still writing
+    assert idle_flush_due(False, 100.0 - IDLE_QUIET, 100.0)

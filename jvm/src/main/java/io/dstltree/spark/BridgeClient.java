@@ -137,15 +137,29 @@ final class BridgeClient implements AutoCloseable {
     return unavailable;
   }
 
+  /** The application this JVM served last ({@link #applicationId}). */
+  private static volatile String lastApplication = "";
+
   /**
    * This JVM's Spark application ({@code spark.app.id}), "" outside one. The bridge holds
    * the state files of an application whose driver commits on the same host until that
-   * commit, and makes the others' durable before it answers their close.
+   * commit, and makes the others' durable before it answers their close. While a session
+   * stops, {@code SparkEnv} is cleared before Spark's state store maintenance has uploaded
+   * its last snapshots: those files still belong to the application this JVM served last,
+   * and are held with its other files (one object at the bridge's next flush, not one per
+   * file).
    */
   static String applicationId() {
     org.apache.spark.SparkEnv env = org.apache.spark.SparkEnv.get();
-    String id = env == null ? "" : env.conf().get("spark.app.id", "");
-    return id.length() > 256 ? id.substring(0, 256) : id;
+    if (env == null) {
+      return lastApplication;
+    }
+    String id = env.conf().get("spark.app.id", "");
+    id = id.length() > 256 ? id.substring(0, 256) : id;
+    if (!id.isEmpty()) {
+      lastApplication = id;
+    }
+    return id;
   }
 
   /** Idle connections to {@code socket} of earlier applications: each holds a bridge thread. */
