@@ -52,9 +52,10 @@ CHUNK = 1024 * 1024  # bytes per change
 NEVER_PREEMPT = 1 << 62  # a write is one segment: no pre-emptive upload inside it
 RESCAN_MARGIN = 60.0  # s: objects this much older than the manifest are read again
 MANIFESTS_KEPT = 2
-MAX_HOLD = 300.0  # s a held write waits for its root's commit before it is persisted anyway:
-# a first batch on an object store runs a minute and more (RocksDB instances start, files
-# are probed at S3 latencies), and a held write costs only memory (max_held_bytes bounds it)
+MAX_HOLD = 300.0  # s a root's held writes wait for its commit once no new one came:
+# a first batch at 200 partitions on the S3 model runs over 5 minutes (RocksDB instances
+# start, files are probed at S3 latencies), writing as its tasks end; a held write costs
+# only memory (max_held_bytes bounds it)
 COMMITTER_TTL = 3600.0  # s after its last commit an application is forgotten
 _VERSION = re.compile(r"^(\d{1,18})(?:_[^./]+)?\.(?:changelog|delta|snapshot|zip)$")
 # manifest-<seq>.json (format 1, one bridge) or manifest-<bridge id>-<seq>.json
@@ -430,8 +431,9 @@ class TreeFiles:
         return self._held_bytes
 
     def flush(self, root: str | None = None, older_than: float | None = None) -> int:
-        """Persist the held writes of ``root`` (None: of every root), only those held
-        at least ``older_than`` seconds if given; the number persisted. A held write
+        """Persist the held writes of ``root`` (None: of every root), if ``older_than``
+        (seconds) is given only those of roots that held no new write for that long (a
+        batch still writing is not cut in two); the number persisted. A held write
         already replaced by a newer one is dropped instead."""
         out = self._take_held(root, older_than)
         self._persist_many(out)
@@ -446,19 +448,16 @@ class TreeFiles:
         dropped = 0
         with self.cond:
             for r in [root] if root is not None else list(self._held):
-                keep: list[_Held] = []
+                held = self._held.get(r, [])
+                if older_than is not None and held and now - held[-1].since < older_than:
+                    continue  # the root still writes: its commit is on its way
                 for h in self._held.pop(r, []):
-                    if older_than is not None and now - h.since < older_than:
-                        keep.append(h)
-                        continue
                     self._held_bytes -= h.size
                     e = self.view.roots[r].files.get(h.path)
                     if e is not None and e.sqn == h.sqn:
                         out.append((r, h))
                     else:  # replaced before it was persisted: nothing to write
                         dropped += h.size
-                if keep:
-                    self._held[r] = keep
             if dropped:
                 self.pending_bytes -= dropped
                 self.in_flight_bytes -= dropped

@@ -167,6 +167,27 @@ def test_held_writes_are_persisted_after_max_hold_without_a_commit(tmp_path: Pat
     assert len(_objects(tmp_path)) == 1
 
 
+def test_a_root_still_writing_is_not_cut_by_max_hold(tmp_path: Path, slow_tree) -> None:  # type: ignore[no-untyped-def]
+    """``max_hold`` counts from a root's newest held write, not each write's own: a
+    first batch on the S3 model at 200 partitions writes for over 5 minutes, and its
+    oldest files were persisted one by one while the rest were still held."""
+    import dataclasses
+
+    with _bridge(tmp_path, slow_tree) as b, BridgeClient(b.socket_path, app="s") as c:
+        assert c.commit(ROOT)["ok"] and c.drive(ROOT)["ok"]
+        for p in range(5):
+            c.put(ROOT, f"state/0/{p}/1.changelog", b"q" * 10)
+        with b.files.cond:  # the first write held long ago, the last one just now
+            held = b.files._held[ROOT]
+            held[0] = dataclasses.replace(held[0], since=held[0].since - 1000)
+        assert b.files.flush(older_than=b.files.max_hold) == 0
+        with b.files.cond:  # now the whole root has been quiet for max_hold
+            b.files._held[ROOT] = [dataclasses.replace(h, since=h.since - 1000) for h in held]
+        assert b.files.flush(older_than=b.files.max_hold) == 5
+        assert c.commit(ROOT)["ok"]
+    assert len(_objects(tmp_path)) == 1
+
+
 def _start_process(tmp_path: Path, tree, sock: Path, *more: str) -> subprocess.Popen:  # type: ignore[no-untyped-def,type-arg]
     topo = tmp_path / "topology.yaml"
     cmd = [sys.executable, "-m", "dstltree.structured_streaming.bridge", "--topology", str(topo)]
