@@ -564,7 +564,10 @@ class TreeFiles:
                 held = self._held.get(r, [])
                 if not held and not self.crosshost.holders.get(r):
                     continue
-                newest = max([h.since for h in held] + [self._hold_notes.get(r, float("-inf"))])
+                newest = max(
+                    held[-1].since if held else float("-inf"),
+                    self._hold_notes.get(r, float("-inf")),
+                )
                 if idle_flush_due(r in self._in_batch, newest, now):
                     due.append(r)
         for r in due:
@@ -659,17 +662,15 @@ class TreeFiles:
         for root, h, w in writers:
             self._start(root, h, w, flush_cp)
 
-    def _start(
-        self, root: str, h: _Held, w: ChangelogWriter | BaseException, cp: int | None = None
-    ) -> None:
-        """Append ``h``'s changes to ``w`` and persist; the outcome to :meth:`_persisted`."""
+    def _start(self, root: str, h: _Held, w: ChangelogWriter | BaseException, cp: int) -> None:
+        """Append ``h``'s changes to ``w`` and persist with checkpoint id ``cp``; the
+        outcome to :meth:`_persisted`."""
         fut: Future[ChangelogHandle]
         try:
             if isinstance(w, BaseException):
                 raise w
             for chunk in h.chunks:
                 w.append(h.kg, chunk)
-            cp = checkpoint_id(h.path) if cp is None else cp
             fut = w.persist_durably(h.sqn, checkpoint_id=cp)
         except Exception as e:  # noqa: BLE001 - a refused persist is a failed write
             fut = Future()
@@ -802,7 +803,7 @@ class TreeFiles:
         self._batch_seen(root)
         with self.cond:
             self.crosshost.announced.pop(root, None)  # the next write announces again
-        with self.cond:  # also writes persisted before (max_hold, max_held_bytes)
+            # every write not yet durable, also those persisted before (max_hold, ...)
             targets = self.view.pending(root) if root in self.view.roots else set()
         own = self._take_held(root) if root in self.view.roots else []
         parts = max(1, d["parts"])
