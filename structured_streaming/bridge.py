@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstltree.client.api import ChangelogClient
-from dstltree.structured_streaming import wire
+from dstltree.structured_streaming import paths, wire
 from dstltree.structured_streaming.files import TreeFiles
 from dstltree.structured_streaming.wire import ConnectionClosed, WireError
 
@@ -332,8 +332,7 @@ class Connection:
             case wire.Delete():
                 return {"ok": True, "deleted": f.delete(req.root, req.path, self.app)}, b""
             case wire.Commit():
-                waited = f.commit(req.root, self.app, req.timeout, req.boot)
-                return {"ok": True, "files": waited}, b""
+                return self._commit(req)
             case wire.Drive():
                 f.drive(req.root, self.app)
                 return {"ok": True, "boot": f.boot}, b""
@@ -353,6 +352,9 @@ class Connection:
             return None
         data = b"".join(self._puts.pop(key))
         self._held -= len(data)
+        if paths.kind(req.path) == paths.OFFSETS:  # with the batch's log entries
+            self.files.put_synced(req.root, req.path, data, self.app, PUT_WAIT)
+            return {"ok": True, "length": len(data)}, b""
         try:
             sqn, held = self.files.put(req.root, req.path, data, self.app)
         except BaseException:
@@ -361,6 +363,16 @@ class Connection:
         if not held:  # no commit of this application here: durable before the reply
             self.files.wait_written(req.root, req.path, sqn, PUT_WAIT)
         return {"ok": True, "length": len(data)}, b""
+
+    def _commit(self, req: wire.Commit) -> tuple[dict[str, Any], bytes]:
+        """A commit, with its commit file when the request carries one (protocol 2)."""
+        file = None
+        if req.path is not None:
+            if paths.kind(req.path) != paths.COMMIT:
+                raise WireError("path", f"a commit carries commits/<N>, not {req.path!r}")
+            file = (req.path, req.data)
+        waited = self.files.commit(req.root, self.app, req.timeout, req.boot, file)
+        return {"ok": True, "files": waited}, b""
 
     def _drop(self, key: tuple[str, str]) -> None:
         n = sum(len(c) for c in self._puts.pop(key, []))

@@ -54,6 +54,8 @@ SOCKET_KEY = "dstltree.bridge.socket"
 MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 LOCAL_FS_CLASS = "io.dstltree.spark.DstlLocalFileSystem"
 WRAPPING_FS_CLASS = "io.dstltree.spark.DstlFileSystem"
+TREE_SCHEME = "dstl"  # a checkpoint location in the tree alone: dstl://<query>/
+TREE_FS_CLASS = "io.dstltree.spark.DstlTreeFileSystem"
 #: the file systems configure() wraps by default: scheme -> the class wrapped ("" for
 #: ``file``, served by DstlLocalFileSystem)
 DEFAULT_FILE_SYSTEMS: dict[str, str] = {"file": ""}
@@ -153,6 +155,10 @@ def configure(
 ) -> Any:
     """Set ``builder`` (a ``pyspark.sql.SparkSession.Builder``) up so that its
     Structured Streaming queries checkpoint their state through the tree; returns it.
+    A checkpoint location ``dstl://<query>/`` lives in the tree alone (every file of it
+    through the bridge, the objects on the topology's DFS: S3 through s3fs without any
+    Hadoop S3 connector); a ``file:`` location keeps its plain files for what no bridge
+    took.
 
     ``topology``: the topology YAML file (None: start nothing; the manager then writes
     plain files). ``socket``: the bridge's socket path (None: a private one when a
@@ -176,6 +182,7 @@ def configure(
     if jar not in jars:
         builder = builder.config("spark.jars", ",".join([*jars, jar]))
     builder = builder.config(MANAGER_KEY, MANAGER_CLASS)
+    builder = builder.config(f"spark.hadoop.fs.{TREE_SCHEME}.impl", TREE_FS_CLASS)
     wrapped = DEFAULT_FILE_SYSTEMS if file_systems is None else file_systems
     for k, v in file_system_conf(wrapped).items():
         builder = builder.config(k, v)

@@ -28,7 +28,7 @@ from dstltree.client.reader import read_index, read_segment
 from dstltree.client.wire import BROADCAST, Note
 from dstltree.client.writer import ChangelogWriter
 from dstltree.storage.errors import DstlError
-from dstltree.structured_streaming import crosshost
+from dstltree.structured_streaming import crosshost, paths
 from dstltree.structured_streaming.crosshost import CrossHost, Remote, dump_body, load_body
 from dstltree.structured_streaming.view import (
     DATA_KEY_GROUP,
@@ -388,6 +388,25 @@ class TreeFiles:
         held = self._write(root, app, path, sqn, DATA_KEY_GROUP, chunks, len(data))
         return sqn, held
 
+    def put_synced(self, root: str, path: str, data: bytes, app: str, timeout: float) -> int:
+        """Accept ``offsets/<N>`` (its bytes reserved; given back if refused) and persist it with every write of
+        ``root`` held here as one flush (the sources' log entries of the batch among
+        them), returning once all are durable; its SQN. Raises WireError
+        (``unavailable``) when one failed or ``timeout`` s passed (paths module)."""
+        try:
+            self.ensure(root)
+            with self.cond:
+                targets = self.view.pending(root)
+            sqn, _ = self.put(root, path, data, app)
+        except BaseException:
+            self.unreserve(len(data))
+            raise
+        with self.cond:
+            targets |= self.view.pending(root)
+        self._persist_many(self._take_held(root))
+        self.wait_durable(root, timeout, targets)
+        return sqn
+
     def delete(self, root: str, path: str, app: str = "") -> bool:
         """Delete a file (a tombstone segment is written, held for the root's commit
         like a put of ``app``); whether it existed."""
@@ -403,12 +422,16 @@ class TreeFiles:
     def _write(
         self, root: str, app: str, path: str, sqn: int, kg: int, chunks: list[bytes], size: int
     ) -> bool:
-        """Hold the write for the root's commit if ``app`` commits here, else persist it
-        now; whether it was held."""
+        """Hold the write for the root's commit if ``app`` commits here (or on another
+        host that asked for it), else persist it now; whether it was held. A write of
+        ``offsets/<N>`` or ``commits/<N>`` is always held (its caller flushes next), one
+        of a file the paths module calls META never (paths module)."""
+        k = paths.kind(path)
         with self.cond:
-            hold = (root, app) in self._committers
+            forced = k in (paths.OFFSETS, paths.COMMIT)  # flushed by the caller next
+            hold = forced or (k != paths.META and (root, app) in self._committers)
             remote = None
-            if not hold and self._notes is not None:
+            if not hold and k != paths.META and self._notes is not None:
                 remote = self.crosshost.committer(root, app, time.monotonic())
         if remote is not None:  # the driver commits on another host: hold for it
             hold = self._announce(root, remote, checkpoint_id(path))
@@ -480,12 +503,22 @@ class TreeFiles:
         if broadcast:  # the other hosts' bridges hold this application's files for us
             self._send_note(BROADCAST, "drive", root=root, app=app, boot=self.boot)
 
-    def commit(self, root: str, app: str, timeout: float, boot: str | None = None) -> int:
+    def commit(
+        self,
+        root: str,
+        app: str,
+        timeout: float,
+        boot: str | None = None,
+        file: tuple[str, bytes] | None = None,
+    ) -> int:
         """The driver of ``app`` commits ``root``: from now on ``app``'s writes to it are
         held for the next commit on this bridge; persist the held ones and wait until
         every file accepted for ``root`` is durable (:meth:`wait_durable`), and for an
         idle flush of it still under way (:meth:`_idle_flushes`; its files are not
-        counted). Raises WireError(``unavailable``) when ``boot`` (the process the
+        counted). ``file``: the commit file (``commits/<N>``, its bytes reserved),
+        accepted first and persisted in the same flush as the held state files, so that
+        one object makes both durable. Raises WireError(``unavailable``) when ``boot``
+        (the process the
         driver's ``drive`` reached) is not this one: the bridge restarted since and held
         files of the batch may be lost; or when a write or a holder's flush failed."""
         if boot is not None and boot != self.boot:
@@ -497,6 +530,14 @@ class TreeFiles:
         deadline = time.monotonic() + timeout
         with self.cond:
             self._committers[(root, app)] = self._clock()
+        if file is not None:
+            self.reserve(len(file[1]))
+            try:
+                self.put(root, file[0], file[1], app)
+            except BaseException:
+                self.unreserve(len(file[1]))
+                raise
+        with self.cond:
             self._in_batch.pop(root, None)
             earlier = self._idle.pop(root, None)
         flush = self._start_flush(root)
@@ -690,6 +731,9 @@ class TreeFiles:
         err = fut.exception()
         refs = () if err is not None else fut.result().segments
         with self.cond:
+            e = self.view.roots[root].files.get(path)
+            if err is None and e is not None and e.sqn == sqn and e.data is not None:
+                self._keep_for_reads(root, path, e)
             if err is not None or len(refs) != 1:
                 log.warning("write of %s (sqn %d) failed: %s", path, sqn, err or refs)
                 self.view.on_failed(root, path, sqn)
@@ -851,10 +895,18 @@ class TreeFiles:
         self.ensure(root)
         with self.cond:
             e = self.view.get(root, path)
-        if e is None and self._refresh_on_miss(root):
+        if e is None and self._may_be_elsewhere(path) and self._refresh_on_miss(root):
             with self.cond:
                 e = self.view.get(root, path)
         return None if e is None else e.length
+
+    @staticmethod
+    def _may_be_elsewhere(path: str) -> bool:
+        """Whether a file missing here may have been written by another host's bridge
+        since this view was loaded: a state file (executors write them anywhere); the
+        other files of a location are the driver's, written through this bridge while
+        it drives the root (a driver that moved hosts meets a fresh view)."""
+        return paths.kind(path) == paths.STATE
 
     def read(self, root: str, path: str, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (b"" past the end). Raises
@@ -862,7 +914,7 @@ class TreeFiles:
         self.ensure(root)
         with self.cond:
             e = self.view.get(root, path)
-        if e is None and self._refresh_on_miss(root):
+        if e is None and self._may_be_elsewhere(path) and self._refresh_on_miss(root):
             with self.cond:
                 e = self.view.get(root, path)
         if e is None:
@@ -872,6 +924,21 @@ class TreeFiles:
         if data is None:
             data = self._read_durable(root, path, e)
         return data[offset : offset + length]
+
+    def _keep_for_reads(self, root: str, path: str, e: Entry) -> None:
+        """Keep a durable log entry's bytes for reads (under ``cond``): Spark reads the
+        driver's logs back (the last offsets and commits at each start, the sources' log
+        at each batch), a GET each otherwise. State files are read back rarely (a
+        reload), from the object."""
+        if e.data is None or paths.kind(path) == paths.STATE:
+            return
+        self._cache[(root, path, e.sqn)] = e.data
+        self._cache_bytes += len(e.data)
+        self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        while self._cache_bytes > self._cache_max and self._cache:
+            self._cache_bytes -= len(self._cache.popitem(last=False)[1])
 
     def _read_durable(self, root: str, path: str, e: Entry) -> bytes:
         key = (root, path, e.sqn)
@@ -889,15 +956,16 @@ class TreeFiles:
         with self.cond:
             self._cache[key] = data
             self._cache_bytes += len(data)
-            while self._cache_bytes > self._cache_max and self._cache:
-                self._cache_bytes -= len(self._cache.popitem(last=False)[1])
+            self._trim_cache()
         return data
 
     def listing(self, root: str, d: str) -> tuple[list[tuple[str, int]], list[str]]:
         """Direct children of ``d`` (see :meth:`View.listing`), after a refresh at most
-        once a second."""
+        once a second when other hosts may have written there (the state directories;
+        the driver's logs are written here only, :meth:`_may_be_elsewhere`)."""
         self.ensure(root)
-        self._refresh_on_miss(root)
+        if d.startswith("state/") or d in ("", "state"):
+            self._refresh_on_miss(root)
         with self.cond:
             return self.view.listing(root, d)
 

@@ -392,12 +392,12 @@ class View:
         return None if e is None or e.deleted else e
 
     def listing(self, root: str, d: str) -> tuple[list[tuple[str, int]], list[str]]:
-        """Direct children of directory ``d``: ([(file name, length)], [dir names]),
-        each sorted."""
+        """Direct children of directory ``d`` ("": the root): ([(file name, length)],
+        [dir names]), each sorted."""
         rv = self.roots.get(root)
         files: dict[str, int] = {}
         dirs: set[str] = set()
-        prefix = d + "/"
+        prefix = d + "/" if d else ""
         for path, e in rv.files.items() if rv else ():
             if e.deleted or not path.startswith(prefix):
                 continue
@@ -586,7 +586,7 @@ class View:
         for rv in self.roots.values():
             assert rv.key == query_key(rv.root)
             for path, e in rv.files.items():
-                assert path.startswith("state/"), path
+                assert path and not path.startswith("/") and ".." not in path.split("/"), path
                 assert (e.data is None) or e.ref is None, path
                 assert not e.deleted or e.length == 0, path
                 assert e.data is None or len(e.data) == e.length, path

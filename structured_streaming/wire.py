@@ -4,7 +4,7 @@ an incremental reader and typed, fully checked requests.
 A frame is ``u32 header_length | header (UTF-8 JSON object) | u32 payload_length |
 payload``, lengths big-endian. Nothing read is trusted: every length is bounded before
 anything is allocated, every field's type and range is checked, and every path is
-checked to stay below the query's ``state/`` directory. Every failure is a
+checked to stay below the query's root (relative, normalized, no ``..``). Every failure is a
 :class:`WireError` carrying the reply code.
 """
 
@@ -17,15 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-PROTOCOL_VERSIONS: Final = (1,)
-"""Protocol versions this side speaks, ascending."""
+PROTOCOL_VERSIONS: Final = (1, 2)
+"""Protocol versions this side speaks, ascending. 1: state files only (a client of
+version 1 sends nothing else); 2: every file of a checkpoint location, and a commit
+that carries its ``commits/<N>`` file."""
 MAX_HEADER: Final = 64 * 1024  # bytes of a frame's JSON header
 MAX_PAYLOAD: Final = 8 * 1024 * 1024  # bytes of a frame's payload
 MAX_ROOT: Final = 4096  # bytes of a root URI (UTF-8)
 MAX_PATH: Final = 4096  # bytes of a relative path (UTF-8)
 MAX_TIMEOUT: Final = 3600.0  # seconds a commit may ask to wait
 MAX_APP: Final = 256  # characters of a hello's application id
-STATE_DIR: Final = "state"
 CODES: Final = frozenset(
     {"version", "malformed", "too-large", "path", "not-found", "unavailable", "internal"}
 )
@@ -165,7 +166,7 @@ class Read:
 
 @dataclass(frozen=True)
 class List:
-    """Direct children of directory ``dir`` (``state`` or below)."""
+    """Direct children of directory ``dir`` ("": the root itself)."""
 
     root: str
     dir: str
@@ -179,13 +180,16 @@ class Delete:
 
 @dataclass(frozen=True)
 class Commit:
-    """Wait until every file accepted for ``root`` is durable, at most ``timeout`` s.
-    ``boot``: the bridge process the driver's ``drive`` reply named (None: not sent);
+    """Wait until every file accepted for ``root`` is durable, at most ``timeout`` s;
+    with ``path``, first accept that file (``data``), persisted in the same flush as
+    the batch's state files (protocol 2). ``boot``: the bridge process the driver's ``drive`` reply named (None: not sent);
     another one means the bridge restarted since and may have lost held files."""
 
     root: str
     timeout: float
     boot: str | None = None
+    path: str | None = None  # the commit file (``commits/<N>``), its bytes the payload
+    data: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -197,7 +201,7 @@ class Drive:
 
 
 Request = Hello | Put | Stat | Read | List | Delete | Commit | Drive
-_NO_PAYLOAD = {"hello", "stat", "read", "list", "delete", "commit", "drive"}
+_NO_PAYLOAD = {"hello", "stat", "read", "list", "delete", "drive"}
 
 
 def parse_request(header: Header, payload: bytes = b"") -> Request:
@@ -248,13 +252,15 @@ def check_root(root: Any) -> str:
     return root
 
 
-def check_path(path: Any, what: str = "path", *, allow_state: bool = False) -> str:
-    """``path`` if it is relative, ``/``-separated, normalized and below ``state/``
-    (``state`` itself only with ``allow_state``, for listings). Raises WireError:
-    ``malformed`` for a non-string, ``path`` for anything else wrong (absolute, ``..``,
-    ``.``, empty component, NUL, backslash, too long, outside ``state/``)."""
+def check_path(path: Any, what: str = "path", *, allow_root: bool = False) -> str:
+    """``path`` if it is relative, ``/``-separated and normalized (a file below the
+    query root; "" for the root itself only with ``allow_root``, for listings). Raises
+    WireError: ``malformed`` for a non-string, ``path`` for anything else wrong
+    (absolute, ``..``, ``.``, empty component, NUL, backslash, too long)."""
     if not isinstance(path, str):
         raise WireError("malformed", f"{what}: expected a string, got {type(path).__name__}")
+    if path == "" and allow_root:
+        return path
     if not path or len(path.encode("utf-8", "surrogatepass")) > MAX_PATH:
         raise WireError("path", f"{what}: must be 1..{MAX_PATH} bytes")
     if "\x00" in path or "\\" in path or not path.isprintable():
@@ -264,8 +270,6 @@ def check_path(path: Any, what: str = "path", *, allow_state: bool = False) -> s
     parts = path.split("/")
     if any(p in ("", ".", "..") for p in parts) or posixpath.normpath(path) != path:
         raise WireError("path", f"{what}: not normalized: {path!r}")
-    if parts[0] != STATE_DIR or (len(parts) == 1 and not allow_state):
-        raise WireError("path", f"{what}: {path!r} is not below {STATE_DIR}/")
     return path
 
 
@@ -300,7 +304,7 @@ def _read(h: Header, _: bytes) -> Read:
 
 def _list(h: Header, _: bytes) -> List:
     root, d = _fields(h, "root", "dir")
-    return List(check_root(root), check_path(d, "dir", allow_state=True))
+    return List(check_root(root), check_path(d, "dir", allow_root=True))
 
 
 def _delete(h: Header, _: bytes) -> Delete:
@@ -308,15 +312,19 @@ def _delete(h: Header, _: bytes) -> Delete:
     return Delete(check_root(root), check_path(path))
 
 
-def _commit(h: Header, _: bytes) -> Commit:
-    boot = h.get("boot")
-    root, timeout = _fields({k: v for k, v in h.items() if k != "boot"}, "root", "timeout")
+def _commit(h: Header, payload: bytes) -> Commit:
+    boot, path = h.get("boot"), h.get("path")
+    rest = {k: v for k, v in h.items() if k not in ("boot", "path")}
+    root, timeout = _fields(rest, "root", "timeout")
     ok = isinstance(timeout, int | float) and not isinstance(timeout, bool)
     if not ok or not 0 <= timeout <= MAX_TIMEOUT:
         raise WireError("malformed", f"timeout: expected seconds in [0, {MAX_TIMEOUT}]")
     if boot is not None and not (isinstance(boot, str) and 0 < len(boot) <= 64 and boot.isalnum()):
         raise WireError("malformed", "boot: expected 1..64 letters and digits")
-    return Commit(check_root(root), float(timeout), boot)
+    if path is None and payload:
+        raise WireError("malformed", f"commit without a path carries no payload, got {len(payload)}")
+    checked = None if path is None else check_path(path)
+    return Commit(check_root(root), float(timeout), boot, checked, payload)
 
 
 def _drive(h: Header, _: bytes) -> Drive:

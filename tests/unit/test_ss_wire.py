@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
 import struct
 
 import pytest
@@ -152,9 +153,6 @@ def test_payload_where_none_belongs_is_malformed() -> None:
         "state/a\x00b",
         "state\\a",
         "state/a\nb",
-        "offsets/1",
-        "commits/1",
-        "state",
         "",
         "state/" + "a" * 5000,
     ],
@@ -165,9 +163,20 @@ def test_hostile_paths_refused(path: str) -> None:
     assert _code(parse_request, header, b"") == "path"
 
 
-def test_state_itself_only_as_a_listed_dir() -> None:
-    assert check_path("state", allow_state=True) == "state"
-    assert check_path("state/0/1/12_0a1b.zip") == "state/0/1/12_0a1b.zip"
+def test_the_root_itself_only_as_a_listed_dir() -> None:
+    assert check_path("", allow_root=True) == ""
+    assert _code(check_path, "") == "path"
+    for p in ("state/0/1/12_0a1b.zip", "offsets/1", "commits/1", "sources/0/3", "metadata"):
+        assert check_path(p) == p
+    header = {"op": "list", "root": R, "dir": ""}
+    assert parse_request(header) == wire.List(R, "")
+
+
+def test_a_commit_carries_its_commit_file() -> None:
+    h = {"op": "commit", "root": R, "timeout": 5, "path": "commits/3"}
+    assert parse_request(h, b"v1") == wire.Commit(R, 5.0, None, "commits/3", b"v1")
+    assert _code(parse_request, {"op": "commit", "root": R, "timeout": 5}, b"x") == "malformed"
+    assert _code(parse_request, {**h, "path": "../commits/3"}, b"") == "path"
 
 
 @pytest.mark.parametrize("root", ["", "x" * 4097, "file:/a\x00b", "file:/a\nb"])
@@ -176,20 +185,22 @@ def test_bad_roots_refused(root: str) -> None:
 
 
 @given(st.text(max_size=60))
-def test_any_accepted_path_is_normalized_below_state(path: str) -> None:
+def test_any_accepted_path_is_normalized_below_the_root(path: str) -> None:
     try:
         got = check_path(path)
     except WireError as e:
         assert e.code in ("path", "malformed")
         return
-    assert got.startswith("state/") and ".." not in got.split("/") and "\x00" not in got
+    assert not got.startswith("/") and ".." not in got.split("/") and "\x00" not in got
+    assert posixpath.normpath(got) == got
 
 
 def test_version_negotiation() -> None:
     assert negotiate((1, 7)) == 1
+    assert negotiate((1, 2)) == 2
     with pytest.raises(WireError) as e:
-        negotiate((2, 3))
-    assert e.value.code == "version" and "[2, 3]" in str(e.value) and "[1]" in str(e.value)
+        negotiate((3, 4))
+    assert e.value.code == "version" and "[3, 4]" in str(e.value) and "[1, 2]" in str(e.value)
 
 
 def test_error_header_shape() -> None:

@@ -20,8 +20,8 @@ import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 
 /**
- * One connection to the bridge over a Unix domain socket (protocol version 1, see
- * docs/structured-streaming.md). Frames: u32 header length (big-endian), UTF-8 JSON header,
+ * One connection to the bridge over a Unix domain socket (protocol versions 1 and 2, see
+ * docs/structured-streaming.md; {@link #version()} is the one its hello agreed). Frames: u32 header length (big-endian), UTF-8 JSON header,
  * u32 payload length, payload. Idle connections are kept in a small pool per socket path and
  * Spark application (its hello named it), so a request costs no new connection; a connection
  * that saw any error is closed, never reused.
@@ -54,6 +54,8 @@ final class BridgeClient implements AutoCloseable {
   private final SocketChannel channel;
   /** The pool this connection returns to: its socket and the application its hello named. */
   private final String poolKey;
+  /** The protocol version the hello agreed (1: state files only). */
+  private int version = 1;
 
   private BridgeClient(String socket, SocketChannel channel, String poolKey) {
     this.socket = socket;
@@ -101,9 +103,26 @@ final class BridgeClient implements AutoCloseable {
     }
     BridgeClient c = new BridgeClient(socket, ch, key);
     ObjectNode hello = JSON.createObjectNode().put("op", "hello").put("app", app);
-    hello.putArray("versions").add(1);
-    c.call(hello, null, timeoutMillis);
+    hello.putArray("versions").add(1).add(2);
+    c.version = c.call(hello, null, timeoutMillis).header().path("version").asInt(1);
     return c;
+  }
+
+  /** The protocol version this connection's hello agreed: 2 serves a whole location. */
+  int version() {
+    return version;
+  }
+
+  /**
+   * The protocol version of the bridge on {@code socket} (one pooled connection).
+   *
+   * @throws BridgeException code {@code unavailable} when no bridge answers
+   */
+  static int versionOf(String socket, long timeoutMillis) throws IOException {
+    BridgeClient c = connect(socket, timeoutMillis);
+    int v = c.version();
+    c.release();
+    return v;
   }
 
   /**

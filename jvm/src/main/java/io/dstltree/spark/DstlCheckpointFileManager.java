@@ -84,7 +84,7 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     this.socket = StateFiles.socket(conf);
     this.timeoutMillis = (long) (conf.getDouble(TIMEOUT_KEY, 60.0) * 1000);
     this.commitTimeoutSeconds = conf.getLong(COMMIT_TIMEOUT_KEY, 120);
-    StateFile here = stateFile(path);
+    StateFile here = StateFiles.parseAny(qualified(path));
     if (here != null) {
       StateFiles.register(here.root(), socket);
     }
@@ -134,6 +134,29 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     return StateFiles.parse(qualified(p));
   }
 
+  /**
+   * The file of the checkpoint location {@code p} names when the bridge serves it: a state
+   * file always (protocol 1), any other file of the location ({@link StateFiles#parseAny})
+   * when the bridge speaks protocol 2 or the location is {@code dstl://} (its files are the
+   * bridge's alone); null: a plain file. No bridge: a state file still (its own fallback
+   * applies), the others plain.
+   */
+  StateFile served(Path p) throws IOException {
+    StateFile f = StateFiles.parseAny(qualified(p));
+    if (f == null || !f.whole() || f.tree()) {
+      return f;
+    }
+    try {
+      return BridgeClient.versionOf(socket, timeoutMillis) >= 2 ? f : null;
+    } catch (BridgeException e) {
+      if (!e.unavailable()) {
+        throw e;
+      }
+      noBridge(e, p);
+      return null;
+    }
+  }
+
   private String qualified(Path p) {
     if (p.toUri().getScheme() != null) {
       return p.toString();
@@ -168,16 +191,19 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
 
   private CancellableFSDataOutputStream ioCreateAtomic(Path p, boolean overwriteIfPossible)
       throws IOException {
-    StateFile f = stateFile(p);
+    String q = qualified(p);
+    Matcher o = OFFSETS.matcher(q);
+    if (o.matches()) {
+      drive(o.group(1));
+    }
+    StateFile f = served(p);
+    Matcher m = COMMIT.matcher(q);
+    if (m.matches() && f != null) {
+      return new CommitOutputStream(this, f, p, overwriteIfPossible);
+    }
     if (f == null) {
-      String q = qualified(p);
-      Matcher m = COMMIT.matcher(q);
       if (m.matches()) {
-        commit(m.group(1), p);
-      }
-      Matcher o = OFFSETS.matcher(q);
-      if (o.matches()) {
-        drive(o.group(1));
+        commit(m.group(1), p, null, null);
       }
       return plain.createAtomic(p, overwriteIfPossible);
     }
@@ -191,12 +217,32 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
           StateFileMetrics.INSTANCE.bridge.incrementAndGet();
         },
         (bytes, length, why) -> {
+          if (f.tree()) {
+            throw why; // a dstl:// location has no plain files
+          }
           noBridge(why, p);
           try (CancellableFSDataOutputStream out = plain.createAtomic(p, overwriteIfPossible)) {
             out.write(bytes, 0, length);
           }
           StateFileMetrics.INSTANCE.plain.incrementAndGet();
         });
+  }
+
+  /**
+   * Closes {@code commits/<N>}: the bridge persists it with the batch's state files in one
+   * flush (protocol 2). No bridge: as {@link #commit}, a plain file when nothing was handed
+   * to one.
+   */
+  void commitFile(StateFile f, Path p, byte[] bytes, boolean overwriteIfPossible)
+      throws IOException {
+    if (!commit(f.root(), p, f, bytes)) {
+      if (f.tree()) {
+        throw new IOException("dstltree: no bridge for " + p + " (a dstl:// location)");
+      }
+      try (CancellableFSDataOutputStream out = plain.createAtomic(p, overwriteIfPossible)) {
+        out.write(bytes);
+      }
+    }
   }
 
   /**
@@ -245,13 +291,16 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   }
 
   /**
-   * Waits until every state file the bridge accepted for {@code root} is durable. No bridge:
+   * Waits until every state file the bridge accepted for {@code root} is durable; with {@code
+   * file}, the bridge first accepts the commit file ({@code bytes}) and persists it in the same
+   * flush (true: done; false: no bridge, write it plain). No bridge:
    * fine unless this JVM handed files of {@code root} to a bridge since the last commit, or
    * its driver announced the batch to one (it holds the batch's files: they may be lost);
    * otherwise, and when the bridge says a file is not durable or that it restarted since the
    * announcement (another process than {@code drive} reached), throws.
    */
-  private void commit(String root, Path commitFile) throws IOException {
+  private boolean commit(String root, Path commitFile, StateFile file, byte[] bytes)
+      throws IOException {
     ObjectNode h =
         BridgeClient.JSON
             .createObjectNode()
@@ -262,16 +311,22 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     if (boot != null) {
       h.put("boot", boot);
     }
+    if (file != null) {
+      h.put("path", file.path());
+    }
     try {
-      call(h, (commitTimeoutSeconds + 10) * 1000);
+      BridgeClient c = BridgeClient.connect(socket, timeoutMillis);
+      c.call(h, bytes, (commitTimeoutSeconds + 10) * 1000);
+      c.release();
       PENDING_ROOTS.remove(root);
       StateFileMetrics.INSTANCE.commits.incrementAndGet();
+      return true;
     } catch (BridgeException e) {
       boolean connected = !e.getMessage().contains("no bridge on ");
       boolean handed = PENDING_ROOTS.contains(root) || boot != null;
       if (e.unavailable() && !connected && !handed) {
         noBridge(e, commitFile);
-        return;
+        return false;
       }
       StateFileMetrics.INSTANCE.failedCommits.incrementAndGet();
       throw new IOException(
@@ -280,17 +335,19 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   }
 
   private FSDataInputStream ioOpen(Path p) throws IOException {
-    StateFile f = stateFile(p);
-    if (f == null) {
-      driverReads(p);
-    } else {
+    driverReads(p);
+    StateFile f = served(p);
+    if (f != null) {
       try {
         byte[] bytes = StateFiles.read(socket, f, timeoutMillis);
         if (bytes != null) {
           return new FSDataInputStream(new BytesInputStream(bytes));
         }
+        if (f.tree()) {
+          throw new FileNotFoundException(p.toString());
+        }
       } catch (BridgeException e) {
-        if (!e.unavailable()) {
+        if (!e.unavailable() || f.tree()) {
           throw e;
         }
         noBridge(e, p);
@@ -300,19 +357,18 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   }
 
   private boolean ioExists(Path p) throws IOException {
-    StateFile f = stateFile(p);
-    if (f == null) {
-      driverReads(p);
-    } else {
+    driverReads(p);
+    StateFile f = served(p);
+    if (f != null) {
       try {
-        if (call(request("stat", f).put("path", f.path()), timeoutMillis)
-            .header()
-            .path("exists")
-            .asBoolean(false)) {
+        if (StateFiles.length(socket, f, timeoutMillis) >= 0) {
           return true;
         }
+        if (f.tree()) {
+          return plain.exists(p); // a directory of a dstl:// location: DstlTreeFileSystem
+        }
       } catch (BridgeException e) {
-        if (!e.unavailable()) {
+        if (!e.unavailable() || f.tree()) {
           throw e;
         }
         noBridge(e, p);
@@ -322,10 +378,13 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   }
 
   private FileStatus[] ioList(Path dir, PathFilter filter) throws IOException {
-    StateFile f = stateFile(dir);
+    driverReads(dir);
+    StateFile f = served(dir);
     if (f == null) {
-      driverReads(dir);
       return plain.list(dir, filter);
+    }
+    if (f.tree()) {
+      return plain.list(dir, filter); // DstlTreeFileSystem lists the bridge's files
     }
     Map<String, FileStatus> found = new LinkedHashMap<>();
     boolean plainDir = true;
@@ -342,23 +401,18 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
       plainDir = false;
     }
     try {
-      JsonNode r = call(request("list", f).put("dir", f.path()), timeoutMillis).header();
-      long now = System.currentTimeMillis();
-      for (JsonNode file : r.path("files")) {
-        Path child = new Path(dir, file.path("name").asText());
-        long mtime = file.path("mtime").asLong(now);
-        FileStatus s = new FileStatus(file.path("length").asLong(), false, 1, 1, mtime, child);
-        if (filter.accept(child)) {
-          found.put(child.getName(), s);
+      boolean any = false;
+      for (FileStatus s : StateFiles.list(socket, f, dir, timeoutMillis)) {
+        any = true;
+        if (filter.accept(s.getPath())) {
+          if (s.isDirectory()) {
+            found.putIfAbsent(s.getPath().getName(), s);
+          } else {
+            found.put(s.getPath().getName(), s);
+          }
         }
       }
-      for (JsonNode d : r.path("dirs")) {
-        Path child = new Path(dir, d.asText());
-        if (filter.accept(child)) {
-          found.putIfAbsent(child.getName(), new FileStatus(0, true, 1, 1, now, child));
-        }
-      }
-      plainDir = plainDir || !r.path("files").isEmpty() || !r.path("dirs").isEmpty();
+      plainDir = plainDir || any;
     } catch (BridgeException e) {
       if (!e.unavailable()) {
         throw e;
@@ -373,7 +427,7 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
   }
 
   private void ioDelete(Path p) throws IOException {
-    StateFile f = stateFile(p);
+    StateFile f = served(p);
     if (f != null) {
       try {
         call(request("delete", f).put("path", f.path()), timeoutMillis);
@@ -381,6 +435,12 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
         if (!e.unavailable() && !"not-found".equals(e.code())) {
           throw e;
         }
+        if (f.tree() && e.unavailable()) {
+          throw e;
+        }
+      }
+      if (f.tree()) {
+        return;
       }
     }
     plain.delete(p);

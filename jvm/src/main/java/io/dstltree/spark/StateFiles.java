@@ -4,10 +4,14 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.Path;
 
 /**
  * What the checkpoint file manager and the file systems share: which paths are state files,
@@ -29,8 +33,35 @@ final class StateFiles {
 
   private StateFiles() {}
 
-  /** A state path split into its query root URI and its path below the root. */
-  record StateFile(String root, String path) {}
+  /**
+   * The files of a checkpoint location beside its state files (protocol 2): the offsets,
+   * commits and sources logs (and their directories), the query's {@code metadata}, the
+   * state operators' metadata and schema files, and the {@code state} directories listed.
+   */
+  private static final Pattern LOCATION =
+      Pattern.compile(
+          "^(.+?)/("
+              + "state/\\d+/(?:\\d+/)?_[^/]+(?:/.*)?"
+              + "|(?:offsets|commits)(?:/\\d+)?"
+              + "|sources(?:/\\d+(?:/\\d+(?:\\.compact)?)?)?"
+              + "|metadata|state(?:/\\d+)?"
+              + ")/?$");
+
+  /** The scheme of a location that is the tree's alone ({@link DstlTreeFileSystem}). */
+  static final String TREE_SCHEME = "dstl";
+
+  /** A path split into its query root URI and its path below the root ("" the root). */
+  record StateFile(String root, String path) {
+    /** Whether the bridge must speak protocol 2 for it (anything but a state file). */
+    boolean whole() {
+      return !STATE.matcher(root + "/" + path).matches() || path.contains("/_");
+    }
+
+    /** Whether the location is the tree's alone: there are no plain files. */
+    boolean tree() {
+      return root.startsWith(TREE_SCHEME + "://");
+    }
+  }
 
   /**
    * The state file a qualified path names, or null when it is not below a state directory, or
@@ -43,6 +74,36 @@ final class StateFiles {
       return null;
     }
     return new StateFile(m.group(1), m.group(2));
+  }
+
+  /**
+   * Any file of a checkpoint location the bridge may serve (protocol 2): a state file as
+   * {@link #parse}, a file or directory {@link #LOCATION} names, or any path of a {@code
+   * dstl://<query>} location (its root {@code dstl://<query>}); null otherwise.
+   *
+   * <p>Decision: the root of a {@code file:} or other Hadoop location is found by the first
+   * component Spark names (shortest root), so a location folder named {@code state} or {@code
+   * offsets} inside a checkpoint's path is not taken for one; a checkpoint location nested
+   * below another one's {@code offsets/} folder would be misread (Spark refuses such nesting
+   * for nothing, users have no reason to).
+   */
+  static StateFile parseAny(String qualified) {
+    if (qualified.startsWith(TREE_SCHEME + "://")) {
+      String rest = qualified.substring(TREE_SCHEME.length() + 3);
+      int slash = rest.indexOf('/');
+      String authority = slash < 0 ? rest : rest.substring(0, slash);
+      String path = slash < 0 ? "" : rest.substring(slash + 1);
+      while (path.endsWith("/")) {
+        path = path.substring(0, path.length() - 1);
+      }
+      return authority.isEmpty() ? null : new StateFile(TREE_SCHEME + "://" + authority, path);
+    }
+    StateFile f = parse(qualified);
+    if (f != null) {
+      return f;
+    }
+    Matcher m = LOCATION.matcher(qualified);
+    return m.matches() ? new StateFile(m.group(1), m.group(2)) : null;
   }
 
   /**
@@ -75,8 +136,33 @@ final class StateFiles {
     return BridgeClient.JSON.createObjectNode().put("op", op).put("root", f.root());
   }
 
+  /**
+   * The direct children of directory {@code f} ({@code dir} its Hadoop path) the bridge holds:
+   * files with their length and time, directories.
+   */
+  static FileStatus[] list(String socket, StateFile f, Path dir, long timeoutMillis)
+      throws IOException {
+    BridgeClient c = BridgeClient.connect(socket, timeoutMillis);
+    JsonNode r = c.call(request("list", f).put("dir", f.path()), null, timeoutMillis).header();
+    c.release();
+    long now = System.currentTimeMillis();
+    List<FileStatus> out = new ArrayList<>();
+    for (JsonNode file : r.path("files")) {
+      Path child = new Path(dir, file.path("name").asText());
+      long mtime = file.path("mtime").asLong(now);
+      out.add(new FileStatus(file.path("length").asLong(), false, 1, 1, mtime, child));
+    }
+    for (JsonNode d : r.path("dirs")) {
+      out.add(new FileStatus(0, true, 1, 1, now, new Path(dir, d.asText())));
+    }
+    return out.toArray(new FileStatus[0]);
+  }
+
   /** The file's length in bytes from the bridge, -1 when the bridge does not hold it. */
   static long length(String socket, StateFile f, long timeoutMillis) throws IOException {
+    if (f.path().isEmpty()) {
+      return -1; // the root: a directory
+    }
     BridgeClient c = BridgeClient.connect(socket, timeoutMillis);
     JsonNode stat = c.call(request("stat", f).put("path", f.path()), null, timeoutMillis).header();
     c.release();
@@ -85,6 +171,9 @@ final class StateFiles {
 
   /** The whole file from the bridge, or null when the bridge does not hold it. */
   static byte[] read(String socket, StateFile f, long timeoutMillis) throws IOException {
+    if (f.path().isEmpty()) {
+      return null; // the root: a directory
+    }
     BridgeClient c = BridgeClient.connect(socket, timeoutMillis);
     JsonNode stat = c.call(request("stat", f).put("path", f.path()), null, timeoutMillis).header();
     if (!stat.path("exists").asBoolean(false)) {
