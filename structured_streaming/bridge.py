@@ -315,6 +315,8 @@ class Connection:
             return {"ok": True, "version": self.version}, b""
         if self.version is None:
             raise WireError("version", "the first request must be hello")
+        if self.version < 2:
+            wire.check_v1(req)
         f = self.files
         match req:
             case wire.Put():

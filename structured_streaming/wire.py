@@ -344,6 +344,20 @@ _PARSERS: dict[str, Callable[[Header, bytes], Request]] = {
 }
 
 
+def check_v1(req: Request) -> None:
+    """Refuse what protocol 1 does not have: a path outside ``state/`` (a listing of
+    ``state`` itself aside), a commit carrying a file. Raises WireError(``path``)."""
+    path = getattr(req, "dir", None) if isinstance(req, List) else getattr(req, "path", None)
+    if isinstance(req, Commit):
+        if path is not None:
+            raise WireError("path", "protocol 1: a commit carries no file")
+        return
+    if path is None or path == "state" and isinstance(req, List):
+        return
+    if not path.startswith("state/"):
+        raise WireError("path", f"protocol 1: {path!r} is not below state/")
+
+
 def negotiate(client_versions: tuple[int, ...]) -> int:
     """The highest version both sides speak. Raises WireError(``version``) naming both
     sides' versions when there is none."""

@@ -10,18 +10,23 @@ from dstltree.structured_streaming import wire
 
 
 class BridgeClient:
-    """One connection to a bridge; ``hello`` (for Spark application ``app``) is sent on
-    open."""
+    """One connection to a bridge; ``hello`` (for Spark application ``app``, protocol
+    ``versions``) is sent on open."""
 
     def __init__(
-        self, path: Path | str, timeout: float = 30.0, hello: bool = True, app: str = ""
+        self,
+        path: Path | str,
+        timeout: float = 30.0,
+        hello: bool = True,
+        app: str = "",
+        versions: tuple[int, ...] = (1,),
     ) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(str(path))
         if hello:
-            h = {"op": "hello", "versions": [1], "app": app}
-            assert self.call(h)[0]["version"] == 1
+            h = {"op": "hello", "versions": list(versions), "app": app}
+            assert self.call(h)[0]["version"] == max(versions)
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)

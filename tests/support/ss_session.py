@@ -84,3 +84,24 @@ def write_json_input(folder: Path, n: int, rows: list[dict[str, Any]]) -> None:
     tmp = folder / f".part-{n}.json.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.rename(folder / f"part-{n}.json")
+
+
+def listed(spark: Any, location: str, d: str) -> set[str]:
+    """The names in directory ``d`` of checkpoint ``location`` as Spark's checkpoint file
+    manager lists them (the bridge's files and plain ones); empty when there is none."""
+    jvm = spark._jvm
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    cfm = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+    path = jvm.org.apache.hadoop.fs.Path(f"{location.rstrip('/')}/{d}")
+    try:
+        return {s.getPath().getName() for s in cfm.create(path, conf).list(path)}
+    except Exception:  # noqa: BLE001 - no such directory
+        return set()
+
+
+def plain_files(checkpoint: Path, d: str) -> list[Path]:
+    """Plain files (checksums aside) in directory ``d`` of a ``file:`` checkpoint."""
+    folder = checkpoint / d
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if p.is_file() and not p.name.endswith(".crc")]

@@ -113,17 +113,6 @@ final class BridgeClient implements AutoCloseable {
     return version;
   }
 
-  /**
-   * The protocol version of the bridge on {@code socket} (one pooled connection).
-   *
-   * @throws BridgeException code {@code unavailable} when no bridge answers
-   */
-  static int versionOf(String socket, long timeoutMillis) throws IOException {
-    BridgeClient c = connect(socket, timeoutMillis);
-    int v = c.version();
-    c.release();
-    return v;
-  }
 
   /**
    * The exception for a request cut short because this thread was interrupted: {@link

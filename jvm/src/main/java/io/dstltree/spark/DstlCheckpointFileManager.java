@@ -136,25 +136,17 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
 
   /**
    * The file of the checkpoint location {@code p} names when the bridge serves it: a state
-   * file always (protocol 1), any other file of the location ({@link StateFiles#parseAny})
-   * when the bridge speaks protocol 2 or the location is {@code dstl://} (its files are the
-   * bridge's alone); null: a plain file. No bridge: a state file still (its own fallback
-   * applies), the others plain.
+   * file (protocol 1), or any file of a {@code dstl://} location ({@link
+   * StateFiles#parseAny}: its files are the bridge's alone, protocol 2); null: a plain file.
+   *
+   * <p>Decision: the logs and metadata of a location on a Hadoop file system ({@code file:},
+   * {@code s3a:}, ...) stay plain files there, as before: that file system is the user's
+   * choice, other tools read the logs there, and a local disk's requests cost little; a
+   * location whose every request should be the tree's is {@code dstl://<query>/}.
    */
-  StateFile served(Path p) throws IOException {
+  StateFile served(Path p) {
     StateFile f = StateFiles.parseAny(qualified(p));
-    if (f == null || !f.whole() || f.tree()) {
-      return f;
-    }
-    try {
-      return BridgeClient.versionOf(socket, timeoutMillis) >= 2 ? f : null;
-    } catch (BridgeException e) {
-      if (!e.unavailable()) {
-        throw e;
-      }
-      noBridge(e, p);
-      return null;
-    }
+    return f == null || !f.whole() || f.tree() ? f : null;
   }
 
   private String qualified(Path p) {
