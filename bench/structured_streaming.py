@@ -4,8 +4,13 @@ without the tree, side by side, at several shuffle partition counts.
 Per partition count two runs, each in a fresh Spark session on ``local[N]`` and with a
 fresh input folder and checkpoint location (:mod:`dstltree.bench.ss_query`): ``spark``
 (Spark alone, RocksDB provider with changelog checkpointing, every state file a file
-under the checkpoint location) and ``tree`` (the same, with
-``structured_streaming.configure``: state files go through the bridge into the tree).
+under the checkpoint location), ``tree`` (the same, with
+``structured_streaming.configure``: state files go through the bridge into the tree,
+the metadata logs stay plain files) and ``dstl`` (the same on a ``dstl://`` location:
+every file of the location through the bridge, nothing on the latency file system).
+For ``dstl`` the critical path of each batch is counted from the objects' indexes: the
+distinct objects holding its ``sources/0/<N>``, ``offsets/<N>`` and ``commits/<N>``
+(each one PUT the driver waits for; the batch's state files ride in the commit's).
 
 ``dfs_model`` (a ``topology.latency`` model name, or ``none``) puts the same latency on
 both: Spark's checkpoint location is ``latency:/...``, served by the jar's
@@ -32,7 +37,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +45,7 @@ from dstltree.bench.ss_query import QueryFigures, QueryInput, run_query
 
 __all__ = ["ENGINES", "SsBenchSettings", "SsRun", "latency_conf", "run_ss_bench"]
 
-ENGINES = ("spark", "tree")
+ENGINES = ("spark", "tree", "dstl")
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 LATENCY_SCHEME = "latency"
 LATENCY_CLASS = "io.dstltree.spark.LatencyFileSystem"
@@ -117,6 +122,7 @@ class SsRun:
     figures: QueryFigures
     tree_objects: int
     spark_requests: dict[str, int]
+    critical_puts: dict[int, int] = field(default_factory=dict)  # dstl: batch -> PUTs
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON-ready dict, per-batch figures included."""
@@ -131,7 +137,15 @@ class SsRun:
             "tree_objects_per_batch": self.tree_objects / f.batches,
             "written_per_batch": (f.checkpoint_files + self.tree_objects) / f.batches,
             "spark_requests": self.spark_requests,
+            "critical_puts_per_batch": self.critical_per_batch,
         }
+
+    @property
+    def critical_per_batch(self) -> float | None:
+        """Mean PUTs a batch of a ``dstl`` run waited for (batches with input after the
+        first; None for the other engines)."""
+        later = [n for b, n in self.critical_puts.items() if b > 0]
+        return sum(later) / len(later) if later else None
 
 
 def latency_conf(model_name: str, scale: float = 1.0, seed: int = 0) -> dict[str, str]:
@@ -304,7 +318,9 @@ def _one_run(
     from dstltree.structured_streaming.configure import add_to_running_driver
 
     builder = _builder(settings, partitions, master)
-    if engine == "tree":  # the latency file system wrapped too: SST files reach the tree
+    if engine == "dstl":
+        builder = configure(builder, socket=socket, file_systems={"file": ""})
+    elif engine == "tree":  # the latency file system wrapped too: SST files reach the tree
         wrapped = {"file": ""}
         if settings.dfs_model != NO_MODEL:
             wrapped[LATENCY_SCHEME] = LATENCY_CLASS
@@ -320,12 +336,15 @@ def _one_run(
     spec = QueryInput(
         settings.batches, settings.rows, settings.keys, settings.trigger_s, settings.seed
     )
+    location = f"{scheme}:{run_dir / 'checkpoint'}"
+    if engine == "dstl":
+        location = dstl_location(run_dir)
     try:
         before = _spark_requests(spark) if scheme == LATENCY_SCHEME else {}
         figures = run_query(
             spark,
             run_dir / "in",
-            f"{scheme}:{run_dir / 'checkpoint'}",
+            location,
             spec,
             settings.held_factor,
             settings.timeout_s,
@@ -339,6 +358,37 @@ def _one_run(
         return figures, requests
     finally:
         spark.stop()
+
+
+def dstl_location(run_dir: Path) -> str:
+    """The ``dstl://`` location of a run (a name unique to its folder)."""
+    import hashlib
+
+    return f"dstl://bench-{hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]}"
+
+
+def critical_objects(objects: Path, location: str) -> dict[int, int]:
+    """Per batch N of a ``dstl://`` run: the distinct objects under ``objects`` that
+    hold its ``sources/0/<N>``, ``offsets/<N>`` or ``commits/<N>`` (the PUTs its
+    driver waited for; module docstring)."""
+    from dstltree.client.reader import read_index
+    from dstltree.storage.store import ObjectStore
+    from dstltree.structured_streaming.view import parse_log_id, query_key
+
+    key = query_key(location)
+    store = ObjectStore(str(objects))
+    holders: dict[int, set[str]] = {}
+    for obj in objects.rglob("*.dstl"):
+        if obj.stat().st_size == 0:
+            continue
+        for ref in read_index(store, str(obj), verify=False):
+            parsed = parse_log_id(ref.log_id)
+            if parsed is None or parsed[0] != key:
+                continue
+            head, _, tail = parsed[1].rpartition("/")
+            if head in ("sources/0", "offsets", "commits") and tail.isdigit():
+                holders.setdefault(int(tail), set()).add(str(obj))
+    return {n: len(h) for n, h in sorted(holders.items())}
 
 
 def _await_executors(spark: Any, hosts: int, timeout_s: float) -> None:
@@ -411,7 +461,11 @@ def run_ss_bench(
                         settings, folder, engine, partitions, socket, master
                     )
                     made = _settled_objects(objects) - before
-                    runs.append(SsRun(engine, partitions, figures, made, requests))
+                    critical = {}
+                    if engine == "dstl":
+                        run_dir = folder / f"{engine}-{partitions}"
+                        critical = critical_objects(objects, dstl_location(run_dir))
+                    runs.append(SsRun(engine, partitions, figures, made, requests, critical))
     finally:
         if temp:
             shutil.rmtree(folder, ignore_errors=True)

@@ -41,6 +41,8 @@ from dstltree.structured_streaming.view import (
     ReadIndex,
     View,
     log_id,
+    manifest_from_store,
+    manifest_to_store,
     parse_log_id,
     query_key,
 )
@@ -268,9 +270,14 @@ class TreeFiles:
         """The newest manifest of every bridge of ``root`` and the oldest one's
         modification time (None: no manifest)."""
         newest = self._newest_infos(root)
-        docs = [json.loads(self.store.read(info.url)) for _, info in newest.values()]
+        docs = [self._read_manifest(info.url) for _, info in newest.values()]
         since = min((info.mtime for _, info in newest.values()), default=None)
         return docs, since
+
+    def _read_manifest(self, url: str) -> dict[str, Any]:
+        """A manifest read back, its objects' URLs absolute (view module). Raises
+        DstlError, ValueError (not JSON, or a name outside the base)."""
+        return manifest_from_store(json.loads(self.store.read(url)), self.store.base_url, url)
 
     def refresh(self, root: str) -> int:
         """Take in the other bridges' manifests of ``root`` newer than those taken (one
@@ -282,7 +289,7 @@ class TreeFiles:
             with self.cond:
                 taken = dict(self.view.merged)
             docs = [
-                json.loads(self.store.read(info.url))
+                self._read_manifest(info.url)
                 for bridge, (seq, info) in newest.items()
                 if bridge not in (self.bridge_id, "") and seq > taken.get((root, bridge), -1)
             ]
@@ -389,10 +396,11 @@ class TreeFiles:
         return sqn, held
 
     def put_synced(self, root: str, path: str, data: bytes, app: str, timeout: float) -> int:
-        """Accept ``offsets/<N>`` (its bytes reserved; given back if refused) and persist it with every write of
-        ``root`` held here as one flush (the sources' log entries of the batch among
-        them), returning once all are durable; its SQN. Raises WireError
-        (``unavailable``) when one failed or ``timeout`` s passed (paths module)."""
+        """Accept ``offsets/<N>`` (its bytes reserved; given back if refused) and
+        persist it with every write of ``root`` held here as one flush (the sources'
+        log entries of the batch among them), returning once all are durable; its
+        SQN. Raises WireError (``unavailable``) when one failed or ``timeout`` s
+        passed (paths module)."""
         try:
             self.ensure(root)
             with self.cond:
@@ -1110,7 +1118,8 @@ class TreeFiles:
         name = f"{self.bridge_id}-{doc['seq']}" if self.bridge_id else str(doc["seq"])
         url = f"{folder}/manifest-{name}.json"
         try:
-            self.store.put(url, json.dumps(doc, separators=(",", ":")).encode())
+            written = manifest_to_store(doc, self.store.base_url)
+            self.store.put(url, json.dumps(written, separators=(",", ":")).encode())
         except DstlError as e:
             log.warning("manifest %s not written: %s", url, e)
             with self.cond:

@@ -19,7 +19,8 @@ SS_DIR = "ss"
 
 def newest_manifests(store: ObjectStore) -> list[dict[str, Any]]:
     """The newest manifest of every bridge of every query under ``<base>/ss/`` (parsed
-    JSON; ``manifest-<bridge>-<seq>.json``, or format 1's ``manifest-<seq>.json``), in
+    JSON, object URLs absolute; ``manifest-<bridge>-<seq>.json``, or format 1's
+    ``manifest-<seq>.json``), in
     the order of their folders and bridges (one listing). Raises StorageError;
     ValueError for a manifest that is not JSON."""
     from dstltree.structured_streaming.files import manifest_name
@@ -32,7 +33,12 @@ def newest_manifests(store: ObjectStore) -> list[dict[str, Any]]:
         key = (info.url.rsplit("/", 1)[0], named[0])
         if key not in newest or named[1] > newest[key][0]:
             newest[key] = (named[1], info.url)
-    return [json.loads(store.read(newest[k][1])) for k in sorted(newest)]
+    from dstltree.structured_streaming.view import manifest_from_store
+
+    return [
+        manifest_from_store(json.loads(store.read(newest[k][1])), store.base_url, newest[k][1])
+        for k in sorted(newest)
+    ]
 
 
 def manifest_objects(doc: dict[str, Any]) -> set[str]:

@@ -35,8 +35,9 @@ from typing import Any
 
 from dstltree.client.handle import SegmentRef
 
-MANIFEST_FORMAT = 2  # 2: "bridge" and per file "by"; 1 (one bridge per root) is read
-READ_MANIFEST_FORMATS = (1, 2)
+MANIFEST_FORMAT = 3  # 3: objects named relative to the base path; 2: absolute URLs
+READ_MANIFEST_FORMATS = (1, 2, 3)  # 2: "bridge" and per file "by"; 1: one bridge per root
+RELATIVE_FORMATS = (3,)
 LOG_PREFIX = "ss"
 DATA_KEY_GROUP = 0  # a file's bytes: one change per chunk
 TOMBSTONE_KEY_GROUP = 1  # a deletion: one empty change
@@ -61,6 +62,44 @@ def manifest_path(root_key: str, manifest: Mapping[str, Any]) -> str:
     bridge = manifest.get("bridge") or ""
     name = f"{bridge}-{manifest.get('seq')}" if bridge else str(manifest.get("seq"))
     return f"{LOG_PREFIX}/{root_key}/manifest-{name}.json"
+
+
+def manifest_to_store(doc: Mapping[str, Any], base: str) -> dict[str, Any]:
+    """``doc`` (a manifest as :meth:`View.manifest` makes it, URLs absolute) as written:
+    every object below ``base`` (the store's base URL) named relative to it, so that a
+    base path copied to another bucket or folder restores as it is."""
+    prefix = base.rstrip("/") + "/"
+
+    def rel(url: str) -> str:
+        return url[len(prefix) :] if url.startswith(prefix) else url
+
+    return _map_urls(doc, rel)
+
+
+def manifest_from_store(doc: Mapping[str, Any], base: str, name: str) -> dict[str, Any]:
+    """A manifest as read from the store (``name``: its path, for errors), its object
+    names made absolute below ``base`` when its format names them relative. Raises
+    ValueError for a name that climbs out of the base (``..``) or is absolute where a
+    relative one belongs."""
+    if doc.get("format") not in RELATIVE_FORMATS:
+        return dict(doc)
+
+    def absolute(path: str) -> str:
+        parts = path.split("/")
+        if "://" in path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"{name}: object name {path!r} is not a path below the base")
+        return f"{base.rstrip('/')}/{path}"
+
+    return _map_urls(doc, absolute)
+
+
+def _map_urls(doc: Mapping[str, Any], fn: Any) -> dict[str, Any]:
+    files = {}
+    for path, d in doc.get("files", {}).items():
+        seg = dict(d["segment"])
+        seg["path"] = fn(seg["path"])
+        files[path] = {**d, "segment": seg, "older": [fn(u) for u in d.get("older", [])]}
+    return {**doc, "files": files}
 
 
 def parse_log_id(name: str) -> tuple[str, str] | None:
@@ -417,9 +456,10 @@ class View:
     # -- manifests -----------------------------------------------------------------------
     def manifest(self, root: str) -> dict[str, Any] | None:
         """A snapshot of the root's durable files written by this bridge (None when
-        nothing changed since the last one): ``{"format": 2, "root", "bridge", "seq",
+        nothing changed since the last one): ``{"format": 3, "root", "bridge", "seq",
         "files": {path: {sqn, length, deleted, segment, older, by}}}``; the shell writes
-        it as ``manifest-<bridge>-<seq>.json``. Files not yet durable keep their
+        it as ``manifest-<bridge>-<seq>.json``, its object URLs relative to the base
+        (:func:`manifest_to_store`). Files not yet durable keep their
         previous durable version out of it: a rebuild finds them in the indexes of
         newer objects."""
         rv = self.roots[root]

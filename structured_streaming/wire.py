@@ -182,8 +182,9 @@ class Delete:
 class Commit:
     """Wait until every file accepted for ``root`` is durable, at most ``timeout`` s;
     with ``path``, first accept that file (``data``), persisted in the same flush as
-    the batch's state files (protocol 2). ``boot``: the bridge process the driver's ``drive`` reply named (None: not sent);
-    another one means the bridge restarted since and may have lost held files."""
+    the batch's state files (protocol 2). ``boot``: the bridge process the driver's
+    ``drive`` reply named (None: not sent); another one means the bridge restarted
+    since and may have lost held files."""
 
     root: str
     timeout: float
@@ -322,7 +323,9 @@ def _commit(h: Header, payload: bytes) -> Commit:
     if boot is not None and not (isinstance(boot, str) and 0 < len(boot) <= 64 and boot.isalnum()):
         raise WireError("malformed", "boot: expected 1..64 letters and digits")
     if path is None and payload:
-        raise WireError("malformed", f"commit without a path carries no payload, got {len(payload)}")
+        raise WireError(
+            "malformed", f"commit without a path carries no payload, got {len(payload)}"
+        )
     checked = None if path is None else check_path(path)
     return Commit(check_root(root), float(timeout), boot, checked, payload)
 

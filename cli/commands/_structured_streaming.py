@@ -121,7 +121,9 @@ def structured_streaming(
             "with its own node and bridge, the driver on a third host.",
         ),
     ] = 0,
-    engines: Annotated[str, typer.Option(help="spark,tree or one of them.")] = "spark,tree",
+    engines: Annotated[
+        str, typer.Option(help="Some of spark, tree (state files only), dstl (a dstl:// location).")
+    ] = "spark,tree,dstl",
     persist_delay: Annotated[
         float, typer.Option(min=0.0, help="The tree's persist delay (s).")
     ] = 0.05,
@@ -136,7 +138,7 @@ def structured_streaming(
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per run at most.")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
-    """Structured Streaming, Spark alone and via the tree.
+    """Structured Streaming, Spark alone, via the tree and on a dstl:// location.
 
     The same query, groupBy(k).agg(count, sum) over files landing over time, RocksDB with changelog
     checkpointing, one run per engine and partition count: files and bytes under the
@@ -149,7 +151,9 @@ def structured_streaming(
 
     chosen = tuple(e.strip() for e in engines.split(",") if e.strip())
     if not chosen or any(e not in ENGINES for e in chosen):
-        raise typer.BadParameter(f"spark and/or tree, got {engines!r}", param_hint="--engines")
+        raise typer.BadParameter(
+            f"some of {', '.join(ENGINES)}, got {engines!r}", param_hint="--engines"
+        )
     try:
         settings = SsBenchSettings(
             partitions=_partitions(partitions),
@@ -190,6 +194,11 @@ def structured_streaming(
                 f"{k} {n / r.figures.batches:.1f}" for k, n in r.spark_requests.items() if n
             )
             wide.print(f"{r.engine} P={r.partitions}: requests per batch on the model: {per}")
+        if r.critical_per_batch is not None:
+            wide.print(
+                f"{r.engine} P={r.partitions}: PUTs on a batch's critical path: "
+                f"{r.critical_per_batch:.2f} (sources' log, offsets, commit with the state)"
+            )
 
 
 def _json(doc: dict[str, Any]) -> str:

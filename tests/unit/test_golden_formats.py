@@ -325,6 +325,37 @@ def test_bridge_manifests_rebuild_the_files(job: Job) -> None:
             files.client.close()
 
 
+def test_a_manifest_naming_objects_relative_to_the_base_restores_the_same_files(
+    tmp_path: Path,
+) -> None:
+    """formats-0.3's format-3 manifest (objects relative to the base) in place of
+    formats-0.1's format-2 one of the same root, in a folder of another name: the same
+    files, entries and tombstones."""
+    job = _copy(FOLDER, tmp_path / "copied-elsewhere")
+    relative = GOLDEN / "formats-0.3" / "ss"
+    for folder in relative.iterdir():
+        for old in (job.root / "ss" / folder.name).glob("manifest-*.json"):
+            old.unlink()
+        for f in folder.iterdir():
+            shutil.copy(f, job.root / "ss" / folder.name / f.name)
+    roots = {r: w for r, w in job.expected["bridge"].items() if w["bridge"] == "golden"}
+    assert roots, "no format-2 root in formats-0.1"
+    for root, want in roots.items():
+        files = _tree_files(job, want["bridge"])
+        try:
+            files.ensure(root)
+            rv = files.view.roots[root]
+            live = {
+                p: files.read(root, p, 0, 1 << 20).hex()
+                for p, e in rv.files.items()
+                if not e.deleted
+            }
+            assert live == want["files"]
+            assert {p: _entry(job, e) for p, e in sorted(rv.files.items())} == want["entries"]
+        finally:
+            files.client.close()
+
+
 def _wire_frames() -> list[list[bytes]]:
     frames: list[list[bytes]] = msgpack.unpackb((FOLDER / "wire.msgpack").read_bytes())
     return frames

@@ -163,7 +163,7 @@ def test_manifest_round_trip_and_newer_indexes() -> None:
     v = loaded()
     _durable(v, P, 1, "o1", b"hello")
     m = v.manifest(R)
-    assert m is not None and m["format"] == 2 and m["root"] == R and m["seq"] == 0
+    assert m is not None and m["format"] == 3 and m["root"] == R and m["seq"] == 0
     assert v.manifest(R) is None  # nothing changed since
     w = loaded(m, [ref(P, 7, "o9")])
     assert w.get(R, P).sqn == 7 and w.roots[R].manifest_seq == 1
@@ -247,8 +247,8 @@ def test_a_format_1_manifest_is_adopted() -> None:
     v = _bridge("host-1", old)
     assert v.get(R, P).by == "host-1" and v.objects["o9"].live
     assert v.root(R).manifest_seq == 5
-    with pytest.raises(ValueError, match="format 3"):
-        _bridge("x", {**old, "format": 3})
+    with pytest.raises(ValueError, match="format 4"):
+        _bridge("x", {**old, "format": 4})
 
 
 def test_merge_drops_what_the_writer_no_longer_has_and_skips_format_1() -> None:
@@ -377,3 +377,27 @@ def test_a_tracked_object_waits_for_a_manifest_and_its_tombstones_go_with_it() -
     assert v.on_object_deleted("o1") == []
     v.validate()
     assert P not in v.roots[R].files  # the tombstone went with the older object
+
+
+def test_manifests_name_objects_relative_to_the_base_and_refuse_climbing_out() -> None:
+    from dstltree.structured_streaming.view import manifest_from_store, manifest_to_store
+
+    base = "s3://bucket/jobs/a"
+    seg = {"path": f"{base}/changelog/ab/x.dstl", "offset": 0, "length": 1}
+    doc = {
+        "format": 3,
+        "files": {"offsets/0": {"segment": seg, "older": [f"{base}/changelog/cd/y.dstl"]}},
+    }
+    written = manifest_to_store(doc, base)
+    entry = written["files"]["offsets/0"]
+    assert entry["segment"]["path"] == "changelog/ab/x.dstl"
+    assert entry["older"] == ["changelog/cd/y.dstl"]
+    moved = manifest_from_store(written, "s3://other/copy", "m.json")
+    assert moved["files"]["offsets/0"]["segment"]["path"] == "s3://other/copy/changelog/ab/x.dstl"
+    assert manifest_from_store(written, base, "m.json") == doc
+    for bad in ("../x.dstl", "/etc/x", "s3://elsewhere/x.dstl", "changelog//x"):
+        hostile = {**written, "files": {"a": {"segment": {**seg, "path": bad}, "older": []}}}
+        with pytest.raises(ValueError, match="m.json"):
+            manifest_from_store(hostile, base, "m.json")
+    old = {**doc, "format": 2}  # format 2 named them absolute: read as they are
+    assert manifest_from_store(old, "s3://other", "m.json") == old
