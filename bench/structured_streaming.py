@@ -456,7 +456,7 @@ def run_ss_bench(
                     if progress is not None:
                         progress(f"{engine}, {partitions} shuffle partitions")
                     before = _objects(objects)
-                    socket = services.socket if engine == "tree" else None
+                    socket = services.socket if engine in ("tree", "dstl") else None
                     figures, requests = _one_run(
                         settings, folder, engine, partitions, socket, master
                     )

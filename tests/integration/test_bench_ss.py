@@ -23,19 +23,25 @@ def test_tiny_bench_table_and_no_changelog_files_in_the_tree_run(tmp_path: Path)
         partitions=(4,), batches=3, rows=50, keys=10, cores=2, timeout_s=300.0
     )
     runs = run_ss_bench(settings, work=tmp_path)
-    assert [(r.engine, r.partitions) for r in runs] == [("spark", 4), ("tree", 4)]
+    assert [(r.engine, r.partitions) for r in runs] == [("spark", 4), ("tree", 4), ("dstl", 4)]
     for r in runs:
         assert r.figures.batches == 3 and r.figures.rows == 150
-        assert r.figures.checkpoint_files > 0  # offsets, commits, metadata at least
-    spark, tree = runs
+    spark, tree, dstl = runs
+    assert spark.figures.checkpoint_files > 0 and tree.figures.checkpoint_files > 0
     assert spark.figures.changelog_files >= 3 * 4  # one per partition per batch
     assert spark.tree_objects == 0
     assert tree.figures.changelog_files == 0
     assert tree.tree_objects >= 1
     assert tree.figures.checkpoint_files < spark.figures.checkpoint_files
+    # a dstl:// location: no file outside the tree, each batch waited for 2 PUTs at
+    # most after the first (the offsets with the sources' log, the commit with state)
+    assert dstl.figures.checkpoint_files == 0 and dstl.tree_objects >= 3
+    assert sorted(dstl.critical_puts) == list(range(3))
+    assert all(n <= 2 for b, n in dstl.critical_puts.items() if b > 0), dstl.critical_puts
+    assert dstl.critical_per_batch is not None and tree.critical_per_batch is None
     rows = table_rows(runs)
-    assert [len(row) for row in rows] == [len(COLUMNS)] * 2
-    assert [row[0] for row in rows] == ["spark", "tree"]
+    assert [len(row) for row in rows] == [len(COLUMNS)] * 3
+    assert [row[0] for row in rows] == ["spark", "tree", "dstl"]
 
 
 @pytest.mark.spark
