@@ -138,7 +138,7 @@ def structured_streaming(
     timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per run at most.")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
-    """Structured Streaming, Spark alone, via the tree and on a dstl:// location.
+    """Structured Streaming: Spark, tree, dstl://.
 
     The same query, groupBy(k).agg(count, sum) over files landing over time, RocksDB with changelog
     checkpointing, one run per engine and partition count: files and bytes under the
