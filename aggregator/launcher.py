@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dstltree.aggregator.ports import stable_port
 from dstltree.aggregator.supervisor import NodeSupervisor
 from dstltree.aggregator.workdirs import (
     TREE_WORKDIR_PREFIX,
@@ -269,13 +270,34 @@ def start_tree(
     try:
         for node_id in tree.topological():  # every parent before its children
             spec = specs.get(node_id)
-            running.start_node(
-                node_id, local_bind(spec) if spec is not None else "tcp://127.0.0.1:0"
+            _start_restartable(
+                running, node_id, local_bind(spec) if spec is not None else "tcp://127.0.0.1:0"
             )
     except BaseException:
         running.stop()
         raise
     return running
+
+
+def _start_restartable(tree: LocalTree, node_id: str, bind: str, attempts: int = 3) -> None:
+    """Start ``node_id`` on ``bind``; a loopback ``tcp://HOST:0`` becomes a port outside the
+    ephemeral range (:func:`~dstltree.aggregator.ports.stable_port`), so that
+    :meth:`LocalTree.restart` finds the node's endpoint free. A chosen port taken before
+    the node bound it is replaced, ``attempts`` times at most; the last error is raised."""
+    try:
+        host, port = split_tcp(bind)
+    except ValueError:
+        host, port = "", None
+    if port != 0 or not is_loopback(host):
+        tree.start_node(node_id, bind)
+        return
+    for attempt in range(attempts):
+        try:
+            tree.start_node(node_id, tcp_endpoint(host, stable_port(host)))
+            return
+        except RuntimeError:  # exited at start: the port was taken meanwhile
+            if attempt == attempts - 1:
+                raise
 
 
 def _tree_keys(
