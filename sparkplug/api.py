@@ -39,10 +39,17 @@ Until = str | float | None
 @dataclass(frozen=True)
 class CrashDrill:
     """Kill task ``task`` hard (SIGKILL of its process) once, in the run's first attempt,
-    when checkpoint ``after_checkpoints + 1`` reaches it: a recovery drill."""
+    when checkpoint ``after_checkpoints + 1`` reaches it: a recovery drill.
+
+    ``with_channel_state``: kill it instead, after at least ``after_checkpoints``
+    barriers, as soon as it learns that the checkpoint it last acknowledged is complete
+    and holds in-flight records of its own (unaligned checkpoints, FLIP-76): no later
+    checkpoint can complete without the task, so the recovery restores that channel
+    state."""
 
     task: int
     after_checkpoints: int
+    with_channel_state: bool = False
 
 
 class DataStream:

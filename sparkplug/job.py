@@ -397,6 +397,7 @@ class _Attempts:
             source_rate=o.source_rate,
             kill_task=drill.task if drill is not None else None,
             kill_after_checkpoints=drill.after_checkpoints if drill is not None else 0,
+            kill_with_channel_state=drill is not None and drill.with_channel_state,
             security=self.security,
             compression=o.compression,
             checkpointing=o.checkpointing,

@@ -70,6 +70,7 @@ class TaskConfig:
     source_rate: float = 0.0  # records per second per reader, 0 = unlimited
     kill_task: int | None = None
     kill_after_checkpoints: int = 0
+    kill_with_channel_state: bool = False  # at a completion instead (CrashDrill)
     # CURVE settings from the driver (per-job keys, the writer's keys for the nodes);
     # None = plaintext. Shipped in the closure: see docs/deploy.md (spark.authenticate)
     security: JobSecurity | None = None
@@ -104,12 +105,30 @@ def kill_if_drilled(cfg: TaskConfig, task: int, barriers: int, completed: bool) 
     an attempt the driver armed (``kill_task`` set). Counted per attempt, not by
     checkpoint id: ids the coordinator used up while the previous attempt failed
     (aborted checkpoints) do not count, and every killed attempt leaves a completed
-    checkpoint of its own behind."""
+    checkpoint of its own behind. A drill ``kill_with_channel_state`` kills in
+    :func:`kill_if_channel_state_restorable` instead."""
     if (
         cfg.kill_task == task
+        and not cfg.kill_with_channel_state
         and cfg.kill_after_checkpoints > 0
         and barriers >= cfg.kill_after_checkpoints
         and completed
+    ):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_if_channel_state_restorable(
+    cfg: TaskConfig, task: int, barriers: int, restorable: bool
+) -> None:
+    """The crash drill ``kill_with_channel_state``: SIGKILL this process once at least
+    ``kill_after_checkpoints`` barriers of this attempt came (``barriers``) and the
+    checkpoint just completed is the last one the task acknowledged and holds its
+    in-flight records (``restorable``): the recovery starts from that channel state."""
+    if (
+        cfg.kill_task == task
+        and cfg.kill_with_channel_state
+        and barriers >= cfg.kill_after_checkpoints
+        and restorable
     ):
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -57,7 +57,12 @@ from dstltree.sparkplug.reading import SplitQueue, record_error
 from dstltree.sparkplug.sinks.layout import Committable
 from dstltree.sparkplug.sources.base import Record, SplitState
 from dstltree.sparkplug.state_backend import KeyedStateBackend, ListState, MapState, ValueState
-from dstltree.sparkplug.task import Restored, TaskConfig, kill_if_drilled
+from dstltree.sparkplug.task import (
+    Restored,
+    TaskConfig,
+    kill_if_channel_state_restorable,
+    kill_if_drilled,
+)
 from dstltree.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -182,6 +187,8 @@ class TaskLoop:
         self._snapshots: dict[int, _Snapshot] = {}  # taken, barriers still owed
         self._logging: int | None = None  # the checkpoint whose channel state is logged
         self._inflight_bytes: dict[int, int] = {}
+        self._acked_inflight: dict[int, int] = {}  # in-flight bytes of acked checkpoints
+        self._last_barrier: int | None = None
         self._steps, self._key, self._fn = p.steps, p.key_by, p.function
         self._link: TaskLink | None = None
         self._rate_start: float | None = None
@@ -452,6 +459,7 @@ class TaskLoop:
             start_delay_s=snap.start_delay_s,
             inflight_bytes=self._inflight_bytes.pop(cp, 0),
         )
+        self._acked_inflight[cp] = state.inflight_bytes
         self.acks.add(cp, state, snap.persisted, channel)
 
     def _send_ack(self, cp: int, state: TaskCheckpoint) -> None:
@@ -490,6 +498,10 @@ class TaskLoop:
         self.uncommitted = [c for c in self.uncommitted if c.checkpoint_id > checkpoint_id]
         first = self._first_barrier
         self.completed_in_attempt |= first is not None and checkpoint_id >= first
+        inflight = self._acked_inflight.get(checkpoint_id, 0)
+        self._acked_inflight = {c: b for c, b in self._acked_inflight.items() if c > checkpoint_id}
+        restorable = checkpoint_id == self._last_barrier and inflight > 0
+        kill_if_channel_state_restorable(self.cfg, self.task, self.barriers, restorable)
 
     def _barrier(self, cmd: protocol.TriggerCheckpoint) -> None:
         """The reader's part of a checkpoint: split states, then the barrier on every
@@ -498,6 +510,7 @@ class TaskLoop:
         cp = cmd.checkpoint_id
         kill_if_drilled(self.cfg, self.task, self.barriers, self.completed_in_attempt)
         self.barriers += 1
+        self._last_barrier = cp
         self._first_barrier = cp if self._first_barrier is None else self._first_barrier
         self._triggered[cp] = time.monotonic()
         self.barrier_states[cp] = self.splits.states()

@@ -90,7 +90,8 @@ def _restored_inflight(result: Any) -> int:
 @pytest.mark.timeout(600)
 def test_task_killed_during_backpressure(spark: Any, tmp_path: Path) -> None:
     _input(tmp_path)
-    job = _job(spark, tmp_path, 3, crash_drill=CrashDrill(task=1, after_checkpoints=4))
+    drill = CrashDrill(task=1, after_checkpoints=4, with_channel_state=True)
+    job = _job(spark, tmp_path, 3, crash_drill=drill)
     result = job.run(until="end")
     assert result.recoveries == 1 and result.finished
     assert _unaligned_with_inflight(result) >= 3
