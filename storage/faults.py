@@ -40,9 +40,11 @@ latency (default all).
 from __future__ import annotations
 
 import errno
+import os
 import random
 import threading
 import uuid
+import weakref
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields, replace
@@ -196,6 +198,10 @@ def _client_error(code: str, status: int, message: str, operation: str) -> OSErr
     return err if isinstance(err, OSError) else OSError(errno.EIO, str(err))
 
 
+#: the kinds of request a request log names (class FaultyFileSystem)
+REQUEST_KINDS = ("put", "get", "head", "list", "delete")
+_REQUEST_KIND = {"put": "put", "get": "get", "meta": "head", "delete": "delete"}
+
 _S3_OPERATION = {
     "put": "PutObject",
     "get": "GetObject",
@@ -215,6 +221,14 @@ class FaultyFileSystem(ChainedFileSystem):
     ``fs`` may instead be given as ``target_protocol`` + ``target_options`` (fsspec
     chaining). ``sleep`` replaces the wait (seconds) for tests. ``release()`` ends every
     current and future wait at once (teardown).
+
+    ``request_log``: a file that every request is appended to as one line
+    ``<kind>\t<path>``, kind as an object store names it (:data:`REQUEST_KINDS`:
+    ``put``, ``get``, ``head`` for ``info``/``size``/``exists``, ``list`` for
+    ``ls``/``find``, ``delete``), injected failures included (each try is a request).
+    Every process that opens the same URL with the same storage options appends to the
+    same file (one ``write`` per line, ``O_APPEND``), so the requests of a whole tree
+    can be counted (``dstl bench structured-streaming``).
     """
 
     protocol: ClassVar[str] = "faulty"
@@ -229,9 +243,17 @@ class FaultyFileSystem(ChainedFileSystem):
         target_options: dict[str, Any] | None = None,
         fo: str | None = None,
         sleep: Callable[[float], None] | None = None,
+        request_log: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self._request_log = (
+            os.open(request_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            if request_log
+            else None
+        )
+        if self._request_log is not None:
+            weakref.finalize(self, os.close, self._request_log)
         if fs is None:
             fs = fsspec.filesystem(target_protocol or "file", **(target_options or {}))
         self.fs: fsspec.AbstractFileSystem = fs
@@ -340,7 +362,20 @@ class FaultyFileSystem(ChainedFileSystem):
             return TimeoutError(errno.ETIMEDOUT, f"{operation} {path} timed out (injected)")
         return ConnectionResetError(errno.ECONNRESET, f"Connection reset by peer (injected) {path}")
 
-    def _run(self, op: str, path: str, size: int | None, fn: Callable[[], Any]) -> Any:
+    def _log_request(self, op: str, path: str, kind: str | None) -> None:
+        if self._request_log is not None:
+            line = f"{kind or _REQUEST_KIND[op]}\t{path}\n".encode(errors="replace")
+            os.write(self._request_log, line)
+
+    def _run(
+        self,
+        op: str,
+        path: str,
+        size: int | None,
+        fn: Callable[[], Any],
+        kind: str | None = None,
+    ) -> Any:
+        self._log_request(op, path, kind)
         d, waited = self._before(op, path, size)
         if op == "get":  # the size is known once read
             result = fn()
@@ -400,7 +435,10 @@ class FaultyFileSystem(ChainedFileSystem):
         return bool(self._run("meta", path, 0, lambda: self.fs.exists(path, **kwargs)))
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
-        return list(self._run("meta", path, 0, lambda: self.fs.ls(path, detail=detail, **kwargs)))
+        listed = self._run(
+            "meta", path, 0, lambda: self.fs.ls(path, detail=detail, **kwargs), "list"
+        )
+        return list(listed)
 
     def find(
         self,
@@ -417,6 +455,7 @@ class FaultyFileSystem(ChainedFileSystem):
             lambda: self.fs.find(
                 path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs
             ),
+            "list",
         )
 
     def rm_file(self, path: str) -> None:

@@ -238,6 +238,26 @@ def test_local_inner(tmp_path: Path) -> None:
     # the chained ``faulty::`` URL form: tests/integration/test_fsspec_entry_point.py
 
 
+def test_every_request_is_logged_by_kind_from_every_opener(tmp_path: Path) -> None:
+    """Two openers of one ``faulty::`` URL (as two nodes) append to one request log,
+    a failed try counting as a request."""
+    log = tmp_path / "requests.log"
+    opts = {"faulty": {"spec": "none", "request_log": str(log)}}
+    base = f"faulty::file://{tmp_path / 'dfs'}"
+    one, two = (ObjectStore(base, opts, retry=NO_RETRY) for _ in range(2))
+    url = one.new_object_path()
+    one.put(url, [b"ab"])
+    assert two.read(url) == b"ab"
+    two.fs.inject("put", "throttle")
+    with pytest.raises(RetryableStorageError):
+        two.put(two.new_object_path(), [b"c"])
+    assert one.list_objects() == [url]
+    kinds = [line.split("\t")[0] for line in log.read_text().splitlines()]
+    assert kinds.count("put") == 2 and kinds.count("get") >= 1 and "list" in kinds, kinds
+    assert set(kinds) <= {"put", "get", "head", "list", "delete"}, kinds
+    assert all(line.split("\t")[1] for line in log.read_text().splitlines())
+
+
 @pytest.mark.s3
 def test_faults_over_s3(s3: S3Target) -> None:
     import s3fs
