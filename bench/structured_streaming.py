@@ -123,6 +123,7 @@ class SsRun:
     tree_objects: int
     spark_requests: dict[str, int]
     critical_puts: dict[int, int] = field(default_factory=dict)  # dstl: batch -> PUTs
+    tree_requests: dict[str, int] = field(default_factory=dict)  # the tree's, by kind
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON-ready dict, per-batch figures included."""
@@ -137,8 +138,21 @@ class SsRun:
             "tree_objects_per_batch": self.tree_objects / f.batches,
             "written_per_batch": (f.checkpoint_files + self.tree_objects) / f.batches,
             "spark_requests": self.spark_requests,
+            "tree_requests": self.tree_requests,
+            "requests_per_batch": self.requests_per_batch,
             "critical_puts_per_batch": self.critical_per_batch,
         }
+
+    @property
+    def requests_per_batch(self) -> dict[str, float]:
+        """Requests per batch that reached a store, by kind (put, get, head, list,
+        delete, rename, mkdirs): Spark's on the latency file system plus the tree's
+        (its nodes' and bridges', from the request log)."""
+        total: dict[str, int] = {}
+        for src in (self.spark_requests, self.tree_requests):
+            for k, n in src.items():
+                total[k] = total.get(k, 0) + n
+        return {k: round(n / self.figures.batches, 2) for k, n in total.items() if n}
 
     @property
     def critical_per_batch(self) -> float | None:
@@ -203,9 +217,9 @@ def _tree(work: Path, settings: SsBenchSettings) -> Iterator[tuple[Any, Path]]:
     from dstltree.structured_streaming.configure import start_local
 
     folder = work / "tree"
-    base, opts = str(folder), dict[str, Any]()
-    if settings.fault_spec is not None:
-        base, opts = with_faults(base, {}, settings.fault_spec)
+    # behind faulty:: even without a model: its request log counts the tree's requests
+    base, opts = with_faults(str(folder), {}, settings.fault_spec or NO_MODEL)
+    opts["faulty"]["request_log"] = str(request_log(work))
     hosts = settings.hosts
     services = start_local(
         _topology(work, settings.fault_spec is not None, settings.persist_delay_s, hosts),
@@ -360,6 +374,28 @@ def _one_run(
         spark.stop()
 
 
+def request_log(work: Path) -> Path:
+    """The request log of the tree's store (every node and bridge appends to it:
+    storage.faults.FaultyFileSystem, ``request_log``)."""
+    return work / "tree-requests.log"
+
+
+def tree_requests(log: Path, start: int) -> tuple[dict[str, int], int]:
+    """(requests by kind in ``log`` after its first ``start`` bytes, the log's length
+    now in bytes: the next run's ``start``)."""
+    if not log.exists():
+        return {}, start
+    with open(log, "rb") as f:
+        f.seek(start)
+        data = f.read()
+    end = start + data.rfind(b"\n") + 1  # a line being appended is the next run's
+    counts: dict[str, int] = {}
+    for line in data[: end - start].splitlines():
+        kind = line.split(b"\t", 1)[0].decode(errors="replace")
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts, end
+
+
 def dstl_location(run_dir: Path) -> str:
     """The ``dstl://`` location of a run (a name unique to its folder)."""
     import hashlib
@@ -446,6 +482,7 @@ def run_ss_bench(
     temp = work is None
     folder = Path(tempfile.mkdtemp(prefix="dstl-bench-ss-")) if work is None else work
     runs: list[SsRun] = []
+    log_start = 0
     try:
         with (
             _tree(folder, settings) as (services, objects),
@@ -456,16 +493,18 @@ def run_ss_bench(
                     if progress is not None:
                         progress(f"{engine}, {partitions} shuffle partitions")
                     before = _objects(objects)
+                    _, log_start = tree_requests(request_log(folder), log_start)
                     socket = services.socket if engine in ("tree", "dstl") else None
-                    figures, requests = _one_run(
-                        settings, folder, engine, partitions, socket, master
-                    )
+                    figures, spark = _one_run(settings, folder, engine, partitions, socket, master)
                     made = _settled_objects(objects) - before
+                    requests, log_start = tree_requests(request_log(folder), log_start)
+                    if engine == "spark":  # the idle tree's housekeeping is not the run's
+                        requests = {}
                     critical = {}
                     if engine == "dstl":
                         run_dir = folder / f"{engine}-{partitions}"
                         critical = critical_objects(objects, dstl_location(run_dir))
-                    runs.append(SsRun(engine, partitions, figures, made, requests, critical))
+                    runs.append(SsRun(engine, partitions, figures, made, spark, critical, requests))
     finally:
         if temp:
             shutil.rmtree(folder, ignore_errors=True)

@@ -189,11 +189,10 @@ def structured_streaming(
     wide = Console(width=max(WIDTH, Console().width))  # 12 columns: never squeezed
     wide.print(table)
     for r in runs:
-        if r.spark_requests:
-            per = ", ".join(
-                f"{k} {n / r.figures.batches:.1f}" for k, n in r.spark_requests.items() if n
-            )
-            wide.print(f"{r.engine} P={r.partitions}: requests per batch on the model: {per}")
+        for who, counts in (("Spark's", r.spark_requests), ("the tree's", r.tree_requests)):
+            per = ", ".join(f"{k} {n / r.figures.batches:.2f}" for k, n in counts.items() if n)
+            if per:
+                wide.print(f"{r.engine} P={r.partitions}: {who} requests per batch: {per}")
         if r.critical_per_batch is not None:
             wide.print(
                 f"{r.engine} P={r.partitions}: PUTs on a batch's critical path: "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dstltree.bench.ss_query import QueryInput, _figures, checkpoint_files
-from dstltree.bench.structured_streaming import SsBenchSettings, SsRun, latency_conf
+from dstltree.bench.structured_streaming import SsBenchSettings, SsRun, latency_conf, tree_requests
 from dstltree.cli.commands._structured_streaming import COLUMNS, table_rows
 from dstltree.topology.latency import get_model
 
@@ -90,3 +90,20 @@ def test_warmup_batches_leave_durations_and_intervals(tmp_path: Path) -> None:
     assert f.batch_max_s == pytest.approx(0.1) and f.held == 1.0
     assert f.batches == 3 and f.records_per_s == pytest.approx(30 / 5.4)
     assert _figures(progress[:1], spec, 1.5, tmp_path, warmup=1).batch_max_s == 5.0
+
+
+def test_tree_requests_are_counted_from_the_log_run_by_run(tmp_path: Path) -> None:
+    log = tmp_path / "requests.log"
+    assert tree_requests(log, 0) == ({}, 0)
+    log.write_bytes(b"put\ta\nhead\tb\nput\tc\n")
+    first, end = tree_requests(log, 0)
+    assert first == {"put": 2, "head": 1} and end == log.stat().st_size
+    with open(log, "ab") as f:
+        f.write(b"list\td\nget\te\nput\tf")  # the last line still being appended
+    second, end2 = tree_requests(log, end)
+    assert second == {"list": 1, "get": 1} and end2 == log.stat().st_size - len(b"put\tf")
+    spec = QueryInput(files=2, rows=10, keys=3, trigger_s=0.3)
+    f = _figures([_progress(0, 0, 100), _progress(1, 300, 100)], spec, 1.5, tmp_path)
+    run = SsRun("tree", 4, f, 1, {"put": 2, "rename": 2}, tree_requests=first)
+    assert run.requests_per_batch == {"put": 2.0, "rename": 1.0, "head": 0.5}
+    assert run.to_dict()["tree_requests"] == first
