@@ -5,7 +5,8 @@
   (through the checkpoint file manager, so from the tree) as the demo's stats lists;
 - verdicts: that state and the sink's latest row per plane against the Spark SQL
   batch answer (dstltree.demo.checks), key by key;
-- the checkpoint directory: batches committed, files in it, state files left in it;
+- the checkpoint location (a folder, or a ``dstl://`` location read through the
+  bridge): batches committed, files in it, state files left in it as plain files;
 - the tree: objects written, and orphans / missing objects as ``dstl inspect`` finds
   them (the bridges' newest manifests, structured_streaming/inventory.py);
 - the query's progress events: batch durations and trigger intervals.
@@ -23,6 +24,7 @@ from dstltree.demo.checks import BatchStats, SinkSummary, mismatched, sort_keys
 from dstltree.demo.flights import Stats
 from dstltree.demo.report import _ms
 from dstltree.storage.store import ObjectStore
+from dstltree.structured_streaming.configure import TREE_SCHEME
 
 #: suffixes of the files a state store writes per partition and version
 STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip", ".sst")
@@ -66,32 +68,98 @@ def verdicts(batch: BatchStats, sink: SinkSummary, state: dict[Any, Stats]) -> d
     }
 
 
-def committed_batches(checkpoint: str | Path) -> int:
+class CheckpointLocation:
+    """A query's checkpoint location as the checks see it: a folder (``url`` a local
+    path) or a ``dstl://<query>/`` location, which exists in the tree alone and is
+    read through the bridge on ``socket`` (dstltree.structured_streaming.client)."""
+
+    def __init__(self, url: str | Path, socket: Path | str | None = None) -> None:
+        self.url = str(url).rstrip("/")
+        self.socket = socket
+        if self.in_tree and socket is None:
+            raise ValueError(f"{self.url}: a dstl:// location is read through a bridge socket")
+
+    @property
+    def in_tree(self) -> bool:
+        """Whether the location is a ``dstl://`` one (no plain file of it exists)."""
+        return self.url.startswith(TREE_SCHEME + "://")
+
+    @property
+    def root(self) -> str:
+        """The query root the bridge knows the location by (``dstl://<query>``)."""
+        return self.url
+
+    def files(self) -> dict[str, int]:
+        """Every file of the location: {path relative to it: length in bytes}. A
+        folder's files are on the file system (Spark's ``.crc`` files included); a
+        ``dstl://`` location's are its view on the bridge. Raises OSError or
+        BridgeRequestError."""
+        if not self.in_tree:
+            top = Path(self.url)
+            found = (p for p in top.rglob("*") if p.is_file())
+            return {str(p.relative_to(top)): p.stat().st_size for p in found}
+        from dstltree.structured_streaming.client import BridgeReader
+
+        assert self.socket is not None
+        with BridgeReader(self.socket) as bridge:
+            return dict(bridge.walk(self.root))
+
+    def batch_ids(self, log: str) -> list[int]:
+        """The batch ids of metadata log ``log`` (``offsets``, ``commits``): its file
+        names that are numbers. Raises OSError or BridgeRequestError."""
+        if not self.in_tree:
+            folder = Path(self.url) / log
+            names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+        else:
+            from dstltree.structured_streaming.client import BridgeReader
+
+            assert self.socket is not None
+            with BridgeReader(self.socket) as bridge:
+                names = list(bridge.listing(self.root, log)[0])
+        return [int(n) for n in names if n.isdigit()]
+
+
+def _location(checkpoint: CheckpointLocation | str | Path) -> CheckpointLocation:
+    return (
+        checkpoint if isinstance(checkpoint, CheckpointLocation) else CheckpointLocation(checkpoint)
+    )
+
+
+def committed_batches(checkpoint: CheckpointLocation | str | Path) -> int:
     """Batches committed by the query: the highest ``commits/<N>`` + 1 (0 for none)."""
-    commits = Path(checkpoint) / "commits"
-    ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.is_dir() else []
-    return max(ids, default=-1) + 1
+    return max(_location(checkpoint).batch_ids("commits"), default=-1) + 1
 
 
-def checkpoint_figures(checkpoint: str | Path) -> dict[str, Any]:
-    """Of the query's checkpoint directory now: ``batches_completed``, ``checkpoint_files``
-    (every file under it, Spark's ``.crc`` files included), ``checkpoint_files_per_batch``
-    (that / batches, rounded to 0.01; the metadata logs keep only the latest
-    ``minBatchesToRetain`` batches, so it is what stays, not all that was ever
-    written), ``state_files`` suffix -> count of per-partition state files left in it
+def planned_batches(checkpoint: CheckpointLocation | str | Path) -> int:
+    """Batches whose offsets are written: the highest ``offsets/<N>`` + 1."""
+    return max(_location(checkpoint).batch_ids("offsets"), default=-1) + 1
+
+
+def checkpoint_figures(checkpoint: CheckpointLocation | str | Path) -> dict[str, Any]:
+    """Of the query's checkpoint location now: ``location`` (its URL),
+    ``batches_completed``, ``checkpoint_files`` (every file of it, Spark's ``.crc``
+    files included; of a ``dstl://`` location, the files its view holds),
+    ``checkpoint_files_per_batch`` (that / batches, rounded to 0.01; the metadata logs
+    keep only the latest ``minBatchesToRetain`` batches, so it is what stays, not all
+    that was ever written), ``plain_files`` (files on a file system: 0 for ``dstl://``),
+    ``state_files`` suffix -> count of per-partition state files left as plain files
     (``.changelog``/``.delta`` must be 0; RocksDB's ``.sst`` files bypass the manager,
-    jvm/README.md), ``state_files_ok`` (no ``.changelog`` nor ``.delta``)."""
-    files = [p for p in Path(checkpoint).rglob("*") if p.is_file()]
-    batches = committed_batches(checkpoint)
+    jvm/README.md; a ``dstl://`` location has none: every file is in the tree),
+    ``state_files_ok`` (no ``.changelog`` nor ``.delta`` plain file)."""
+    loc = _location(checkpoint)
+    files = loc.files()
+    batches = committed_batches(loc)
     state = {s: 0 for s in STATE_SUFFIXES}
-    for p in files:
+    for name in [] if loc.in_tree else files:
         for s in STATE_SUFFIXES:
-            if p.name.endswith(s):
+            if name.endswith(s):
                 state[s] += 1
     return {
+        "location": loc.url,
         "batches_completed": batches,
         "checkpoint_files": len(files),
         "checkpoint_files_per_batch": round(len(files) / batches, 2) if batches else None,
+        "plain_files": 0 if loc.in_tree else len(files),
         "state_files": state,
         "state_files_ok": state[".changelog"] == 0 and state[".delta"] == 0,
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +26,14 @@ from typing import Any
 import pytest
 
 from dstltree.client.reader import read_index
+from dstltree.demo.ss_checks import (
+    CheckpointLocation,
+    checkpoint_figures,
+    committed_batches,
+    planned_batches,
+)
 from dstltree.storage.store import ObjectStore
+from dstltree.structured_streaming.client import BridgeReader, BridgeRequestError
 from dstltree.structured_streaming.configure import LocalServices, start_local
 from dstltree.structured_streaming.view import query_key
 from tests.support.ss_session import PROVIDERS, listed, ss_session, start_tree, write_json_input
@@ -110,6 +118,21 @@ def test_a_dstl_location_is_the_trees_alone_and_restarts(
         assert "metadata" in listed(spark, location, "")
     finally:
         spark.stop()
+    # what tools outside Spark see of it, through the bridge
+    with BridgeReader(services.socket) as bridge:
+        commits, _ = bridge.listing(location, "commits")
+        assert set(commits) == {"0", "1", "2"} and all(n > 0 for n in commits.values())
+        walked = dict(bridge.walk(location))
+        assert {"metadata", "offsets/2", "commits/2", "sources/0/2"} <= set(walked)
+        assert any(p.startswith("state/0/") and p.endswith(".changelog") for p in walked)
+        assert json.loads(bridge.read(location, "metadata"))["id"]
+        with pytest.raises(BridgeRequestError) as refused:
+            bridge.read(location, "commits/99")
+        assert refused.value.code == "not-found"
+    checkpoint = CheckpointLocation(location, services.socket)
+    assert committed_batches(checkpoint) == 3 and planned_batches(checkpoint) == 3
+    figures = checkpoint_figures(checkpoint)
+    assert figures["plain_files"] == 0 and figures["checkpoint_files"] == len(walked)
     # nothing but the tree's objects and manifests was written anywhere
     written = {p.relative_to(base).parts[0] for p in base.rglob("*") if p.is_file()}
     assert written <= {"changelog", "ss"}, written
@@ -189,3 +212,37 @@ def test_a_query_checkpoints_to_s3_without_a_hadoop_connector_and_survives_a_kil
         assert kinds == {"changelog", "ss"}, kinds
     finally:
         services.stop()
+
+
+GOLDEN = ROOT / "tests" / "golden" / "ss-e9b3d4a"
+
+
+def test_a_location_written_by_e9b3d4a_restores() -> None:
+    """The checkpoint location and the tree e9b3d4a wrote (the metadata logs plain
+    files, the state files in the tree, the bridge's manifests in format 2 naming
+    objects by absolute path; tests/golden/make_ss_e9b3d4a.py), put back where it
+    wrote them, restore: a fourth batch's answer counts the first three batches'."""
+    from tests.golden.make_ss_e9b3d4a import PLACE, TOPOLOGY
+
+    shutil.rmtree(PLACE, ignore_errors=True)
+    shutil.copytree(GOLDEN, PLACE)
+    checkpoint = str(PLACE / "checkpoint")
+    try:
+        write_json_input(PLACE / "in", 4, _rows(4))
+        (PLACE / "topology.yaml").write_text(TOPOLOGY)
+        services = start_local(PLACE / "topology.yaml", base_path=str(PLACE / "tree"))
+        try:
+            spark = ss_session(socket=services.socket)
+            try:
+                assert _run(spark, PLACE / "in", checkpoint) == _answer([1, 2, 3, 4])
+                assert listed(spark, checkpoint, "commits") == {"0", "1", "2", "3"}
+                state = spark.read.format("statestore").load(checkpoint).collect()
+                assert len(state) == 5  # one row per key, read back from the tree
+            finally:
+                spark.stop()
+        finally:
+            services.stop()
+        plain = [p.name for p in (PLACE / "checkpoint").rglob("*") if p.suffix == ".changelog"]
+        assert plain == [], "state files stay in the tree"
+    finally:
+        shutil.rmtree(PLACE, ignore_errors=True)
