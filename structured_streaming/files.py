@@ -18,7 +18,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from dstltree.client.api import ChangelogClient
 from dstltree.client.batching import FlushGroup, PersistItem
@@ -49,6 +49,8 @@ from dstltree.structured_streaming.view import (
 from dstltree.structured_streaming.wire import WireError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 CHUNK = 1024 * 1024  # bytes per change
 NEVER_PREEMPT = 1 << 62  # a write is one segment: no pre-emptive upload inside it
@@ -67,6 +69,7 @@ _MANIFEST = re.compile(r"/manifest-(?:([A-Za-z0-9._-]{1,64})-)?(\d{1,18})\.json$
 MANIFEST_BATCHES = 3  # a root's manifest is written at most once per this many batches
 MANIFEST_MAX_WAIT = 30.0  # s: ... and at least this often while it changes
 REFRESH_INTERVAL = 1.0  # s between refreshes of a root on a miss, at least
+READERS = 16  # objects' indexes (and rebuilt files) read at a time by a rebuild or refresh
 SWEEP_INTERVAL = 60.0  # s between orphan sweeps, at least (and one when the bridge stops)
 SWEEP_MIN_AGE = 10.0  # s: younger objects wait for the next sweep (a copy may be on its way)
 IDLE_QUIET = 2.0  # s without a new held write before a root between batches is flushed
@@ -328,7 +331,7 @@ class TreeFiles:
         """Index rows of every object modified after ``since - RESCAN_MARGIN`` (all
         when None) and not in ``seen`` (the URLs read are added to it); unreadable
         objects are skipped (logged)."""
-        out: list[SegmentRef] = []
+        todo: list[str] = []
         for info in self.store.list_info(self.store.changelog_root()):
             if not info.url.endswith(".dstl") or info.size == 0:
                 continue
@@ -338,21 +341,34 @@ class TreeFiles:
                 if info.url in seen:
                     continue
                 seen.add(info.url)
-            try:
-                out += read_index(self.store, info.url, verify=False)
-            except (CorruptObjectError, DstlError) as e:
-                log.warning("skipping object %s: %s", info.url, e)
+            todo.append(info.url)
+        out: list[SegmentRef] = []
+        for refs in _concurrently(self._index_or_none, todo):
+            out += refs
         return out
 
+    def _index_or_none(self, url: str) -> list[SegmentRef]:
+        """The index rows of object ``url``; none when it is unreadable (logged)."""
+        try:
+            return read_index(self.store, url, verify=False)
+        except (CorruptObjectError, DstlError) as e:
+            log.warning("skipping object %s: %s", url, e)
+            return []
+
     def _fill_lengths(self, root: str) -> None:
-        """Lengths of files rebuilt from indexes (read once, at load)."""
+        """Lengths of files rebuilt from indexes (read once, at load, READERS at a
+        time)."""
         rv = self.view.root(root)
         assert rv is not None
-        for path, e in list(rv.files.items()):
-            if e.length < 0 and not e.deleted:
-                data = self._read_durable(root, path, e)
-                with self.cond:
-                    self.view.set_length(root, path, e.sqn, len(data))
+        todo = [(p, e) for p, e in list(rv.files.items()) if e.length < 0 and not e.deleted]
+
+        def fill(item: tuple[str, Any]) -> None:
+            path, e = item
+            data = self._read_durable(root, path, e)
+            with self.cond:
+                self.view.set_length(root, path, e.sqn, len(data))
+
+        list(_concurrently(fill, todo))
 
     # -- writes ------------------------------------------------------------------------
     def reserve(self, n: int) -> None:
@@ -1202,3 +1218,15 @@ def _judgeable(keys: frozenset[str], served: set[str]) -> bool:
     """Whether an object whose rows are of the queries ``keys`` ("": a writer that is no
     bridge's) can be an orphan of a bridge serving ``served``: all of them served."""
     return bool(keys) and keys <= served
+
+
+def _concurrently(fn: Callable[[T], R], items: list[T]) -> list[R]:
+    """``[fn(x) for x in items]``, READERS calls at a time (reads of objects on a store
+    wait on its latency, not on this process: a rebuild or a refresh that reads
+    hundreds of indexes one after the other keeps a request waiting for minutes on an
+    object store); the first error is raised (calls not started yet are cancelled,
+    those running end first)."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(READERS, len(items)), thread_name_prefix="bridge-read") as pool:
+        return list(pool.map(fn, items))
