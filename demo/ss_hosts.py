@@ -24,15 +24,20 @@ WORKER_MEMORY = "2g"  # room for one executor of 1 GiB and the worker's own
 
 @contextmanager
 def demo_services(
-    topology: Path, tree_url: str, hosts: int, workdir: Path
+    topology: Path,
+    tree_url: str,
+    hosts: int,
+    workdir: Path,
+    storage_options: dict[str, Any] | None = None,
 ) -> Iterator[tuple[Any, str | None]]:
     """(the nodes and bridges, the standalone master URL or None for ``hosts`` 0: the
-    driver's own master); everything is stopped by PID on exit. Raises
+    driver's own master), the tree's objects at ``tree_url`` (fsspec, with
+    ``storage_options``); everything is stopped by PID on exit. Raises
     BridgeStartError, TopologyError, RuntimeError (the cluster did not come up)."""
     from dstltree.structured_streaming.configure import start_local
 
     if hosts == 0:
-        services = start_local(topology, base_path=tree_url)
+        services = start_local(topology, base_path=tree_url, storage_options=storage_options)
         try:
             yield services, None
         finally:
@@ -43,7 +48,9 @@ def demo_services(
 
     tree = load_topology(topology).tree()
     leaves = [n for n in tree.nodes if not tree.children(n)] or [tree.root]
-    services = start_local(topology, base_path=tree_url, bridge_node=tree.root)
+    services = start_local(
+        topology, base_path=tree_url, storage_options=storage_options, bridge_node=tree.root
+    )
     cluster = None
     try:
         # in the services' private folder: a socket path has at most 107 bytes

@@ -22,15 +22,18 @@ Steps of :func:`run_ss_demo`:
    (the bridge writes its last manifest) and count files and objects.
 
 Layout below ``<base>/<run-id>/``: ``landing/``, ``sink/`` (``batch-<id>.parquet``, one
-per batch), ``checkpoints/plane-stats/`` (the query's checkpoint location),
-``tree/`` (the tree's objects and the bridge's manifests), ``logs/`` (each driver's
-output and progress events).
+per batch), ``checkpoints/plane-stats/`` (the query's checkpoint location with
+``location="files"``; with ``dstl`` it is ``dstl://<run id>-plane-stats/`` and no
+folder: every file of it is in the tree), ``tree/`` (the tree's objects and the
+bridge's manifests; with ``dfs_faults`` behind ``faulty::``, e.g. on the FLIP-158 S3
+model), ``logs/`` (each driver's output and progress events).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,14 +47,17 @@ from dstltree.demo.checks import batch_stats, sink_summary
 from dstltree.demo.job import DemoOptions, check_new_run
 from dstltree.demo.producer import FlightsProducer, Pace
 from dstltree.demo.ss_checks import (
+    CheckpointLocation,
     checkpoint_figures,
     committed_batches,
+    planned_batches,
     progress_figures,
     read_progress,
     state_stats,
     tree_figures,
     verdicts,
 )
+from dstltree.structured_streaming.configure import TREE_SCHEME
 
 ENGINE = "structured-streaming"
 QUERY = "plane-stats"
@@ -71,6 +77,11 @@ UNSUPPORTED = (
     "compression",
     "source_rate",
 )
+#: where the query's checkpoint location is: ``files`` a folder of the run
+#: (``checkpoints/plane-stats/``: the metadata logs plain files, the state files in the
+#: tree), ``dstl`` a ``dstl://`` location (every file in the tree; the tree's objects
+#: may then be put on a latency model with ``dfs_faults``)
+LOCATIONS = ("files", "dstl")
 
 #: progress(message): one line per step
 Progress = Callable[[str], None]
@@ -81,11 +92,15 @@ class QueryFailedError(RuntimeError):
     holds the end of its output."""
 
 
-def unsupported(opts: DemoOptions) -> list[str]:
-    """The options set in ``opts`` that this engine does not take (attribute names;
-    empty when none), and ``base_path`` when it is not a local folder (Spark reads the
-    landing files and writes the checkpoint itself, without an S3 connector)."""
-    bad = [n for n in UNSUPPORTED if getattr(opts, n) != getattr(DEFAULTS, n)]
+def unsupported(opts: DemoOptions, location: str = "files") -> list[str]:
+    """The options set in ``opts`` that this engine does not take with checkpoint
+    ``location`` (:data:`LOCATIONS`) (attribute names; empty when none), and
+    ``base_path`` when it is not a local folder (Spark reads the landing files and
+    writes the sink itself, without an S3 connector). ``dfs_faults`` is taken with a
+    ``dstl`` location: it applies to the tree's objects, which then hold every file of
+    the checkpoint location."""
+    allowed = {"dfs_faults"} if location == "dstl" else set()
+    bad = [n for n in UNSUPPORTED if n not in allowed and getattr(opts, n) != getattr(DEFAULTS, n)]
     if "://" in opts.base_path.removeprefix("file://"):
         bad.append("base_path")
     return bad
@@ -109,8 +124,10 @@ def run_ss_demo(
     max_files_per_trigger: int = MAX_FILES_PER_TRIGGER,
     progress: Progress | None = None,
     hosts: int = 0,
+    location: str = "files",
 ) -> dict[str, Any]:
     """Run the demo on this engine end to end (module docstring); returns the report.
+    ``location``: ``files`` or ``dstl`` (:data:`LOCATIONS`).
     Uses from ``opts``: the base path (a local folder), run id, ``fresh``, topology,
     master, ``checkpoint_interval`` (the trigger, s), ``kill_task_after`` (kill the
     driver after that many committed batches; 0: never), the producer's pace and
@@ -121,7 +138,9 @@ def run_ss_demo(
     BridgeStartError, JarBuildError."""
     from dstltree.demo.ss_hosts import demo_services
 
-    bad = unsupported(opts)
+    if location not in LOCATIONS:
+        raise ValueError(f"checkpoint location {location!r}: one of {', '.join(LOCATIONS)}")
+    bad = unsupported(opts, location)
     if bad:
         raise ValueError(f"not with --engine {ENGINE}: {', '.join(bad)}")
     say = progress or (lambda _: None)
@@ -137,23 +156,57 @@ def run_ss_demo(
         raise ValueError("this engine needs a topology")
     logs = Path(opts.url("logs"))
     logs.mkdir(parents=True, exist_ok=True)
-    with demo_services(opts.topology, opts.url("tree"), hosts, logs / "hosts") as (
+    tree_url, tree_options = _tree_target(opts)
+    with demo_services(opts.topology, tree_url, hosts, logs / "hosts", tree_options) as (
         services,
         master,
     ):
         say(f"{services.nodes.count} nodes and a bridge on {services.socket}")
         if master is not None:
             say(f"{hosts} worker hosts, each with its own bridge: {master}")
+        checkpoint = checkpoint_location(opts, location, services.socket)
+        say(f"checkpoint location {checkpoint.url}")
         return _run_and_check(
-            opts, producer, services, master, shuffle_partitions, max_files_per_trigger, say
+            opts,
+            producer,
+            services,
+            checkpoint,
+            master,
+            shuffle_partitions,
+            max_files_per_trigger,
+            say,
         ) | {"hosts": hosts, "wall_s": round(time.monotonic() - started, 1)}
     raise AssertionError("unreachable")  # the context manager does not swallow
+
+
+def _tree_target(opts: DemoOptions) -> tuple[str, dict[str, Any]]:
+    """(the tree's base path ``<run>/tree``, its storage options): behind ``faulty::``
+    with ``opts.dfs_faults`` (dstltree.storage.targets.with_faults). Raises ValueError
+    for a bad fault spec."""
+    url = opts.url("tree")
+    if not opts.dfs_faults:
+        return url, {}
+    from dstltree.storage.targets import with_faults
+
+    return with_faults(url, {}, opts.dfs_faults)
+
+
+def checkpoint_location(opts: DemoOptions, location: str, socket: Path) -> CheckpointLocation:
+    """The query's checkpoint location: ``<run>/checkpoints/plane-stats`` for
+    ``files``; for ``dstl``, ``dstl://<run id>-plane-stats`` (the run id lower-cased,
+    characters other than letters, digits and ``-`` as ``-``: a URI's authority), read
+    through the bridge on ``socket``."""
+    if location == "files":
+        return CheckpointLocation(opts.url("checkpoints") + "/" + QUERY)
+    name = re.sub(r"[^a-z0-9-]", "-", opts.run_id.lower())
+    return CheckpointLocation(f"{TREE_SCHEME}://{name}-{QUERY}", socket)
 
 
 def _run_and_check(
     opts: DemoOptions,
     producer: FlightsProducer,
     services: Any,
+    checkpoint: CheckpointLocation,
     master: str | None,
     shuffle_partitions: int,
     max_files_per_trigger: int,
@@ -167,6 +220,7 @@ def _run_and_check(
             opts,
             producer,
             services.socket,
+            checkpoint,
             shuffle_partitions,
             max_files_per_trigger,
             logs,
@@ -176,13 +230,12 @@ def _run_and_check(
         producer.join(timeout=30)
         producer.raise_if_failed()
         say("checking: batch answer, sink, state read back with the statestore source")
-        checks = _check(opts, services.socket, shuffle_partitions)
+        checks = _check(opts, services.socket, checkpoint, shuffle_partitions)
+        figures = checkpoint_figures(checkpoint)  # a dstl:// location: from the bridge
     finally:
         producer.stop()
         producer.join(timeout=30)
         services.stop()
-    checkpoint = opts.url("checkpoints") + "/" + QUERY
-    figures = checkpoint_figures(checkpoint)
     events = read_progress(logs / f"progress-{i}.jsonl" for i in range(len(runs["drivers"])))
     return {
         "engine": ENGINE,
@@ -194,6 +247,7 @@ def _run_and_check(
         "trigger_interval_s": opts.checkpoint_interval,
         "max_files_per_trigger": max_files_per_trigger,
         "checkpoints_completed": figures["batches_completed"],
+        "dfs_faults": opts.dfs_faults or None,
         **_renamed(progress_figures(events)),
         **figures,
         **tree_figures(opts.url("tree"), figures["batches_completed"]),
@@ -219,6 +273,7 @@ def _run_query(
     opts: DemoOptions,
     producer: FlightsProducer,
     socket: Path,
+    checkpoint: CheckpointLocation,
     shuffle_partitions: int,
     max_files_per_trigger: int,
     logs: Path,
@@ -231,14 +286,13 @@ def _run_query(
     Returns ``drivers`` (PIDs in order) and ``killed`` (None, or pid,
     ``after_batches`` and ``mid_batch``: a batch was planned but not committed).
     Raises QueryFailedError."""
-    checkpoint = opts.url("checkpoints") + "/" + QUERY
     rate = Pace(opts.records_per_second, opts.producer_seconds).rate(producer.total_records)
     timeout = (producer.total_records / rate if rate > 0 else 0.0) + RUN_MARGIN_S
     args = [
         "--landing",
         producer.url,
         "--checkpoint",
-        checkpoint,
+        checkpoint.url,
         "--sink",
         opts.url("sink"),
         "--socket",
@@ -268,7 +322,7 @@ def _run_query(
                 kill_driver(proc)
                 shutil.rmtree(scratch, ignore_errors=True)
                 batches = committed_batches(checkpoint)
-                mid = _planned_batches(checkpoint) > batches
+                mid = planned_batches(checkpoint) > batches
                 killed = {"pid": proc.pid, "after_batches": batches, "mid_batch": mid}
                 say(
                     f"killed driver {n} (pid {proc.pid}) after {batches} batches"
@@ -294,7 +348,7 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_to_kill(
-    proc: subprocess.Popen[bytes], checkpoint: str, batches: int, timeout: float
+    proc: subprocess.Popen[bytes], checkpoint: CheckpointLocation, batches: int, timeout: float
 ) -> bool:
     """Wait until ``batches`` batches are committed and the next one is planned (its
     offsets written: the kill then lands during a batch; at most MID_BATCH_WAIT_S s for
@@ -309,7 +363,7 @@ def _wait_to_kill(
             raise QueryFailedError(f"fewer than {batches} batches within {timeout:.0f} s")
         time.sleep(POLL_S)  # polling the checkpoint directory, bounded by the deadline
     mid_batch = time.monotonic() + MID_BATCH_WAIT_S
-    while _planned_batches(checkpoint) <= committed_batches(checkpoint):
+    while planned_batches(checkpoint) <= committed_batches(checkpoint):
         if proc.poll() is not None:
             return True
         if time.monotonic() > mid_batch:
@@ -333,13 +387,6 @@ def _check_exit(proc: subprocess.Popen[bytes], log: Path) -> None:
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         raise QueryFailedError(f"query driver exited with {proc.returncode}:\n{tail}")
-
-
-def _planned_batches(checkpoint: str) -> int:
-    """Batches whose offsets are written: the highest ``offsets/<N>`` + 1."""
-    offsets = Path(checkpoint) / "offsets"
-    ids = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
-    return max(ids, default=-1) + 1
 
 
 def kill_driver(proc: subprocess.Popen[bytes], timeout: float = KILL_WAIT_S) -> None:
@@ -369,7 +416,9 @@ def _alive(p: Any) -> bool:
         return False
 
 
-def _check(opts: DemoOptions, socket: Path, shuffle_partitions: int) -> dict[str, Any]:
+def _check(
+    opts: DemoOptions, socket: Path, checkpoint: CheckpointLocation, shuffle_partitions: int
+) -> dict[str, Any]:
     """The verdicts (dstltree.demo.ss_checks.verdicts) plus ``records`` (flights the
     query counts), in a new session configured for the tree (the state is read through
     the bridge). Raises what Spark raises."""
@@ -379,7 +428,7 @@ def _check(opts: DemoOptions, socket: Path, shuffle_partitions: int) -> dict[str
     try:
         batch = batch_stats(spark, opts.url("landing"), None)
         sink = sink_summary(spark, opts.url("sink"), None)
-        state = state_stats(spark, opts.url("checkpoints") + "/" + QUERY)
+        state = state_stats(spark, checkpoint.url)
     finally:
         spark.stop()
     return {**verdicts(batch, sink, state), "records": batch.records}

@@ -13,22 +13,33 @@ from dstltree.cli.commands.demo import _figures, _verdict
 
 
 def run_and_report(
-    console: Any, opts: Any, shuffle_partitions: int, report: Path, hosts: int = 0
+    console: Any,
+    opts: Any,
+    shuffle_partitions: int,
+    report: Path,
+    hosts: int = 0,
+    location: str = "files",
 ) -> None:
     """Run the demo on the Structured Streaming engine with ``opts`` (a DemoOptions),
     write the JSON report to ``report`` and print the summary. Raises typer.BadParameter
     for options the engine does not take, typer.Exit(2) when the run id's folder holds
     files (no --fresh), typer.Exit(1) when a check fails."""
     from dstltree.demo.job import RunExistsError
-    from dstltree.demo.ss_job import passed, run_ss_demo, unsupported
+    from dstltree.demo.ss_job import LOCATIONS, passed, run_ss_demo, unsupported
 
-    bad = unsupported(opts)
+    if location not in LOCATIONS:
+        raise typer.BadParameter(
+            f"{location!r}: one of {', '.join(LOCATIONS)}", param_hint="--checkpoint-location"
+        )
+    bad = unsupported(opts, location)
     if bad:
         flags = ", ".join("--" + b.replace("_", "-") for b in bad)
         raise typer.BadParameter(f"{flags}: not with this engine", param_hint="--engine")
     console.print(f"this run's files: {opts.prefix()}/")
     try:
-        result = run_ss_demo(opts, shuffle_partitions, progress=console.print, hosts=hosts)
+        result = run_ss_demo(
+            opts, shuffle_partitions, progress=console.print, hosts=hosts, location=location
+        )
     except RunExistsError as e:
         console.print(f"[red]{e}")
         raise typer.Exit(2) from e
@@ -60,10 +71,12 @@ def summary(r: dict[str, Any]) -> Any:
             f"batch interval p50 / p99 (ms), trigger {r['trigger_interval_s']} s",
             _figures(r["batch_interval_ms"]),
         ),
+        ("checkpoint location", str(r.get("location"))),
         (
-            "files in the checkpoint dir / per batch",
+            "files in the checkpoint location / per batch",
             f"{r['checkpoint_files']} / {r['checkpoint_files_per_batch']}",
         ),
+        ("plain files (on a file system)", str(r.get("plain_files"))),
         ("state files left there", _state_files(r["state_files"])),
         ("driver killed", _killed(r["killed"])),
         ("recoveries", str(r["recoveries"])),

@@ -160,6 +160,12 @@ def demo(
         help="structured-streaming: 0 runs on --master; N runs the query's executors on N "
         "worker hosts of a standalone cluster here, each with its own bridge.",
     ),
+    checkpoint_location: str = typer.Option(
+        "files",
+        help="structured-streaming: files (a folder of the run: the metadata logs plain "
+        "files, the state files in the tree) or dstl (a dstl:// location: every file in "
+        "the tree; --dfs-faults then puts the tree's objects on a latency model).",
+    ),
 ) -> None:
     """Run the plane-statistics demo job.
 
@@ -212,10 +218,14 @@ def demo(
     if engine != ENGINES[0]:
         from dstltree.cli.commands._demo_ss import run_and_report
 
-        run_and_report(console, opts, shuffle_partitions, report, hosts)
+        run_and_report(console, opts, shuffle_partitions, report, hosts, checkpoint_location)
         return
     if hosts:
         raise typer.BadParameter("only with --engine structured-streaming", param_hint="--hosts")
+    if checkpoint_location != "files":
+        raise typer.BadParameter(
+            "only with --engine structured-streaming", param_hint="--checkpoint-location"
+        )
     _run_and_report(console, opts, report, s3)
 
 
