@@ -65,3 +65,46 @@ def test_structured_streaming_demo_killed_and_restarted(tmp_path: Path) -> None:
     checkpoint = Path(run_prefix(base)) / "checkpoints" / "plane-stats"
     assert not list(checkpoint.rglob("*.changelog"))
     assert (checkpoint / "commits" / str(r["checkpoints_completed"] - 1)).exists()
+
+
+@pytest.mark.timeout(480)
+def test_the_demo_on_a_dstl_location_on_the_s3_model(tmp_path: Path) -> None:
+    """The same with ``--checkpoint-location dstl``: every file of the location in the
+    tree, the tree's objects on the FLIP-158 S3 model (latencies scaled down to keep the
+    test short); no file of the checkpoint anywhere but in the tree's objects."""
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(TOPOLOGY)
+    base = str(tmp_path / "demo")
+    r = run_demo_cli(
+        tmp_path,
+        base,
+        "--engine",
+        "structured-streaming",
+        "--checkpoint-location",
+        "dstl",
+        "--dfs-faults",
+        "flip158-s3,scale=0.25",
+        "--source-rate",
+        "0",
+        "--topology",
+        str(topology),
+        "--master",
+        "local[2]",
+        "--shuffle-partitions",
+        "2",
+        "--kill-task-after",
+        "2",
+        "--limit-records",
+        "20000",
+        "--producer-seconds",
+        "10",
+    )
+    assert r["location"].startswith("dstl://") and r["dfs_faults"].startswith("flip158-s3")
+    assert r["state_matches_batch"], r["mismatched_keys"]
+    assert r["sink_matches_batch"], r["mismatched_keys"]
+    assert r["sink_duplicate_rows"] == 0 and r["records"] == 20_000
+    assert r["killed"] is not None and r["recoveries"] == 1
+    assert r["checkpoints_completed"] >= 3
+    assert r["plain_files"] == 0 and r["checkpoint_files"] > 0  # the view's files
+    assert r["orphans"] == 0 and r["missing"] == 0 and r["objects_written"] >= 1
+    assert not (Path(run_prefix(base)) / "checkpoints").exists()
