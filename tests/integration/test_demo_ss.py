@@ -9,6 +9,7 @@ checkpoint, objects in the tree, none missing."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,16 +26,17 @@ nodes:
 """
 
 
-@pytest.mark.timeout(480)  # three driver JVMs; run_demo_cli itself gives up after 420 s
-def test_structured_streaming_demo_killed_and_restarted(tmp_path: Path) -> None:
+def _demo(tmp_path: Path, base: str, *extra: str) -> dict[str, Any]:
+    """The report of the demo on 20,000 flights (module docstring), with ``extra``
+    options."""
     topology = tmp_path / "topology.yaml"
     topology.write_text(TOPOLOGY)
-    base = str(tmp_path / "demo")
-    r = run_demo_cli(
+    return run_demo_cli(
         tmp_path,
         base,
         "--engine",
         "structured-streaming",
+        *extra,
         "--source-rate",
         "0",  # the quick mode's read limit is the default engine's
         "--topology",
@@ -50,6 +52,12 @@ def test_structured_streaming_demo_killed_and_restarted(tmp_path: Path) -> None:
         "--producer-seconds",
         "10",
     )
+
+
+@pytest.mark.timeout(480)  # three driver JVMs; run_demo_cli itself gives up after 420 s
+def test_structured_streaming_demo_killed_and_restarted(tmp_path: Path) -> None:
+    base = str(tmp_path / "demo")
+    r = _demo(tmp_path, base)
     assert r["engine"] == "structured-streaming"
     assert r["state_matches_batch"], r["mismatched_keys"]
     assert r["sink_matches_batch"], r["mismatched_keys"]
@@ -72,32 +80,9 @@ def test_the_demo_on_a_dstl_location_on_the_s3_model(tmp_path: Path) -> None:
     """The same with ``--checkpoint-location dstl``: every file of the location in the
     tree, the tree's objects on the FLIP-158 S3 model (latencies scaled down to keep the
     test short); no file of the checkpoint anywhere but in the tree's objects."""
-    topology = tmp_path / "topology.yaml"
-    topology.write_text(TOPOLOGY)
     base = str(tmp_path / "demo")
-    r = run_demo_cli(
-        tmp_path,
-        base,
-        "--engine",
-        "structured-streaming",
-        "--checkpoint-location",
-        "dstl",
-        "--dfs-faults",
-        "flip158-s3,scale=0.25",
-        "--source-rate",
-        "0",
-        "--topology",
-        str(topology),
-        "--master",
-        "local[2]",
-        "--shuffle-partitions",
-        "2",
-        "--kill-task-after",
-        "2",
-        "--limit-records",
-        "20000",
-        "--producer-seconds",
-        "10",
+    r = _demo(
+        tmp_path, base, "--checkpoint-location", "dstl", "--dfs-faults", "flip158-s3,scale=0.25"
     )
     assert r["location"].startswith("dstl://") and r["dfs_faults"].startswith("flip158-s3")
     assert r["state_matches_batch"], r["mismatched_keys"]
