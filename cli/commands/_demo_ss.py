@@ -32,6 +32,11 @@ def run_and_report(
             f"{location!r}: one of {', '.join(LOCATIONS)}", param_hint="--checkpoint-location"
         )
     bad = unsupported(opts, location)
+    if bad == ["dfs_faults"]:
+        raise typer.BadParameter(
+            "only with --checkpoint-location dstl (Spark writes a files location itself)",
+            param_hint="--dfs-faults",
+        )
     if bad:
         flags = ", ".join("--" + b.replace("_", "-") for b in bad)
         raise typer.BadParameter(f"{flags}: not with this engine", param_hint="--engine")

@@ -306,3 +306,21 @@ def test_cli_refuses_an_unknown_compression(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "--compression" in result.output, result.output
     assert list(tmp_path.iterdir()) == []  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--engine", "structured-streaming", "--checkpoint-location", "s3"], "files, dstl"),
+        (["--engine", "structured-streaming", "--dfs-faults", "flip158-s3"], "dstl"),
+        (["--checkpoint-location", "dstl"], "structured-streaming"),
+    ],
+)
+def test_cli_checkpoint_location_choices(tmp_path: Path, extra: list[str], named: str) -> None:
+    from typer.testing import CliRunner
+
+    from dstltree.cli.app import app
+
+    result = CliRunner().invoke(app, ["demo", "--base-path", str(tmp_path), *extra])
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert list(tmp_path.iterdir()) == []  # nothing started
