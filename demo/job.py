@@ -142,7 +142,12 @@ class DemoOptions:
     def checkpoint_target(self) -> tuple[str, dict[str, Any]]:
         """(checkpoint_dir URL, its storage options), behind ``faulty::`` with
         ``dfs_faults``. Raises ValueError for a bad fault spec."""
-        url = self.url("checkpoints")
+        return self.faulty_target("checkpoints")
+
+    def faulty_target(self, folder: str) -> tuple[str, dict[str, Any]]:
+        """(``<base_path>/<run_id>/<folder>``, its storage options), behind ``faulty::``
+        with ``dfs_faults``. Raises ValueError for a bad fault spec."""
+        url = self.url(folder)
         if not self.dfs_faults:
             return url, dict(self.storage_options)
         from dstltree.storage.targets import with_faults

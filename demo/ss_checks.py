@@ -18,13 +18,16 @@ import datetime
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dstltree.demo.checks import BatchStats, SinkSummary, mismatched, sort_keys
 from dstltree.demo.flights import Stats
 from dstltree.demo.report import _ms
 from dstltree.storage.store import ObjectStore
 from dstltree.structured_streaming.configure import TREE_SCHEME
+
+if TYPE_CHECKING:
+    from dstltree.structured_streaming.client import BridgeReader
 
 #: suffixes of the files a state store writes per partition and version
 STATE_SUFFIXES = (".changelog", ".delta", ".snapshot", ".zip", ".sst")
@@ -74,8 +77,9 @@ class CheckpointLocation:
     read through the bridge on ``socket`` (dstltree.structured_streaming.client)."""
 
     def __init__(self, url: str | Path, socket: Path | str | None = None) -> None:
-        self.url = str(url).rstrip("/")
+        self.url = str(url).rstrip("/")  # of a dstl:// location, the bridge's query root
         self.socket = socket
+        self._reader: BridgeReader | None = None
         if self.in_tree and socket is None:
             raise ValueError(f"{self.url}: a dstl:// location is read through a bridge socket")
 
@@ -84,10 +88,21 @@ class CheckpointLocation:
         """Whether the location is a ``dstl://`` one (no plain file of it exists)."""
         return self.url.startswith(TREE_SCHEME + "://")
 
-    @property
-    def root(self) -> str:
-        """The query root the bridge knows the location by (``dstl://<query>``)."""
-        return self.url
+    def _bridge(self) -> BridgeReader:
+        """One connection to the bridge for every look (the demo polls the logs every
+        few milliseconds); closed by :meth:`close`."""
+        from dstltree.structured_streaming.client import BridgeReader
+
+        if self._reader is None:
+            assert self.socket is not None
+            self._reader = BridgeReader(self.socket)
+        return self._reader
+
+    def close(self) -> None:
+        """Close the connection to the bridge, if one is open."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def files(self) -> dict[str, int]:
         """Every file of the location: {path relative to it: length in bytes}. A
@@ -98,11 +113,7 @@ class CheckpointLocation:
             top = Path(self.url)
             found = (p for p in top.rglob("*") if p.is_file())
             return {str(p.relative_to(top)): p.stat().st_size for p in found}
-        from dstltree.structured_streaming.client import BridgeReader
-
-        assert self.socket is not None
-        with BridgeReader(self.socket) as bridge:
-            return dict(bridge.walk(self.root))
+        return dict(self._bridge().walk(self.url))
 
     def batch_ids(self, log: str) -> list[int]:
         """The batch ids of metadata log ``log`` (``offsets``, ``commits``): its file
@@ -111,11 +122,7 @@ class CheckpointLocation:
             folder = Path(self.url) / log
             names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
         else:
-            from dstltree.structured_streaming.client import BridgeReader
-
-            assert self.socket is not None
-            with BridgeReader(self.socket) as bridge:
-                names = list(bridge.listing(self.root, log)[0])
+            names = list(self._bridge().listing(self.url, log)[0])
         return [int(n) for n in names if n.isdigit()]
 
 

@@ -156,7 +156,7 @@ def run_ss_demo(
         raise ValueError("this engine needs a topology")
     logs = Path(opts.url("logs"))
     logs.mkdir(parents=True, exist_ok=True)
-    tree_url, tree_options = _tree_target(opts)
+    tree_url, tree_options = opts.faulty_target("tree")  # the location's store with dstl
     with demo_services(opts.topology, tree_url, hosts, logs / "hosts", tree_options) as (
         services,
         master,
@@ -177,18 +177,6 @@ def run_ss_demo(
             say,
         ) | {"hosts": hosts, "wall_s": round(time.monotonic() - started, 1)}
     raise AssertionError("unreachable")  # the context manager does not swallow
-
-
-def _tree_target(opts: DemoOptions) -> tuple[str, dict[str, Any]]:
-    """(the tree's base path ``<run>/tree``, its storage options): behind ``faulty::``
-    with ``opts.dfs_faults`` (dstltree.storage.targets.with_faults). Raises ValueError
-    for a bad fault spec."""
-    url = opts.url("tree")
-    if not opts.dfs_faults:
-        return url, {}
-    from dstltree.storage.targets import with_faults
-
-    return with_faults(url, {}, opts.dfs_faults)
 
 
 def checkpoint_location(opts: DemoOptions, location: str, socket: Path) -> CheckpointLocation:
@@ -233,6 +221,7 @@ def _run_and_check(
         checks = _check(opts, services.socket, checkpoint, shuffle_partitions)
         figures = checkpoint_figures(checkpoint)  # a dstl:// location: from the bridge
     finally:
+        checkpoint.close()
         producer.stop()
         producer.join(timeout=30)
         services.stop()

@@ -132,6 +132,7 @@ def test_a_dstl_location_is_the_trees_alone_and_restarts(
     checkpoint = CheckpointLocation(location, services.socket)
     assert committed_batches(checkpoint) == 3 and planned_batches(checkpoint) == 3
     figures = checkpoint_figures(checkpoint)
+    checkpoint.close()
     assert figures["plain_files"] == 0 and figures["checkpoint_files"] == len(walked)
     # nothing but the tree's objects and manifests was written anywhere
     written = {p.relative_to(base).parts[0] for p in base.rglob("*") if p.is_file()}
