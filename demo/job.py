@@ -94,7 +94,7 @@ class DemoOptions:
     that is not one path segment (RUN_ID)."""
 
     base_path: str
-    topology: Path | None = Path("deploy/local.yaml")
+    topology: Path | None = Path("local")  # a shipped topology or a file
     master: str = "local[4]"
     tasks: int = 4
     max_parallelism: int = DEFAULT_MAX_PARALLELISM

@@ -27,6 +27,7 @@ from dstltree.sparkplug.sinks.read import committed_files
 from dstltree.sparkplug.spark_session import driver_addresses, executor_count
 from dstltree.sparkplug.task import TaskConfig, run_task
 from dstltree.storage.store import CHANGELOG_DIR, ObjectStore
+from dstltree.topology.catalog import topology_path
 from dstltree.topology.config import TopologyConfig, load_topology
 
 #: Seconds the driver waits for the coordinator's storage work (the closing sweep) at
@@ -88,6 +89,8 @@ class RunOptions:
         check_checkpointing(
             self.checkpointing, self.aligned_checkpoint_timeout, self.max_inflight_bytes
         )
+        if self.topology is not None:  # a shipped topology's short name, or a file
+            object.__setattr__(self, "topology", topology_path(self.topology))
 
 
 def check_checkpointing(mode: str, aligned_timeout: float, max_inflight_bytes: int) -> None:

@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 
 from dstltree.structured_streaming.jar import MANAGER_CLASS, jar_path
+from dstltree.topology.catalog import topology_path
 
 SOCKET_KEY = "dstltree.bridge.socket"
 """The Hadoop configuration key the JVM manager reads its socket from."""
@@ -160,9 +161,11 @@ def configure(
     Hadoop S3 connector); a ``file:`` location keeps its plain files for what no bridge
     took.
 
-    ``topology``: the topology YAML file (None: start nothing; the manager then writes
-    plain files). ``socket``: the bridge's socket path (None: a private one when a
-    bridge is started here, else the JVM's default). ``master``: overrides the master
+    ``topology``: the topology YAML file, or a shipped topology's short name such as
+    ``"local"`` (:func:`dstltree.topology.catalog.topology_path`; None: start nothing;
+    the manager then writes plain files). ``socket``: the bridge's socket path (None: a
+    private one when a bridge is started here, else the JVM's default). ``master``:
+    overrides the master
     read from the builder (``spark.master``; unset means pyspark's default, ``local[*]``).
     ``base_path``/``storage_options``: override the topology's, for the nodes started
     here. ``curve``: False runs the local nodes in plaintext whatever the topology says.
@@ -194,7 +197,7 @@ def configure(
     master = master or str(options.get("spark.master", "local[*]"))
     if topology is not None and is_local(master):
         services = start_local(
-            Path(topology),
+            topology_path(topology),
             socket=None if socket is None else Path(socket),
             base_path=base_path,
             storage_options=storage_options,

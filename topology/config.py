@@ -83,6 +83,7 @@ from pydantic import (
 )
 
 from dstltree.security.settings import SecuritySettings
+from dstltree.topology.catalog import topology_path
 from dstltree.topology.endpoints import (
     check_host,
     derive_advertise,
@@ -572,12 +573,14 @@ def _read_text(p: Path) -> str:
 
 
 def load_topology(path: str | Path, **overrides: Any) -> TopologyConfig:
-    """Read and validate a topology YAML file; ``overrides`` replace top-level fields.
+    """Read and validate a topology YAML file (a path, or the short name of a shipped
+    topology: :func:`dstltree.topology.catalog.topology_path`); ``overrides`` replace
+    top-level fields.
 
     Raises :class:`TopologyError` for unreadable, oversized or non-UTF-8 files (with
     the byte offset), bad YAML (with line and column) or fields (naming the field).
     """
-    p = Path(path)
+    p = topology_path(path)
     text = _read_text(p)
     try:
         data = _load_yaml(text)

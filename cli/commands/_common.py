@@ -97,3 +97,24 @@ def check_topology(path: Path) -> None:
         load_topology(path)
     except TopologyError as e:
         exit_topology_error(e, "--topology")
+
+
+TOPOLOGY_HELP = (
+    "Topology: a YAML file, or the short name of a shipped one "
+    "(local, s3, bench, cluster, cluster-hosts)."
+)
+
+
+def topology_file(value: Path | None) -> Path | None:
+    """A typer callback: a topology option's value (a file or a shipped topology's short
+    name, :func:`dstltree.topology.catalog.topology_path`) as the file it names. Raises
+    typer.BadParameter naming the shipped names when it names none."""
+    if value is None:
+        return None
+    from dstltree.topology.catalog import topology_path
+    from dstltree.topology.tree import TopologyError
+
+    try:
+        return topology_path(value)
+    except TopologyError as e:
+        raise typer.BadParameter(str(e)) from None

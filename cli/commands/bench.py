@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dstltree.cli.commands._common import load_tree, parse_size, target_bytes
+from dstltree.cli.commands._common import (
+    TOPOLOGY_HELP,
+    load_tree,
+    parse_size,
+    target_bytes,
+    topology_file,
+)
 
 if TYPE_CHECKING:
     from dstltree.bench.designs import BenchSettings
@@ -21,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-DEFAULT_TOPOLOGY = Path("deploy/bench.yaml")
+DEFAULT_TOPOLOGY = Path("bench")  # a shipped topology (topology/catalog.py)
 
 
 def register(app: typer.Typer) -> None:
@@ -64,7 +70,11 @@ def _hedge(text: str) -> tuple[int, float]:
 def bench(
     ctx: typer.Context,
     topology: Annotated[
-        Path, typer.Option(help="Topology YAML (executor i = node i in breadth-first order).")
+        Path,
+        typer.Option(
+            help=f"{TOPOLOGY_HELP} Executor i uses node i in breadth-first order.",
+            callback=topology_file,
+        ),
     ] = DEFAULT_TOPOLOGY,
     executors: Annotated[
         int | None,

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from dstltree.cli.commands._common import check_topology
+from dstltree.cli.commands._common import TOPOLOGY_HELP, check_topology, topology_file
 
 __all__ = ["register"]
 
@@ -24,8 +24,8 @@ def bench_job(
     per_file: Annotated[int, typer.Option(min=1, help="Records per file.")] = 10000,
     keys: Annotated[int, typer.Option(min=1, help="Distinct keys.")] = 5000,
     parallelism: Annotated[int, typer.Option(min=1, max=128, help="Tasks.")] = 4,
-    topology: Annotated[Path, typer.Option(help="Topology YAML of the nodes.")] = Path(
-        "deploy/local.yaml"
+    topology: Annotated[Path, typer.Option(help=TOPOLOGY_HELP, callback=topology_file)] = Path(
+        "local"
     ),
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[4]",
     workdir: Annotated[Path, typer.Option(help="Input, checkpoints and sinks.")] = Path(

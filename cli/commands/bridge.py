@@ -7,13 +7,15 @@ from pathlib import Path
 
 import typer
 
+from dstltree.cli.commands._common import TOPOLOGY_HELP, topology_file
+
 
 def register(app: typer.Typer) -> None:
     app.command("bridge")(bridge)
 
 
 def bridge(
-    topology: Path = typer.Option(..., exists=True, dir_okay=False, help="Topology YAML."),
+    topology: Path = typer.Option(..., help=TOPOLOGY_HELP, callback=topology_file),
     socket: Path | None = typer.Option(
         None, help="Unix socket (default: /tmp/dstltree-UID/bridge.sock)."
     ),

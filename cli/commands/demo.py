@@ -9,13 +9,14 @@ from typing import Any
 
 import typer
 
-from dstltree.cli.commands._common import check_topology
+from dstltree.cli.commands._common import TOPOLOGY_HELP, check_topology, topology_file
 from dstltree.client.segment import CODECS
 from dstltree.coordinator.state import DEFAULT_MAX_CONCURRENT_CHECKPOINTS
+from dstltree.topology.catalog import topology_path
 
-DEFAULT_TOPOLOGY = Path("deploy/local.yaml")
+DEFAULT_TOPOLOGY = Path("local")  # shipped topologies (topology/catalog.py)
 #: The demo's topology on object stores: the same tree, uploads hedged for S3 tails.
-OBJECT_STORE_TOPOLOGY = Path("deploy/s3.yaml")
+OBJECT_STORE_TOPOLOGY = Path("s3")
 #: the demo's engines: the job on dstltree.sparkplug (default), an unmodified query
 ENGINES = ("sparkplug", "structured-streaming")
 
@@ -91,8 +92,9 @@ def demo(
     storage_options: str = typer.Option("{}", help="fsspec storage options as JSON."),
     topology: Path | None = typer.Option(
         None,
-        help="Topology YAML (local mode: its nodes run here). Default: "
-        "deploy/local.yaml, on object stores deploy/s3.yaml (uploads hedged).",
+        help=f"{TOPOLOGY_HELP} In local mode its nodes run here. Default: local, on "
+        "object stores s3 (uploads hedged).",
+        callback=topology_file,
         show_default=False,
     ),
     master: str = typer.Option(
@@ -427,9 +429,9 @@ def _verdict(ok: bool, r: dict[str, Any]) -> str:
 
 
 def default_topology(base_path: str, dfs_faults: str, s3_local: bool) -> Path:
-    """deploy/s3.yaml when the checkpoints go to an object store (``--s3-local``, an
+    """The shipped ``s3`` topology when the checkpoints go to an object store (``--s3-local``, an
     ``s3://`` base path, or ``--dfs-faults`` with an S3 latency model): a second upload
     attempt after the 75th percentile of recent latencies (docs/tuning.md); else
-    deploy/local.yaml."""
+    ``local``, as files."""
     on_s3 = s3_local or base_path.startswith(("s3://", "s3a://")) or "s3" in dfs_faults
-    return OBJECT_STORE_TOPOLOGY if on_s3 else DEFAULT_TOPOLOGY
+    return topology_path(OBJECT_STORE_TOPOLOGY if on_s3 else DEFAULT_TOPOLOGY)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from dstltree.cli.commands._common import TOPOLOGY_HELP, topology_file
+
 if TYPE_CHECKING:
     from dstltree.aggregator.workdirs import WorkdirOwner
     from dstltree.topology.config import TopologyConfig
@@ -24,7 +26,7 @@ def register(app: typer.Typer) -> None:
 
 
 def node(
-    topology: Path = typer.Option(..., exists=True, dir_okay=False, help="Topology YAML."),
+    topology: Path = typer.Option(..., help=TOPOLOGY_HELP, callback=topology_file),
     node_id: str = typer.Option(..., help="This node's id in the topology."),
     bind: str = typer.Option(
         "", help="ZeroMQ endpoint (default: the topology's; 'auto' = free loopback port)."
@@ -230,7 +232,14 @@ def _topology_parents(topo: TopologyConfig, node_id: str, ids: tuple[str, ...]) 
 
 
 def up(
-    topology: Path = typer.Option(..., exists=True, dir_okay=False, help="Topology YAML."),
+    name: Path | None = typer.Argument(
+        None,
+        help=f"{TOPOLOGY_HELP} The same as --topology.",
+        callback=topology_file,
+        show_default=False,
+        metavar="TOPOLOGY",
+    ),
+    topology: Path | None = typer.Option(None, help=TOPOLOGY_HELP, callback=topology_file),
     base_path: str = typer.Option("", help="Override the topology's base_path."),
 ) -> None:
     """Start every node of a topology on this machine.
@@ -246,6 +255,10 @@ def up(
     from dstltree.cli.commands._common import exit_topology_error
     from dstltree.topology.config import TopologyError, load_topology
 
+    if (name is None) == (topology is None):
+        raise typer.BadParameter("give one topology: a name (dstl up local) or --topology FILE")
+    topology = name if topology is None else topology
+    assert topology is not None
     try:
         topo = load_topology(topology, base_path=base_path or None)
         running = start_tree(topo, topology, base_path=base_path or None)

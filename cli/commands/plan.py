@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from dstltree.cli.commands._common import (
+    TOPOLOGY_HELP,
     echo_json,
     load_tree,
     parse_size,
     target_bytes,
+    topology_file,
     wide_console,
 )
 
@@ -42,7 +44,7 @@ def _skew(text: str | None) -> tuple[float, float]:
 
 
 def plan_command(
-    topology: Annotated[Path, typer.Argument(help="Topology YAML.", exists=True, dir_okay=False)],
+    topology: Annotated[Path, typer.Argument(help=TOPOLOGY_HELP, callback=topology_file)],
     bytes_per_executor: Annotated[
         str, typer.Option(help="Changed bytes per executor per checkpoint, e.g. 1MiB.")
     ],

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 import typer
 
 from dstltree.cli.commands._common import (
+    TOPOLOGY_HELP,
     echo_json,
     load_tree,
     parse_size,
     parse_sizes,
+    topology_file,
     wide_console,
 )
 from dstltree.cli.commands._sim_failures import run_failures
@@ -132,7 +134,7 @@ def simulate_command(
     branching: Annotated[int, typer.Option(help="k-ary tree branching factor.")] = 4,
     topology: Annotated[
         Path | None,
-        typer.Option(help="Topology YAML instead of --branching.", exists=True, dir_okay=False),
+        typer.Option(help=f"{TOPOLOGY_HELP} Instead of --branching.", callback=topology_file),
     ] = None,
     bytes_per_checkpoint: Annotated[
         str, typer.Option(help="Bytes per task per checkpoint.")

@@ -498,9 +498,19 @@ public final class DstlCheckpointFileManager implements CheckpointFileManager {
     return plain.createCheckpointDirectory();
   }
 
-  @Override
+  /**
+   * Closes the default manager. Spark 4.1 added {@code close()} to the trait; on older lines
+   * the method is not part of it (hence no {@code @Override}, and a reflective call, so the
+   * same source compiles against every line: see {@code structured_streaming/jar.py}).
+   */
   public void close() {
-    plain.close();
+    try {
+      plain.getClass().getMethod("close").invoke(plain);
+    } catch (NoSuchMethodException e) {
+      // a line whose managers hold nothing to close
+    } catch (ReflectiveOperationException e) {
+      LOG.warn("closing the default checkpoint file manager failed", e);
+    }
   }
 
   /**

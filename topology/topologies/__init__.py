@@ -1,0 +1,1 @@
+"""The topologies shipped with the package (data only; topology/catalog.py names them)."""
