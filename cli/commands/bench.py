@@ -144,7 +144,7 @@ def bench(
     requests per checkpoint, mean object size, persist latency, relayed bytes,
     throughput and CPU (docs/design.md, "Where numbers come from").
 
-    The commands below run other suites instead (``dstl bench hotpath``: the hot-path
+    The commands below run other suites instead (dstl bench hotpath: the hot-path
     suite)."""
     if ctx.invoked_subcommand is not None:
         return

@@ -326,7 +326,7 @@ def up(
     """Start a master and workers in the background.
 
     Prints the master URL, the web UI, the worker hosts and the pids (JSON).
-    ``dstl cluster down`` stops them."""
+    dstl cluster down stops them."""
     if (workdir / STATE_FILE).exists():
         raise typer.BadParameter(f"{workdir} holds a cluster: dstl cluster down first")
     try:
@@ -339,13 +339,13 @@ def up(
 
 @cluster_app.command("down")
 def down(
-    workdir: Path = typer.Option(Path(".dstl-cluster"), help="The folder of ``up``."),
+    workdir: Path = typer.Option(Path(".dstl-cluster"), help="The folder of dstl cluster up."),
     timeout: float = typer.Option(15.0, min=0.1, help="Seconds from SIGTERM to SIGKILL."),
 ) -> None:
-    """Stop the cluster that ``dstl cluster up`` started.
+    """Stop the cluster that dstl cluster up started.
 
-    The cluster of ``--workdir``, by pid: SIGTERM to each daemon's process group,
-    SIGKILL after ``--timeout`` seconds; then forgets it."""
+    The cluster of --workdir, by pid: SIGTERM to each daemon's process group,
+    SIGKILL after --timeout seconds; then forgets it."""
     try:
         cluster = StandaloneCluster.load(workdir)
     except FileNotFoundError:

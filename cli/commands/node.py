@@ -64,15 +64,15 @@ def node(
     """Run one aggregator node until SIGTERM or SIGINT.
 
     The one entry point of a node process (blocking): supervisors run it, and so do
-    ``dstl up`` and the launchers.
+    dstl up and the launchers.
 
-    On a host of a cluster: ``dstl node --topology F --node-id ID`` takes the node's
+    On a host of a cluster, 'dstl node --topology F --node-id ID' takes the node's
     bind and advertised endpoint, its parent's advertised endpoint and its depth from
-    the topology; ``--bind``, ``--advertise``, ``--parent`` and ``--depth`` override.
+    the topology; --bind, --advertise, --parent and --depth override.
 
-    CURVE is on unless the topology says ``security: {curve: false}``: the cluster key
-    directory comes from ``$DSTL_KEYS`` or ``security.keys`` (exit 2 naming
-    ``security.keys`` when neither names one)."""
+    CURVE is on unless the topology says 'security: {curve: false}': the cluster key
+    directory comes from $DSTL_KEYS or security.keys (exit 2 naming security.keys
+    when neither names one)."""
     with _removed_at_exit(remove_dir) as owner:
         if respawn_pid_file is not None:
             _respawn(respawn_pid_file, exit_with_pid, () if owner is None else (owner.fileno(),))
@@ -246,8 +246,8 @@ def up(
 
     Root first, until Ctrl-C: a development tree. A topology by host starts here only
     when its hosts are loopback addresses (127.0.0.x standing for machines), each node
-    bound to its host; other hosts are refused (run ``dstl node --topology F
-    --node-id ID`` on each host)."""
+    bound to its host; other hosts are refused (run 'dstl node --topology F
+    --node-id ID' on each host)."""
     from rich.console import Console
     from rich.table import Table
 

@@ -286,10 +286,10 @@ def status(
     forwarder), queued bytes, objects written, bytes relayed, p99 DFS upload latency
     and upload errors, from each node's Prometheus metrics.
 
-    With ``--coordinator``, the job's checkpoints (completed and aborted, in flight,
+    With --coordinator, the job's checkpoints (completed and aborted, in flight,
     the interval achieved and the duration p50 / p99, the phases, completion-path
     requests and metadata size per checkpoint) and materializations below, or alone
-    without ``--topology``."""
+    without --topology."""
     from rich.console import Console, Group
     from rich.live import Live
 
