@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from dstltree.demo.checks import BatchStats, SinkSummary, mismatched, sort_keys
 from dstltree.demo.flights import Stats
 from dstltree.demo.report import _ms
+from dstltree.demo.state_reader import state_rows
 from dstltree.storage.store import ObjectStore
 from dstltree.structured_streaming.configure import TREE_SCHEME
 
@@ -39,17 +40,16 @@ def state_stats(spark: Any, checkpoint: str) -> dict[Any, Stats]:
     """tailnum -> stats list (``[flights, dep_delay_sum, arr_delay_sum, distance_sum,
     last_time, last_origin, last_dest]``) of the aggregation's state at the latest
     committed batch of the query checkpointed at ``checkpoint``, read with
-    ``spark.read.format("statestore")`` (the aggregation buffer: count, three sums with
+    ``spark.read.format("statestore")``, on Spark 3.5 through the state store provider
+    (:func:`dstltree.demo.state_reader.state_rows`; the aggregation buffer: count, three sums with
     null for no value, the max struct). ``spark`` must be configured for the tree.
     Raises ValueError for a state row of another shape, or what Spark raises."""
-    rows = spark.read.format("statestore").load(checkpoint).select("key", "value").collect()
     out: dict[Any, Stats] = {}
-    for r in rows:
-        value = list(r["value"])
+    for key, value in state_rows(spark, checkpoint):
         if len(value) != BUFFER_FIELDS:
             raise ValueError(f"state value of {len(value)} fields, expected {BUFFER_FIELDS}")
         flights, dep, arr, dist, last = value
-        out[r["key"][0]] = [flights, dep or 0, arr or 0, dist or 0, *last]
+        out[key[0]] = [flights, dep or 0, arr or 0, dist or 0, *last]
     return out
 
 

@@ -158,18 +158,31 @@ def write_batch(sink: str | Path, batch_id: int, table: pa.Table) -> Path:
 def _record_new(query: Any, seen: set[tuple[str, int]], trigger: str, out: TextIO) -> None:
     """Append the query's executed batches not yet recorded (by run id and batch id)
     to ``out``; events of triggers that found no data (no ``addBatch``) are skipped."""
-    for p in query.recentProgress:
-        key = (str(p.runId), int(p.batchId))
-        if key in seen or "addBatch" not in (p.durationMs or {}):
+    for p in query.recentProgress:  # dicts on pyspark 3.5, progress objects from 4.0
+        doc = p if isinstance(p, dict) else json.loads(p.json)
+        key = (str(doc["runId"]), int(doc["batchId"]))
+        if key in seen or "addBatch" not in (doc.get("durationMs") or {}):
             continue
         seen.add(key)
-        out.write(json.dumps({**json.loads(p.json), "trigger": trigger}) + "\n")
+        out.write(json.dumps({**doc, "trigger": trigger}) + "\n")
         out.flush()
+
+
+def to_arrow(df: Any) -> Any:
+    """``df`` collected as a ``pyarrow.Table``: ``DataFrame.toArrow`` (pyspark 4.0+), or on
+    3.5 the Arrow batches pyspark's ``toPandas`` collects, with the frame's schema."""
+    if hasattr(df, "toArrow"):
+        return df.toArrow()
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    batches = df._collect_as_arrow()
+    return pa.Table.from_batches(batches) if batches else to_arrow_schema(df.schema).empty_table()
 
 
 def _start(stream: Any, checkpoint: str, sink: str, trigger: dict[str, Any]) -> Any:
     def sink_batch(df: Any, batch_id: int) -> None:
-        write_batch(sink, batch_id, df.toArrow())
+        write_batch(sink, batch_id, to_arrow(df))
 
     return (
         stream.writeStream.outputMode("update")

@@ -34,7 +34,8 @@ def topology_path(spec: str | Path) -> Path:
     """The topology file that ``spec`` names: an existing file as it is, else a short
     name of a shipped topology (``"local"``; ``"local.yaml"`` too).
 
-    Raises :class:`TopologyError` naming the shipped names when ``spec`` is neither."""
+    Raises :class:`TopologyError` naming the shipped names when ``spec`` is neither
+    ("cannot read ..." when ``spec`` looks like a path: a folder in it or ``.yaml``)."""
     p = Path(spec)
     if p.is_file():
         return p
@@ -44,6 +45,6 @@ def topology_path(spec: str | Path) -> Path:
         if found is not None:
             return found
     names = ", ".join(named_topologies()) or "none"
-    raise TopologyError(
-        f"{spec}: no such topology file and no shipped topology of that name (shipped: {names})"
-    )
+    if name and p.suffix != ".yaml":
+        raise TopologyError(f"{spec}: no shipped topology of that name (shipped: {names})")
+    raise TopologyError(f"cannot read {spec}: no such file (shipped: {names})")
