@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dstltree.client.api import ChangelogClient
-from dstltree.structured_streaming import paths, wire
+from dstltree.structured_streaming import paths, registry, wire
 from dstltree.structured_streaming.files import TreeFiles
 from dstltree.structured_streaming.wire import ConnectionClosed, WireError
 
@@ -312,6 +312,9 @@ class Connection:
         if isinstance(req, wire.Hello):
             self.version = wire.negotiate(req.versions)
             self.app = req.app
+            if req.jvm:
+                with self.files.cond:
+                    self.files.ledger.on_plain_report(req.app, req.jvm, req.plain)
             return {"ok": True, "version": self.version}, b""
         if self.version is None:
             raise WireError("version", "the first request must be hello")
@@ -335,6 +338,8 @@ class Connection:
                 return {"ok": True, "deleted": f.delete(req.root, req.path, self.app)}, b""
             case wire.Commit():
                 return self._commit(req)
+            case wire.Status():
+                return {"ok": True, **f.status(), "pid": os.getpid()}, b""
             case wire.Drive():
                 f.drive(req.root, self.app)
                 return {"ok": True, "boot": f.boot}, b""
@@ -417,7 +422,8 @@ def bridge_from_topology(
 def serve(bridge: Bridge, metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> None:
     """Start ``bridge``, print ``bridge ready on <socket>`` (and ``bridge metrics on
     <url>`` when ``metrics_port`` is set: 0 picks a free port), serve until SIGTERM or
-    SIGINT, then stop it. Call from the main thread."""
+    SIGINT, then stop it. While it serves, the bridge is listed for ``dstl status`` (the
+    registry module). Call from the main thread."""
     from dstltree.client.metrics_endpoint import MetricsEndpoint
     from dstltree.structured_streaming.metrics import bridge_registry
 
@@ -426,12 +432,18 @@ def serve(bridge: Bridge, metrics_port: int | None = None, metrics_host: str = "
         signal.signal(sig, lambda *_: done.set())
     bridge.start()
     endpoint = MetricsEndpoint(bridge_registry(bridge.files), metrics_host, metrics_port)
+    bridge_id = bridge.files.bridge_id
+    try:
+        registry.register(bridge_id, bridge.socket_path, endpoint.url)
+    except OSError as e:  # dstl status then needs --bridge SOCKET
+        log.warning("cannot register the bridge for dstl status: %s", e)
     print(f"bridge ready on {bridge.socket_path}", flush=True)
     if endpoint.url is not None:
         print(f"bridge metrics on {endpoint.url}", flush=True)
     try:
         done.wait()
     finally:
+        registry.unregister(bridge_id, bridge.socket_path)
         endpoint.close()
         bridge.stop()
 

@@ -50,7 +50,7 @@ class BridgeReader:
             self._sock.sendall(buf)
         reply, payload = wire.read_frame(self._sock.recv)
         if not reply.get("ok"):
-            raise BridgeRequestError(str(reply.get("code")), str(reply.get("message")))
+            raise BridgeRequestError(str(reply.get("code")), str(reply.get("error")))
         return reply, payload
 
     def listing(self, root: str, directory: str = "") -> tuple[dict[str, int], list[str]]:
@@ -80,6 +80,14 @@ class BridgeReader:
             if not data:
                 return bytes(out)
             out += data
+
+    def status(self) -> dict[str, Any]:
+        """The bridge's figures (docs/structured-streaming.md, "Bridge status"):
+        ``bridge``, ``pid``, ``counts``, ``bytes`` and one object per query root in
+        ``queries``."""
+        reply, _ = self._call({"op": "status"})
+        reply.pop("ok", None)
+        return reply
 
     def close(self) -> None:
         self._sock.close()

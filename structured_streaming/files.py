@@ -30,6 +30,7 @@ from dstltree.client.writer import ChangelogWriter
 from dstltree.storage.errors import DstlError
 from dstltree.structured_streaming import crosshost, paths
 from dstltree.structured_streaming.crosshost import CrossHost, Remote, dump_body, load_body
+from dstltree.structured_streaming.ledger import Ledger
 from dstltree.structured_streaming.view import (
     DATA_KEY_GROUP,
     KEY_GROUPS,
@@ -170,6 +171,7 @@ class TreeFiles:
         self.bridge_id = bridge_id
         self.boot = secrets.token_hex(8)  # this process: a restart loses held writes
         self.view = View(bridge_id)
+        self.ledger = Ledger()  # what dstl status shows (under cond)
         self._missed: dict[str, float] = {}  # root -> monotonic time of the last miss refresh
         self._scanned: dict[str, float] = {}  # root -> wall time of its last index scan
         self._indexed: dict[str, set[str]] = {}  # root -> objects whose index it read
@@ -407,6 +409,7 @@ class TreeFiles:
             self.view.on_accepted(root, path, data, sqn)
             self.in_flight_bytes += len(data)
             self.counts["puts"] += 1
+            self.ledger.on_write(root, path, app)
         chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
         held = self._write(root, app, path, sqn, DATA_KEY_GROUP, chunks, len(data))
         return sqn, held
@@ -471,6 +474,23 @@ class TreeFiles:
         elif over:
             self.flush()
         return hold
+
+    def status(self) -> dict[str, Any]:
+        """The bridge's figures for the protocol's ``status`` request: ``bridge`` (its
+        id), ``counts`` (as :attr:`counts`), ``bytes`` (``pending``, ``in_flight``,
+        ``held``, bytes) and ``queries`` (:meth:`.ledger.Ledger.figures`)."""
+        with self.cond:
+            held = {r: sum(h.size for h in hs) for r, hs in self._held.items() if hs}
+            return {
+                "bridge": self.bridge_id,
+                "counts": dict(self.counts),
+                "bytes": {
+                    "pending": self.pending_bytes,
+                    "in_flight": self.in_flight_bytes,
+                    "held": self._held_bytes,
+                },
+                "queries": self.ledger.figures(self._clock(), held),
+            }
 
     @property
     def held_bytes(self) -> int:
@@ -574,6 +594,7 @@ class TreeFiles:
                 if earlier is not None:
                     self.crosshost.end_commit(earlier.cids)
                 remote = self.crosshost.end_commit(flush.cids)
+                self.ledger.on_commit(root, self._clock())
         return waited + remote
 
     def _start_flush(self, root: str) -> _Flush:
@@ -765,6 +786,7 @@ class TreeFiles:
             else:
                 self._todo.extend(self.view.on_durable(root, path, sqn, refs[0]))
                 self.counts["durable"] += 1
+                self.ledger.on_durable(root, refs[0].path)
             self.pending_bytes -= size
             self.in_flight_bytes -= size
             self.cond.notify_all()

@@ -131,10 +131,14 @@ class Hello:
     """``versions``: the protocol versions the client speaks; ``app``: the Spark
     application the connection writes for (``spark.app.id``; optional, "" when not
     sent), which decides whether its files wait for a commit (docs/structured-streaming.md,
-    "Durability")."""
+    "Durability"). ``plain`` and ``jvm`` (optional): the state files the JVM ``jvm``
+    (``<pid>@<host>``) wrote as plain files so far because no bridge answered, which
+    ``dstl status`` shows as fallbacks."""
 
     versions: tuple[int, ...]
     app: str = ""
+    plain: int = 0
+    jvm: str = ""
 
 
 @dataclass(frozen=True)
@@ -201,8 +205,13 @@ class Drive:
     root: str
 
 
-Request = Hello | Put | Stat | Read | List | Delete | Commit | Drive
-_NO_PAYLOAD = {"hello", "stat", "read", "list", "delete", "drive"}
+@dataclass(frozen=True)
+class Status:
+    """The bridge's figures and those of the queries it serves (``dstl status``)."""
+
+
+Request = Hello | Put | Stat | Read | List | Delete | Commit | Drive | Status
+_NO_PAYLOAD = {"hello", "stat", "read", "list", "delete", "drive", "status"}
 
 
 def parse_request(header: Header, payload: bytes = b"") -> Request:
@@ -275,13 +284,25 @@ def check_path(path: Any, what: str = "path", *, allow_root: bool = False) -> st
 
 
 def _hello(h: Header, _: bytes) -> Hello:
-    app = h.get("app", "")
-    (versions,) = _fields({k: v for k, v in h.items() if k != "app"}, "versions")
+    app, jvm = h.get("app", ""), h.get("jvm", "")
+    plain = _uint(h.get("plain", 0), "plain")
+    (versions,) = _fields({k: v for k, v in h.items() if k not in _HELLO_OPTIONAL}, "versions")
     if not isinstance(versions, list) or not 0 < len(versions) <= 64:
         raise WireError("malformed", "versions: expected a list of 1..64 integers")
-    if not isinstance(app, str) or len(app) > MAX_APP or not app.isprintable():
-        raise WireError("malformed", f"app: expected a printable string of 0..{MAX_APP} characters")
-    return Hello(tuple(_uint(v, "versions") for v in versions), app)
+    for name, text in (("app", app), ("jvm", jvm)):
+        if not isinstance(text, str) or len(text) > MAX_APP or not text.isprintable():
+            raise WireError(
+                "malformed", f"{name}: expected a printable string of 0..{MAX_APP} characters"
+            )
+    return Hello(tuple(_uint(v, "versions") for v in versions), app, plain, jvm)
+
+
+_HELLO_OPTIONAL = {"app", "plain", "jvm"}
+
+
+def _status(h: Header, _: bytes) -> Status:
+    _fields(h)
+    return Status()
 
 
 def _put(h: Header, payload: bytes) -> Put:
@@ -344,6 +365,7 @@ _PARSERS: dict[str, Callable[[Header, bytes], Request]] = {
     "delete": _delete,
     "commit": _commit,
     "drive": _drive,
+    "status": _status,
 }
 
 

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dstltree.cli.commands._common import topology_file
+
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -255,9 +257,9 @@ def status(
     topology: Annotated[
         Path | None,
         typer.Option(
-            exists=True,
-            dir_okay=False,
-            help="Topology YAML of the tree (optional with --coordinator).",
+            help="Topology: a shipped name (local, s3, ...) or a YAML file (optional with"
+            " --coordinator or --bridges).",
+            callback=topology_file,
         ),
     ] = None,
     watch: Annotated[float, typer.Option(min=0.1, help="Seconds between refreshes.")] = 2.0,
@@ -279,6 +281,16 @@ def status(
         str | None,
         typer.Option(help="The job coordinator's metrics URL: checkpoints and materializations."),
     ] = None,
+    bridges: Annotated[
+        bool, typer.Option(help="This host's Structured Streaming bridges and their queries.")
+    ] = False,
+    bridge: Annotated[
+        list[Path] | None,
+        typer.Option(help="A bridge's Unix socket (implies --bridges; repeat for more)."),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the bridges and queries once as JSON.")
+    ] = False,
 ) -> None:
     """Show a running tree and its job's checkpoints.
 
@@ -289,14 +301,28 @@ def status(
     With --coordinator, the job's checkpoints (completed and aborted, in flight,
     the interval achieved and the duration p50 / p99, the phases, completion-path
     requests and metadata size per checkpoint) and materializations below, or alone
-    without --topology."""
+    without --topology.
+
+    With --bridges (or --bridge SOCKET), the Structured Streaming bridges of this host
+    (those running dstl bridge or started by configure()) and the queries they serve:
+    last batch, commits, objects written per batch, held bytes and the state files
+    Spark wrote as plain files because no bridge answered. --json prints them once."""
     from rich.console import Console, Group
     from rich.live import Live
 
+    from dstltree.cli.commands._status_bridges import bridge_statuses, bridges_view
     from dstltree.cli.commands._status_job import job_table
 
-    if topology is None and coordinator is None:
-        raise typer.BadParameter("give --topology, --coordinator or both", param_hint="--topology")
+    bridges = bridges or bool(bridge) or json_out
+    if topology is None and coordinator is None and not bridges:
+        raise typer.BadParameter(
+            "give --topology, --coordinator, --bridges or several", param_hint="--topology"
+        )
+    if json_out:
+        import json
+
+        typer.echo(json.dumps({"bridges": bridge_statuses(bridge or [], timeout)}, indent=2))
+        return
     nodes_table, pool = (
         (None, None)
         if topology is None
@@ -305,11 +331,14 @@ def status(
 
     def view() -> Any:
         when = time.strftime(" at %H:%M:%S")
-        if coordinator is None:
-            assert nodes_table is not None
-            return nodes_table(when)
-        job = job_table(coordinator, timeout, "" if nodes_table else when)
-        return job if nodes_table is None else Group(nodes_table(when), job)
+        parts: list[Any] = [] if nodes_table is None else [nodes_table(when)]
+        if coordinator is not None:
+            parts.append(job_table(coordinator, timeout, "" if parts else when))
+        if bridges:
+            parts.append(
+                bridges_view(bridge_statuses(bridge or [], timeout), "" if parts else when)
+            )
+        return parts[0] if len(parts) == 1 else Group(*parts)
 
     console = Console()
     try:

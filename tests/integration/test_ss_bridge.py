@@ -439,3 +439,56 @@ def test_a_miss_finds_a_file_another_bridge_has_not_put_in_a_manifest_yet(
         assert b.files.view.get(ROOT, path).by == ""  # neither b's to list nor to release
         manifest = b.files.view.manifest(ROOT)
         assert manifest is None or path not in manifest["files"]
+
+
+def test_dstl_status_lists_the_bridge_and_its_queries(tmp_path: Path, tree) -> None:  # type: ignore[no-untyped-def]
+    """A bridge process registers itself; ``dstl status --bridges`` (and ``--json``)
+    asks it over its socket: the query, its last batch, commits, objects per batch,
+    held bytes and the plain files a JVM reported in its hello."""
+    import json
+
+    from dstltree.structured_streaming.registry import registered
+
+    sock = tmp_path / "run" / "s.sock"
+    proc = _start_process(tmp_path, tree, sock)
+    dstl = [sys.executable, "-m", "dstltree.cli", "status"]
+    try:
+        assert [e["pid"] for e in registered() if e["socket"] == str(sock)] == [proc.pid]
+        hello = {"op": "hello", "versions": [1, 2], "app": "app-s", "plain": 3, "jvm": "7@h"}
+        with BridgeClient(sock, hello=False) as c:
+            assert c.ok(hello)["version"] == 2
+            assert c.commit(ROOT)["ok"] and c.drive(ROOT)["ok"]
+            for p in range(3):
+                c.put(ROOT, f"state/0/{p}/5.delta", b"x" * 100)  # batch 4, held
+            out = subprocess.run(
+                [*dstl, "--bridge", str(sock), "--json"], capture_output=True, text=True, timeout=60
+            )
+            assert out.returncode == 0, out.stderr
+            (b,) = json.loads(out.stdout)["bridges"]
+            assert b["up"] and b["pid"] == proc.pid and b["bytes"]["held"] == 300
+            (q,) = b["queries"]
+            assert q["root"] == ROOT and q["last_batch"] == 4 and q["held_bytes"] == 300
+            assert q["commits"] == 1 and q["plain_files"] == 3 and q["apps"] == ["app-s"]
+            assert c.commit(ROOT)["files"] == 3
+        out = subprocess.run(
+            [*dstl, "--bridge", str(sock), "--json"], capture_output=True, text=True, timeout=60
+        )
+        (q,) = json.loads(out.stdout)["bridges"][0]["queries"]
+        assert q["commits"] == 2 and q["files_durable"] == 3 and q["held_bytes"] == 0
+        assert q["objects_per_batch"] == 0.5  # no object in the first commit, one in the second
+        wide = {**os.environ, "COLUMNS": "400"}
+        table = subprocess.run(
+            [*dstl, "--bridges", "--once"], capture_output=True, text=True, timeout=60, env=wide
+        )
+        assert table.returncode == 0, table.stderr
+        assert str(sock) in table.stdout and b["bridge"] in table.stdout  # the registered one
+        row = next(line for line in table.stdout.splitlines() if ROOT in line)
+        assert "0.50" in row and "plain files" in table.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert all(e["socket"] != str(sock) for e in registered())  # unregistered at stop
+    out = subprocess.run(
+        [*dstl, "--bridge", str(sock), "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert json.loads(out.stdout)["bridges"][0]["up"] is False

@@ -104,8 +104,19 @@ final class BridgeClient implements AutoCloseable {
     BridgeClient c = new BridgeClient(socket, ch, key);
     ObjectNode hello = JSON.createObjectNode().put("op", "hello").put("app", app);
     hello.putArray("versions").add(1).add(2);
+    // this JVM's fallbacks so far, shown by dstl status (a new connection follows an outage)
+    hello.put("plain", StateFileMetrics.INSTANCE.plain.get()).put("jvm", JVM);
     c.version = c.call(hello, null, timeoutMillis).header().path("version").asInt(1);
     return c;
+  }
+
+  /** This JVM as {@code <pid>@<host>}, at most 256 characters, for the hello. */
+  private static final String JVM = jvmName();
+
+  private static String jvmName() {
+    String name = java.lang.management.ManagementFactory.getRuntimeMXBean().getName();
+    name = name.replaceAll("[^\\x20-\\x7e]", "_");
+    return name.length() > 256 ? name.substring(0, 256) : name;
   }
 
   /** The protocol version this connection's hello agreed: 2 serves a whole location. */
