@@ -159,7 +159,7 @@ def _record_new(query: Any, seen: set[tuple[str, int]], trigger: str, out: TextI
     """Append the query's executed batches not yet recorded (by run id and batch id)
     to ``out``; events of triggers that found no data (no ``addBatch``) are skipped."""
     for p in query.recentProgress:  # dicts on pyspark 3.5, progress objects from 4.0
-        doc = p if isinstance(p, dict) else json.loads(p.json)
+        doc = json.loads(p.json) if hasattr(p, "json") else p
         key = (str(doc["runId"]), int(doc["batchId"]))
         if key in seen or "addBatch" not in (doc.get("durationMs") or {}):
             continue
