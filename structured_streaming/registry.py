@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from dstltree.aggregator.respawn import pid_alive
+
 MAX_ENTRY = 64 * 1024  # bytes of one registration file read at most
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -51,16 +53,6 @@ def unregister(bridge_id: str, socket_path: Path) -> None:
         _entry_path(bridge_id, socket_path).unlink()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def registered() -> list[dict[str, Any]]:
     """The entries of the bridges of this host whose process lives, sorted by socket
     (``bridge``, ``socket``, ``pid``, ``metrics``); unreadable or malformed entries
@@ -71,7 +63,7 @@ def registered() -> list[dict[str, Any]]:
             entry = _read(p)
             if entry is None:
                 continue
-            if not _alive(entry["pid"]):
+            if not pid_alive(entry["pid"]):
                 with contextlib.suppress(OSError):
                     p.unlink()
                 continue

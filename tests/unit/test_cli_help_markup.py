@@ -9,34 +9,18 @@ added later is checked without touching this file.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
-import typer
-from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 from dstltree.cli.app import app
+from tests.unit.test_cli_help import TREE, _name
 
 pytestmark = pytest.mark.timeout(120)
 
 ENV = {"COLUMNS": "80", "TERMINAL_WIDTH": "80"}
 # reST inline markup: literals, interpreted-text roles (:func:`x`, :class:`~a.B`, ...)
 MARKUP = re.compile(r"``|:(?:func|class|mod|meth|attr|data|exc|obj|ref|doc|py:\w+):`?")
-
-
-def _walk(command: object, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], object]]:
-    yield path, command
-    if isinstance(command, TyperGroup):
-        for name in sorted(command.commands):
-            yield from _walk(command.commands[name], (*path, name))
-
-
-TREE = list(_walk(typer.main.get_command(app), ()))
-
-
-def _name(path: tuple[str, ...]) -> str:
-    return " ".join(("dstl", *path))
 
 
 def test_every_command_is_walked() -> None:
