@@ -55,9 +55,12 @@ def _write_input(folder: Path, n: int) -> None:
     write_json_input(folder, n, rows)
 
 
-def _start(spark: Any, source: Path, checkpoint: Path, name: str) -> Any:
-    """Start the aggregation over ``source`` (one file per batch, ``availableNow``) from
-    ``checkpoint`` into the memory table ``name``; returns the running query."""
+def _start(
+    spark: Any, source: Path, checkpoint: Path, name: str, available_now: bool = True
+) -> Any:
+    """Start the aggregation over ``source`` (one file per batch, ``availableNow``, or
+    as fast as batches run when ``available_now`` is False: the query then keeps
+    running) from ``checkpoint`` into the memory table ``name``; returns the query."""
     from pyspark.sql import functions as F
 
     for k, v in CONF.items():
@@ -74,7 +77,7 @@ def _start(spark: Any, source: Path, checkpoint: Path, name: str) -> Any:
         .format("memory")
         .queryName(name)
         .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
+        .trigger(**({"availableNow": True} if available_now else {"processingTime": "0 seconds"}))
         .start()
     )
 
