@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 
 import zmq
 
+from dstltree.client.backoff import NodeBackoff
 from dstltree.client.batching import PersistItem
 from dstltree.client.direct import DirectUploader
 from dstltree.client.errors import DstlError
@@ -177,8 +178,10 @@ class NodeUploader:
     for ``hold_down`` s).
 
     Times in seconds: an item not acked within ``ack_timeout`` goes to DFS directly and
-    marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, while
-    the node stays silent; reset by its next ack); meanwhile items go to DFS at once.
+    marks the node down for ``retry_after`` (doubling, up to ``max_retry_after``, per
+    try the node leaves silent); meanwhile items go to DFS at once. An ack ends the mark
+    (and the doubling), answers to pings for ``hold_down`` end it too
+    (:class:`~dstltree.client.backoff.NodeBackoff`).
     ``security``: CURVE as a writer (:meth:`Curve.for_writer`); None = plaintext.
     ``max_message_bytes``: segment bytes per Persist message; an item above it goes
     alone in one (a node refuses a message above its own limit, 64 MiB by default).
@@ -219,10 +222,8 @@ class NodeUploader:
         self.store = store
         self.ack_timeout = ack_timeout
         self._renewal = lease_renewal
-        self._retry_after = retry_after
-        self._max_retry_after = max(max_retry_after, retry_after)
-        self._down_for = retry_after  # doubles while the node stays silent
-        self._node_down_until = float("-inf")
+        # the down mark of the only node, or of the current one (doubles per silent try)
+        self._backoff = NodeBackoff(retry_after, max_retry_after, hold_down, liveness_timeout)
         self._lost_at: float | None = None  # a loss of the current link not acted on yet
         # ... and what it was: "safe" (a silence, or a connection never made: ZeroMQ
         # still holds what was sent, so the node answering again cancels it),
@@ -301,8 +302,8 @@ class NodeUploader:
         fut: SegmentFuture[SegmentRef | None] = SegmentFuture()
         if item.data is None:
             fut.set_result(None)
-        elif time.monotonic() < self._node_down_until:
-            # the node did not answer lately: write straight to DFS until retry_after
+        elif self._backoff.down(time.monotonic()):
+            # the node did not answer lately: straight to DFS until it does (or retry)
             self._fall_back(_AwaitingAck(item, fut, 0.0), "node marked down")
             return fut
         request = PersistRequest(next(self._ids), item)
@@ -369,7 +370,7 @@ class NodeUploader:
             c["errors"],
             c["replies"],
             c["send"],
-            self._down_for,
+            self._backoff.down_for,
             c["failovers"],
             c["resent"],
             c["silences"],
@@ -576,6 +577,8 @@ class NodeUploader:
                     break
         if replies and self._alive is not None:
             self._alive.heard(now)
+        if replies:
+            self._backoff.heard(now)
         for frames in replies:
             try:
                 msg = load(frames, versions=self.wire_versions)
@@ -583,7 +586,7 @@ class NodeUploader:
                 log.warning("bad reply from node: %s", e)
                 continue
             if isinstance(msg, PersistAck):
-                self._on_ack(msg)
+                self._on_ack(msg, now)
             elif isinstance(msg, WireHello):
                 self._on_hello(msg, now)
             elif isinstance(msg, Error):
@@ -648,9 +651,9 @@ class NodeUploader:
             self._lost_at = now
         self._lost_kind = "refused"
         if len(self._pref.addresses) == 1:
-            self._node_down_until = now + self._down_for
+            self._backoff.refused(now)
 
-    def _on_ack(self, ack: PersistAck) -> None:
+    def _on_ack(self, ack: PersistAck, now: float) -> None:
         """Resolve the acked items; an error entry falls back to the DFS, unless it is
         a refusal of our wire versions and another node is there to fail over to (the
         item stays pending: the failover sends it there)."""
@@ -670,7 +673,7 @@ class NodeUploader:
                 continue
             ref = SegmentRef(p.item.meta, e.path, e.offset)
             self._counts["acked"] += 1
-            self._down_for = self._retry_after  # the node answers again
+            self._backoff.acked(now)  # the node answers again
             p.future.set_result(ref)
 
     def _expire(self, now: float) -> None:
@@ -683,11 +686,10 @@ class NodeUploader:
                     break
                 late.append(r)
             expired = [self._pending.pop(r) for r in late]
-        if expired:
-            # a node that stays silent is tried again less and less often (a dead node
-            # costs its clients one ack timeout per try)
-            self._node_down_until = now + self._down_for
-            self._down_for = min(self._down_for * 2, self._max_retry_after)
+        # a node that stays silent is tried again less and less often (a dead node costs
+        # its clients one ack timeout per try), once per try: client/backoff.py
+        for p in expired:
+            self._backoff.expired(p.deadline - self.ack_timeout, now)
         for p in expired:
             self._fall_back(p, f"no ack within {self.ack_timeout} s")
 

@@ -203,7 +203,7 @@ def test_a_silent_node_is_tried_less_and_less_often(store: ObjectStore) -> None:
         for sqn in range(4):
             fut = up.submit(persist_item("w", sqn, {0: [b"x"]}))
             assert fut.result(timeout=10) is not None  # written to DFS directly
-            wait_until(lambda: time.monotonic() >= up._node_down_until, timeout=5)
+            wait_until(lambda: not up._backoff.down(time.monotonic()), timeout=5)
         stats = up.statistics()
         assert stats.fallbacks == 4 and stats.acked_by_node == 0
         assert stats.next_down_s == 0.4  # 0.1, 0.2, 0.4, then capped

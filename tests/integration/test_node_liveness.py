@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -100,6 +101,45 @@ def test_a_node_whose_loop_is_stuck_is_left_though_zeromq_still_answers(tmp_path
             st = _stats(client)
             assert (st.failovers, st.silences, st.fallbacks) == (1, 1, 0)
             assert list(client.read_changes(handle, 0)) == [b"first", b"while a is stuck"]
+        finally:
+            client.close()
+
+
+def test_a_writer_with_one_node_is_back_on_it_once_the_node_answers(tmp_path: Path) -> None:
+    """The only node's loop is stuck past the ack timeout: the items in flight go to the
+    DFS and the node is marked down for ``retry_after`` (30 s). Once its loop runs again
+    it answers the writer's pings, and after the hold-down (1 s) the writer's items go
+    to it again, long before the mark would have run out; every change reads back in
+    order. (Before, each loop turn that found expired items doubled the mark, and no
+    answer ended it: the writer stayed on the DFS for up to a minute.)"""
+    with _nodes(tmp_path, _config("a")) as (a,):
+        store = ObjectStore(str(tmp_path / "dfs"))
+        up = NodeUploader([a.address], store, ack_timeout=0.5, retry_after=30.0, hold_down=1.0)
+        client = ChangelogClient(store, up, DEFAULT_PREEMPTIVE_BYTES)
+        changes = [b"first"]
+        try:
+            w = client.create_writer("task0", range(1))
+            w.append(0, changes[0])
+            w.persist_durably(0, checkpoint_id=1).result(timeout=20)
+            with a._lock:  # the loop of a is stuck from here on
+                for i in range(5):
+                    changes.append(b"while stuck %d" % i)
+                    w.append(0, changes[-1])
+                    w.persist_durably(0)
+                wait_until(lambda: _stats(client).fallbacks >= 1, timeout=20)
+            assert up._backoff.down_until - time.monotonic() > 20.0  # a 30 s mark
+            acked = _stats(client).acked_by_node
+
+            def back_on_the_node() -> bool:
+                changes.append(b"after %d" % len(changes))
+                w.append(0, changes[-1])
+                w.persist_durably(0).result(timeout=20)
+                return _stats(client).acked_by_node > acked
+
+            wait_until(back_on_the_node, timeout=15.0, interval=0.1)
+            handle = w.persist_durably(0, checkpoint_id=2).result(timeout=20)
+            assert list(client.read_changes(handle, 0)) == changes
+            assert _stats(client).next_down_s == 30.0  # the ack ended the doubling
         finally:
             client.close()
 
