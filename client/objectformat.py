@@ -21,7 +21,10 @@ Format versions (the footer's and the index's ``v`` agree):
 
 A reader reads both and refuses any other version with
 :class:`~dstltree.client.errors.UnsupportedVersionError` (path, offset, version), never
-by misreading. A release writes a new version by default only once the release
+by misreading. No checksum covers the footer's version field; a footer naming an
+unknown version whose index carries a known version's checksum and names that version
+is reported as corrupt instead (:func:`corrupt_version`): a damaged byte, not a reason
+to upgrade. A release writes a new version by default only once the release
 before it reads it (docs/design.md, "Formats and compatibility").
 
 Nothing in an object is trusted: the footer's ``index_crc32`` is the index's own
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
@@ -121,23 +124,58 @@ def build_object(
     return parts, offsets
 
 
-def parse_footer(tail: Buffer, path: str, object_size: int) -> Footer:
-    """Check the footer (the last FOOTER_SIZE bytes). Raises UnsupportedVersionError for
-    a version not in FORMAT_VERSIONS, CorruptObjectError for anything else wrong,
-    both naming the path and offset."""
+def parse_footer(
+    tail: Buffer,
+    path: str,
+    object_size: int,
+    read_index: Callable[[int, int], Buffer] | None = None,
+) -> Footer:
+    """Check the footer (the last FOOTER_SIZE bytes). Raises CorruptObjectError for a
+    bad magic, reserved field or index bounds, then UnsupportedVersionError for a
+    version not in FORMAT_VERSIONS, unless ``read_index(offset, length)`` (the bytes the
+    footer points to) shows the footer's version field itself is corrupt
+    (:func:`corrupt_version`): then CorruptObjectError. Offsets in errors are absolute."""
     footer_at = object_size - FOOTER_SIZE
     if object_size < FOOTER_SIZE or len(tail) != FOOTER_SIZE:
         raise CorruptObjectError(path, max(footer_at, 0), "object too short for a footer")
     magic, version, reserved, index_offset, index_length, index_crc = FOOTER.unpack(tail)
     if magic != MAGIC:
         raise CorruptObjectError(path, footer_at, f"bad magic {magic!r}")
-    if version not in FORMAT_VERSIONS:
-        raise UnsupportedVersionError(path, footer_at + 8, "object", version, FORMAT_VERSIONS)
     if reserved != 0:
         raise CorruptObjectError(path, footer_at + 10, f"reserved footer field is {reserved}")
     if index_offset + index_length != footer_at:
         raise CorruptObjectError(path, footer_at, "index bounds do not match object size")
-    return Footer(index_offset, index_length, index_crc, version)
+    footer = Footer(index_offset, index_length, index_crc, version)
+    if version not in FORMAT_VERSIONS:
+        told = None if read_index is None else corrupt_version(footer, read_index, path)
+        if told is not None:
+            raise CorruptObjectError(path, footer_at + 8, told)
+        raise UnsupportedVersionError(path, footer_at + 8, "object", version, FORMAT_VERSIONS)
+    return footer
+
+
+def corrupt_version(
+    footer: Footer, read_index: Callable[[int, int], Buffer], path: str
+) -> str | None:
+    """Why a footer naming an unknown format version is corrupt rather than newer: its
+    index carries the checksum of a known version and names that version, so the
+    footer's version field (not covered by any checksum) was damaged; None when the
+    index is no known version's (a newer format, or corrupt beyond telling)."""
+    data = read_index(footer.index_offset, footer.index_length)
+    for v in FORMAT_VERSIONS:
+        if index_checksum(data, v) != footer.index_checksum:
+            continue
+        try:
+            raw = msgpack.unpackb(data)
+        except (ValueError, msgpack.UnpackException):
+            return None
+        if isinstance(raw, dict) and raw.get("v") == v:
+            return (
+                f"the footer names object format version {footer.version}, but its index "
+                f"is version {v} with an intact checksum: the footer is corrupt (not a "
+                "newer version)"
+            )
+    return None
 
 
 def parse_index(data: Buffer, path: str, footer: Footer) -> list[SegmentRef]:

@@ -40,11 +40,11 @@ def read_index(store: ObjectStore, url: str, verify: bool = True) -> list[Segmen
         raise CorruptObjectError(url, 0, f"object of {size} bytes is too short for a footer")
     if not verify:
         tail = read_exact(store, url, size - FOOTER_SIZE, FOOTER_SIZE)
-        footer = parse_footer(tail, url, size)
+        footer = parse_footer(tail, url, size, lambda o, n: read_exact(store, url, o, n))
         data = read_exact(store, url, footer.index_offset, footer.index_length)
         return parse_index(data, url, footer)
     whole = memoryview(read_exact(store, url, 0, size))
-    footer = parse_footer(whole[size - FOOTER_SIZE :], url, size)
+    footer = parse_footer(whole[size - FOOTER_SIZE :], url, size, lambda o, n: whole[o : o + n])
     start, end = footer.index_offset, footer.index_offset + footer.index_length
     refs = parse_index(whole[start:end], url, footer)
     verify_segments(refs, whole[:start])

@@ -104,3 +104,26 @@ def test_a_corrupt_segment_of_a_known_version_is_still_a_checksum_error() -> Non
     with pytest.raises(CorruptObjectError) as info:
         decode_segment(bytes(data), "p", 0)
     assert not isinstance(info.value, UnsupportedVersionError)
+
+
+@pytest.mark.parametrize("version", FORMAT_VERSIONS)
+def test_no_single_bit_flip_of_a_footer_passes_for_a_newer_version(
+    tmp_path: Path, version: int
+) -> None:
+    """Every one of the 224 single-bit flips of a real object's footer is reported as
+    corruption (path and offset: in the footer, or the index's for a flipped index
+    checksum), never as an unknown newer version."""
+    store = ObjectStore(str(tmp_path))
+    parts, _ = build_object(_segments(3), version)
+    data = b"".join(bytes(p) for p in parts)
+    size = len(data)
+    for bit in range(FOOTER_SIZE * 8):
+        raw = bytearray(data)
+        raw[size - FOOTER_SIZE + bit // 8] ^= 0x80 >> (bit % 8)
+        path = _put(store, [bytes(raw)])
+        for verify in (True, False):
+            with pytest.raises(CorruptObjectError) as info:
+                read_index(store, path, verify=verify)
+            e = info.value
+            assert not isinstance(e, UnsupportedVersionError), (bit, str(e))
+            assert e.path == path and 0 <= e.offset < size, (bit, str(e))

@@ -17,6 +17,7 @@ import json
 import shutil
 import struct
 import typing
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass
@@ -30,7 +31,7 @@ from dstltree.aggregator.core import NodeConfig, NodeCore
 from dstltree.aggregator.events import MalformedFromBelow, MessageFromBelow, ReplyBelow
 from dstltree.client import wire
 from dstltree.client.api import ChangelogClient
-from dstltree.client.errors import UnsupportedVersionError, WireError
+from dstltree.client.errors import CorruptObjectError, UnsupportedVersionError, WireError
 from dstltree.client.handle import ChangelogHandle, SegmentRef
 from dstltree.client.objectformat import FOOTER, FOOTER_SIZE, FORMAT_VERSIONS, build_object
 from dstltree.client.reader import iter_changes, read_index, read_segment
@@ -435,17 +436,43 @@ def _refused(err: type[Exception], *names: str) -> Iterator[pytest.ExceptionInfo
     assert str(FUTURE) in text, text
 
 
+def _as_future(raw: bytes) -> bytes:
+    """The object as a newer format might write it: FUTURE in its footer and in its
+    index (whose checksum a newer format computes anew)."""
+    magic, _, reserved, offset, length, _ = FOOTER.unpack(raw[-FOOTER_SIZE:])
+    index = msgpack.unpackb(raw[offset : offset + length])
+    index["v"] = FUTURE
+    packed = msgpack.packb(index)
+    footer = FOOTER.pack(magic, FUTURE, reserved, offset, len(packed), zlib.crc32(packed))
+    return raw[:offset] + packed + footer
+
+
 def test_an_object_of_a_future_format_is_refused(job: Job) -> None:
+    for rel in job.expected["objects"]:
+        f = job.root / rel
+        f.write_bytes(_as_future(f.read_bytes()))
+        for verify in (True, False):
+            with _refused(UnsupportedVersionError, rel, "object format") as info:
+                read_index(job.store, job.url(rel), verify)
+            assert isinstance(info.value, UnsupportedVersionError)
+            assert info.value.version == FUTURE
+
+
+def test_a_damaged_version_field_is_corruption_not_a_newer_format(job: Job) -> None:
+    """Only the footer's version changed (a flipped byte): the index still carries its
+    own version's checksum, so the object is reported corrupt at the version field, not
+    as written by a newer dstltree (which would send an operator to upgrade)."""
     for rel in job.expected["objects"]:
         f = job.root / rel
         raw = bytearray(f.read_bytes())
         struct.pack_into("!H", raw, len(raw) - FOOTER_SIZE + 8, FUTURE)
         f.write_bytes(raw)
         for verify in (True, False):
-            with _refused(UnsupportedVersionError, rel, "object format") as info:
+            with pytest.raises(CorruptObjectError) as info:
                 read_index(job.store, job.url(rel), verify)
-            assert isinstance(info.value, UnsupportedVersionError)
-            assert info.value.version == FUTURE
+            assert not isinstance(info.value, UnsupportedVersionError)
+            assert info.value.offset == len(raw) - FOOTER_SIZE + 8
+            assert rel in str(info.value) and "the footer is corrupt" in str(info.value)
 
 
 def _bump_segment(raw: bytearray, offset: int) -> None:
