@@ -67,6 +67,8 @@ class LocalTree:
     supervisor: NodeSupervisor | None = None  # restarts dead nodes (supervise())
     remove_workdir: bool = False  # stop() deletes workdir (its key files included)
     owner: WorkdirOwner | None = None  # held while workdir is to be deleted (workdirs.py)
+    # node id -> command prefix it runs under (e.g. ``ip netns exec NS``: its own host)
+    prefixes: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def client_security(self) -> Curve | None:
@@ -110,6 +112,7 @@ class LocalTree:
             timeout=timeout,
             plans=self.plans,
             keys_dir=None if self.keys is None else self.keys.directory,
+            prefix=self.prefixes.get(node_id, ()),
         )
         self.nodes[node_id] = h
         return h
@@ -169,6 +172,7 @@ def start_node_process(
     keys_dir: Path | None = None,
     respawn_pid_file: Path | None = None,
     remove_workdir: bool = False,
+    prefix: Sequence[str] = (),
 ) -> NodeHandle:
     """Start ``python -m aggregator`` and wait (at most ``timeout`` s) for its address
     file (advertised endpoint, then metrics URL when the topology sets ``metrics_port``).
@@ -179,10 +183,13 @@ def start_node_process(
     over the topology's ``security.keys``). ``respawn_pid_file``: the node is started
     again whenever it dies (dstltree.aggregator.respawn); the handle's process is the
     respawner, the file holds the running node's PID. ``remove_workdir``: the node's
-    process deletes ``workdir`` when it stops for good (a directory of its own)."""
+    process deletes ``workdir`` when it stops for good (a directory of its own).
+    ``prefix``: a command the node runs under, which must exec it (its PID is the
+    node's), e.g. ``ip netns exec NS`` for a host of its own (dstltree.bench.netns)."""
     addr_file = workdir / f"{node_id}.addr"
     addr_file.unlink(missing_ok=True)
     cmd = [
+        *prefix,
         sys.executable,
         "-m",
         "dstltree.cli",
@@ -237,6 +244,7 @@ def start_tree(
     plans: bool = True,
     keys: ClusterKeys | None = None,
     remove_workdir: bool | None = None,
+    prefixes: dict[str, list[str]] | None = None,
 ) -> LocalTree:
     """Start every node of ``topology`` as a local process, parents before children;
     each child gets its parent's endpoint from the parent's address file. Nodes tied
@@ -248,7 +256,8 @@ def start_tree(
     ``keys``, else ``$DSTL_KEYS`` or the topology's ``security.keys``, else generated
     into ``<workdir>/keys`` (0600 secrets); see :attr:`LocalTree.keys`.
     ``remove_workdir``: whether :meth:`LocalTree.stop` deletes the work directory
-    (None: when it was made here, ``workdir`` not given)."""
+    (None: when it was made here, ``workdir`` not given). ``prefixes``: node id -> the
+    command prefix it runs under (:func:`start_node_process`), kept for restarts."""
     tree = topology.tree(executors)
     check_local_hosts(topology, topology_file)
     sweep_stale_workdirs()  # what SIGKILLed launchers left here, key files included
@@ -266,6 +275,7 @@ def start_tree(
         plans=plans,
         remove_workdir=remove,
         owner=own_workdir(wd) if remove else None,
+        prefixes=dict(prefixes or {}),
     )
     try:
         for node_id in tree.topological():  # every parent before its children
