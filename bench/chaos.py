@@ -44,7 +44,9 @@ from typing import Any
 import yaml
 
 from dstltree.aggregator.launcher import LocalTree, start_tree
-from dstltree.bench.hotpath import markdown_table
+from dstltree.bench import chaos_net
+from dstltree.bench.chaos_net import NET_FAULTS
+from dstltree.bench.netns import NetHosts
 from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
 from dstltree.client.api import DEFAULT_PREEMPTIVE_BYTES
 from dstltree.client.node_uploader import NodeUploader
@@ -64,7 +66,7 @@ __all__ = [
     "DAG",
 ]
 
-FAULTS = ("kills", "stops")  # the kinds of fault, in the order they are named
+FAULTS = ("kills", "stops", *NET_FAULTS)  # the kinds of fault, in the order they are named
 
 #: deploy/local.yaml's shape: node id -> parents in order of preference
 DAG: dict[str, list[str]] = {
@@ -116,6 +118,13 @@ class ChaosSettings:
     stop_max: float = 5.0
     ping_interval: float = 0.05
     liveness_timeout: float = 0.15
+    cut_min: float = 1.0  # seconds a network fault lasts (partitions, oneway)
+    cut_max: float = 10.0
+
+    @property
+    def netns(self) -> bool:
+        """Whether the nodes run on hosts of their own (network faults asked for)."""
+        return any(f in NET_FAULTS for f in self.faults)
 
 
 @dataclass
@@ -129,6 +138,10 @@ class ChaosResult:
     root_kills: int = 0
     stops: int = 0
     root_stops: int = 0
+    partitions: int = 0
+    root_partitions: int = 0
+    oneways: int = 0
+    oneway_p50_s: float = 0.0  # the median time from a one-way cut to the node's failover
     detect_p50_s: float = 0.0
     detect_max_s: float = 0.0
     undetected: int = 0
@@ -196,12 +209,15 @@ class _Writer(threading.Thread):
 
 @dataclass
 class _Stop:
-    """A node stopped at wall-clock time ``start`` until ``end`` (None: not yet)."""
+    """A fault of ``kind`` (``stops``, ``partitions``, ``oneway``) on ``node`` from
+    wall-clock time ``start`` until ``end`` (None: not yet); ``address``: the endpoint
+    whose leaving detects it (the node's; for ``oneway`` its parent's)."""
 
     node: str
     address: str
     start: float
     end: float | None = None
+    kind: str = "stops"
 
 
 class _Chaos(threading.Thread):
@@ -210,9 +226,9 @@ class _Chaos(threading.Thread):
     parents) or a stop (SIGSTOP, SIGCONT ``stop_min`` to ``stop_max`` seconds later; a
     stopped node is not stopped again, and a kill ends its stop)."""
 
-    def __init__(self, tree: LocalTree, s: ChaosSettings) -> None:
+    def __init__(self, tree: LocalTree, s: ChaosSettings, hosts: NetHosts | None = None) -> None:
         super().__init__(name="chaos", daemon=True)
-        self.tree, self.s = tree, s
+        self.tree, self.s, self.hosts = tree, s, hosts
         self.rng = random.Random(s.seed)
         self.stop = threading.Event()
         self.kills = self.root_kills = 0
@@ -220,13 +236,21 @@ class _Chaos(threading.Thread):
         self.error: BaseException | None = None
         self._lock = threading.Lock()  # the stopped nodes (resume_all from another thread)
         self._stopped: dict[str, tuple[Any, float, _Stop]] = {}  # handle, resume at, record
+        # network faults: node -> (undo, undo at, record, the nodes it holds)
+        self._net: dict[str, tuple[Callable[[], None], float, _Stop, set[str]]] = {}
 
     def run(self) -> None:
         try:
             due = time.monotonic() + self.rng.uniform(self.s.kill_min, self.s.kill_max)
             while True:
                 with self._lock:
-                    wake = min([due, *(r for _, r, _ in self._stopped.values())])
+                    wake = min(
+                        [
+                            due,
+                            *(r for _, r, _ in self._stopped.values()),
+                            *(r for _, r, _, _ in self._net.values()),
+                        ]
+                    )
                 if self.stop.wait(max(0.0, wake - time.monotonic())):
                     return
                 now = time.monotonic()
@@ -239,10 +263,17 @@ class _Chaos(threading.Thread):
         finally:
             self.resume_all()
 
+    def _busy(self) -> set[str]:
+        """Nodes under a stop or a network fault (not chosen for another)."""
+        with self._lock:
+            return set(self._stopped).union(*(held for *_, held in self._net.values()))
+
     def _fault(self) -> None:
         kind = self.rng.choice(self.s.faults)
-        with self._lock:
-            stopped = set(self._stopped)
+        if kind in NET_FAULTS:
+            self._net_fault(kind)
+            return
+        stopped = self._busy()
         names = sorted(self.tree.nodes)
         if kind == "stops":
             names = [n for n in names if n not in stopped]
@@ -264,11 +295,38 @@ class _Chaos(threading.Thread):
             self._stopped[node] = (h, resume_at, record)
             self.stops.append(record)
 
+    def _net_fault(self, kind: str) -> None:
+        """A partition or one-way cut (dstltree.bench.chaos_net) of a node not busy."""
+        assert self.hosts is not None, "network faults need hosts of their own"
+        parents = {n: list(self.tree.tree.parents(n)) for n in self.tree.tree.nodes}
+        span = (self.s.cut_min, self.s.cut_max)
+        fault = chaos_net.choose(kind, self.rng, parents, self._busy(), span)
+        if fault is None:
+            return
+        watched = fault.parent if fault.parent is not None else fault.node
+        record = _Stop(fault.node, self.tree.address(watched), time.time(), kind=kind)
+        undo = chaos_net.apply(self.hosts, fault)
+        held = {fault.node} | ({fault.parent} if fault.parent else set())
+        with self._lock:
+            self._net[fault.node] = (undo, time.monotonic() + fault.seconds, record, held)
+            self.stops.append(record)
+
     def _resume(self, now: float) -> None:
         with self._lock:
             due = [n for n, (_, at, _) in self._stopped.items() if at <= now]
+            net = [n for n, (_, at, _, _) in self._net.items() if at <= now]
         for node in due:
             self._continue(node, time.time())
+        for node in net:
+            self._undo_net(node)
+
+    def _undo_net(self, node: str) -> None:
+        with self._lock:
+            entry = self._net.pop(node, None)
+        if entry is not None:
+            undo, _, record, _ = entry
+            undo()
+            record.end = time.time()
 
     def _continue(self, node: str, wall: float, kill: bool = False) -> None:
         """End the stop of ``node`` (if stopped): SIGCONT, unless it is about to be
@@ -283,15 +341,24 @@ class _Chaos(threading.Thread):
             os.kill(h.pid, signal.SIGCONT)
 
     def resume_all(self) -> None:
-        """SIGCONT every node still stopped (idempotent; before the tree stops)."""
+        """SIGCONT every node still stopped and undo every network fault (idempotent;
+        before the tree stops)."""
         with self._lock:
-            nodes = list(self._stopped)
+            nodes, net = list(self._stopped), list(self._net)
         for node in nodes:
             self._continue(node, time.time())
+        for node in net:
+            self._undo_net(node)
 
 
-def _topology(workdir: Path, parents: dict[str, list[str]], s: ChaosSettings) -> Path:
-    nodes = [{"id": n, "bind": "auto", **({"parents": p} if p else {})} for n, p in parents.items()]
+def _topology(
+    workdir: Path, parents: dict[str, list[str]], s: ChaosSettings, hosts: NetHosts | None
+) -> Path:
+    nodes = (
+        [{"id": n, "bind": "auto", **({"parents": p} if p else {})} for n, p in parents.items()]
+        if hosts is None
+        else chaos_net.node_specs(hosts, parents)
+    )
     doc = {
         "base_path": str(workdir / "dfs"),
         "parent_timeout": 2.0,
@@ -328,12 +395,34 @@ def _writer_nodes(tree: LocalTree, index: int, two: bool) -> list[str]:
 
 def run_case(name: str, s: ChaosSettings, workdir: Path, *, dag: bool, faults: bool) -> ChaosResult:
     """One case on a fresh tree under ``workdir`` (see the module docstring), with the
-    faults of ``s`` if ``faults``. Raises RuntimeError when the fault thread failed (a
-    node did not come back)."""
-    path = _topology(workdir, DAG if dag else TREE, s)
-    tree = start_tree(load_topology(path), path, workdir=workdir)
+    faults of ``s`` if ``faults``; with network faults in ``s`` every node on a host of
+    its own (the case without faults too, for a like comparison). Raises RuntimeError
+    when the fault thread failed (a node did not come back), NetnsError when hosts
+    cannot be made."""
+    parents = DAG if dag else TREE
+    hosts = NetHosts(list(parents)) if s.netns else None
+    try:
+        return _run_case(name, s, workdir, parents, hosts, dag=dag, faults=faults)
+    finally:
+        if hosts is not None:
+            hosts.close()
+
+
+def _run_case(
+    name: str,
+    s: ChaosSettings,
+    workdir: Path,
+    parents: dict[str, list[str]],
+    hosts: NetHosts | None,
+    *,
+    dag: bool,
+    faults: bool,
+) -> ChaosResult:
+    path = _topology(workdir, parents, s, hosts)
+    prefixes = {} if hosts is None else {n: hosts.prefix(n) for n in parents}
+    tree = start_tree(load_topology(path), path, workdir=workdir, prefixes=prefixes)
     result = ChaosResult(name, s.seconds)
-    chaos = _Chaos(tree, s)
+    chaos = _Chaos(tree, s, hosts)
     writers: list[_Writer] = []
     left: list[_Left] = []  # the writers' failovers
     try:
@@ -376,11 +465,16 @@ def _node_silences(tree: LocalTree) -> list[_Left]:
 
 
 def _detections(stops: list[_Stop], left: list[_Left], root: str, result: ChaosResult) -> None:
-    """Per stop, the time from its SIGSTOP to the first move away from the node, while
-    it was stopped, by a writer or node that was there before the stop (else it counts
-    as undetected: nobody was using it)."""
-    result.stops = len(stops)
-    result.root_stops = sum(st.node == root for st in stops)
+    """Per fault other than a kill, the time from its start (SIGSTOP, cut) to the first
+    move away from its address while it lasted, by a writer or node that was there
+    before (else it counts as undetected: nobody was using it); the one-way cuts'
+    median apart."""
+    result.stops = sum(st.kind == "stops" for st in stops)
+    result.root_stops = sum(st.kind == "stops" and st.node == root for st in stops)
+    result.partitions = sum(st.kind == "partitions" for st in stops)
+    result.root_partitions = sum(st.kind == "partitions" and st.node == root for st in stops)
+    result.oneways = sum(st.kind == "oneway" for st in stops)
+    oneway: list[float] = []
     for st in stops:
         end = st.end if st.end is not None else float("inf")
         times = [
@@ -390,8 +484,12 @@ def _detections(stops: list[_Stop], left: list[_Left], root: str, result: ChaosR
         ]
         if times:
             result.detections.append(min(times))
+            if st.kind == "oneway":
+                oneway.append(min(times))
         else:
             result.undetected += 1
+    if oneway:
+        result.oneway_p50_s = statistics.median(oneway)
     if result.detections:
         result.detect_p50_s = statistics.median(result.detections)
         result.detect_max_s = max(result.detections)
@@ -481,90 +579,3 @@ def run_chaos(
             wd.mkdir()
             out.append(run_case(name, s, wd, dag=dag, faults=faults))
     return out
-
-
-SECTION = "Chaos"
-HEADERS = (
-    "case",
-    "kills (root)",
-    "stops (root)",
-    "stop detected: median / max ms (undetected)",
-    "persists",
-    "p50 ms",
-    "p99 ms",
-    "max ms",
-    "p99 / no faults",
-    "lost / dup / order",
-    "missing objects",
-    "direct DFS writes",
-    "failovers (resent)",
-    "orphans (reserved) -> after sweep",
-)
-
-
-def _detected(r: ChaosResult) -> str:
-    if not r.stops:
-        return "-"
-    return f"{r.detect_p50_s * 1e3:.0f} / {r.detect_max_s * 1e3:.0f} ({r.undetected})"
-
-
-def table_rows(results: list[ChaosResult]) -> list[list[str]]:
-    """One row per case; the p99 ratio is against the first case without faults."""
-    calm = next((r for r in results if r.kills + r.stops == 0 and r.p99_s > 0), None)
-    rows = []
-    for r in results:
-        ratio = f"{r.p99_s / calm.p99_s:.2f}x" if calm is not None else "-"
-        rows.append(
-            [
-                r.case,
-                f"{r.kills} ({r.root_kills})",
-                f"{r.stops} ({r.root_stops})",
-                _detected(r),
-                str(r.persists),
-                f"{r.p50_s * 1e3:.1f}",
-                f"{r.p99_s * 1e3:.1f}",
-                f"{r.max_s * 1e3:.0f}",
-                ratio,
-                f"{r.lost} / {r.duplicated} / {r.out_of_order}",
-                str(r.missing_objects),
-                str(r.fallbacks),
-                f"{r.failovers} ({r.resent})",
-                f"{r.orphans_found} ({r.reservations_found}) -> {r.orphans_after_sweep}",
-            ]
-        )
-    return rows
-
-
-_HOW = """How each case is measured (dstltree/bench/chaos.py): 7 node processes in
-deploy/local.yaml's shape (CURVE on, `parent_timeout` 2 s; wire version 2: writers and
-nodes ping every 0.05 s and take a peer silent for 0.15 s as lost, ZeroMQ's own
-heartbeats every 0.1 s as before), 16 writer threads in the benchmark's process,
-each persisting 3 changes of 1,000 bytes every 0.2 s (`persist_durably` to a durable
-handle: the latency), ack timeout 10 s, hold-down 5 s. The faults: every 1-2 s
-(uniform, seed 7) a random node, the root included, is either SIGKILLed and started
-again at once with the same id, endpoint and parents, or SIGSTOPped for 1-5 s and then
-SIGCONTed (a stopped node is not chosen for another stop; a kill ends a stop). A
-stop's detection: from the SIGSTOP to the first failover away from that node, while it
-was stopped, by a writer that was on it before the stop (its failover log) or a node
-linked to it before the stop (its log of silent upstream nodes; a killed incarnation's
-log is lost); "undetected": stops nobody using the node before them left.
-"dag": second parents and two nodes per writer (its own, then the next one's); "tree":
-first parents only and one node per writer. Afterwards every writer's acknowledged
-changes are read back through its last handle (lost, duplicated, out of order per key
-group), every object a handle names must exist, and the files no handle references
-once the nodes stopped are counted (empty object files a killed node had reserved in
-brackets), deleted as the registry's sweep does, and counted again.
-"""
-
-
-def markdown_section(results: list[ChaosResult], meta: dict[str, str], nproc: int) -> str:
-    """The ``## Chaos`` section of BENCHMARKS.md: command, commit, date, the table."""
-    lines = [
-        f"## {SECTION}",
-        "",
-        f"`{meta['command']}` on commit {meta['commit']}, {meta['date']}, `nproc` = {nproc} "
-        "(shared and noisy: compare the ratios of one run).",
-        "",
-        *markdown_table(HEADERS, table_rows(results)),
-    ]
-    return "\n".join(lines) + "\n\n" + _HOW

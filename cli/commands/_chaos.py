@@ -21,7 +21,11 @@ def chaos(
     seed: Annotated[int, typer.Option(help="Seed of the fault schedule.")] = 7,
     faults: Annotated[
         str,
-        typer.Option(help="Faults chosen at random per event: kills, stops or kills,stops."),
+        typer.Option(
+            help="Faults chosen at random per event, comma-separated: kills, stops, "
+            "partitions, oneway (the last two put every node on a host of its own: "
+            "network namespaces, as root)."
+        ),
     ] = "kills,stops",
     json_file: Annotated[
         Path | None, typer.Option("--json", help="Also write the figures as JSON here.")
@@ -37,23 +41,19 @@ def chaos(
     """Nodes killed or stopped under writers.
 
     Every 1-2 s a random node (the root included) is killed hard and restarted, or
-    stopped (SIGSTOP) for 1-5 s, under 16 writers, for a DAG with two nodes per writer
-    and for a tree with one; beside the DAG without faults. Prints persist latencies
-    (p99 against the run without faults), stops and how soon a stopped node was left,
+    stopped (SIGSTOP) for 1-5 s, or (network faults) its host cut off for 1-10 s, or
+    one direction to its parent dropped for 1-10 s, under 16 writers, for a DAG with
+    two nodes per writer and for a tree with one; beside the DAG without faults. Prints
+    persist latencies (p99 against the run without faults), the faults and how soon a
+    faulty node was left,
     changes lost, duplicated or out of order, missing handle objects, direct DFS
     writes, failovers and orphans before and after the sweep. Exit code 1 when a
     change was lost, duplicated or reordered or an object is missing."""
     from rich.console import Console
     from rich.table import Table
 
-    from dstltree.bench.chaos import (
-        HEADERS,
-        ChaosSettings,
-        markdown_section,
-        parse_faults,
-        run_chaos,
-        table_rows,
-    )
+    from dstltree.bench.chaos import ChaosSettings, parse_faults, run_chaos
+    from dstltree.bench.chaos_report import HEADERS, markdown_section, table_rows
     from dstltree.bench.hotpath import run_meta, write_markdown
 
     try:
@@ -61,6 +61,14 @@ def chaos(
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--faults") from None
     settings = ChaosSettings(seconds=seconds, seed=seed, faults=kinds)
+    if settings.netns:
+        from dstltree.bench.netns import unavailable
+
+        why = unavailable()
+        if why is not None:
+            raise typer.BadParameter(
+                f"partitions and oneway need network namespaces: {why}", param_hint="--faults"
+            )
     meta = run_meta(
         f"dstl bench chaos --seconds {seconds:g} --seed {seed} --faults {','.join(kinds)}"
     )

@@ -5,10 +5,14 @@ reordered, every handle's objects exist and the sweep leaves no orphan."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from dstltree.bench.netns import unavailable
 from dstltree.cli.app import app
 
 
@@ -60,3 +64,32 @@ def test_the_chaos_benchmark_loses_nothing_and_leaves_no_orphan(tmp_path: Path) 
 def test_the_faults_option_names_known_faults_only(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["bench", "chaos", "--faults", "kills,naps"])
     assert r.exit_code != 0 and "kills, stops" in r.output
+
+
+def test_network_faults_lose_nothing_and_remove_their_hosts(tmp_path: Path) -> None:
+    """``--faults partitions,oneway``: every node on a host of its own (network
+    namespaces, root only: skipped otherwise); hosts cut off and one-way cuts under the
+    writers lose, duplicate and reorder nothing, and no namespace is left."""
+    why = unavailable()
+    if why is not None:
+        pytest.skip(f"no network namespaces here: {why}")
+    out = tmp_path / "chaos.json"
+    args = ["bench", "chaos", "--seconds", "6", "--faults", "partitions,oneway", "--seed", "3"]
+    r = CliRunner().invoke(app, [*args, "--json", str(out), "--workdir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    cases = {c["case"]: c for c in json.loads(out.read_text())["cases"]}
+    for c in cases.values():
+        assert (c["lost"], c["duplicated"], c["out_of_order"], c["missing_objects"]) == (
+            0,
+            0,
+            0,
+            0,
+        ), c
+        assert c["orphans_after_sweep"] == 0, c
+    faulty = cases["dag, partitions and oneway"]
+    assert faulty["partitions"] + faulty["oneways"] >= 1
+    assert len(faulty["detections"]) + faulty["undetected"] == (
+        faulty["partitions"] + faulty["oneways"]
+    )
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"dstl{os.getpid()}-" not in listed
