@@ -151,6 +151,7 @@ from dstltree.coordinator.registry import SharedStateRegistry
 from dstltree.coordinator.splitlog import COMPACT_AFTER
 from dstltree.coordinator.splits import SourceSplits
 from dstltree.coordinator.store import MAX_RECORDS_IN_FLIGHT
+from dstltree.coordinator.wallclock import WallClock
 from dstltree.sparkplug.keygroups import key_group_range
 from dstltree.sparkplug.sources.base import EnumeratorState, Source
 
@@ -304,6 +305,7 @@ class CoordinatorState:
         self.num_tasks = 0
         self.now = 0.0
         self.wall: float | None = None
+        self.clock = WallClock()  # a jump of the wall clock pauses in-run sweeps
         self.started = False
         self.splits = None if source is None else SourceSplits(source, config.discovery_interval)
         self.commits = SinkCommits(config.commit_retry_interval) if commit_sink else None
@@ -411,8 +413,9 @@ class CoordinatorState:
         of a pending materialization epoch if earlier. The time is None (any age) once
         the run is finished and every task was sent Finish; then only what a retained
         checkpoint references is spared (a materialization left pending at the end is
-        never applied). None when no sweep is safe: no checkpoint or wall clock yet, or
-        an applied epoch no checkpoint names."""
+        never applied). None when no sweep is safe: no checkpoint or wall clock yet, an
+        applied epoch no checkpoint names, or a wall clock that jumped during the run
+        (coordinator/wallclock.py)."""
         peers = self._peers.get(self.attempt, {}) if self.attempt is not None else {}
         done = self.finished is not None and self.all_connected()
         if done and all(i in self._finish_sent for i in peers.values()):
@@ -426,6 +429,8 @@ class CoordinatorState:
             keep.update(p for r in self._epoch.reports.values() for p in r.paths())
         last = self.latest
         if last is None or self.wall is None or self.applied_epoch > last.materialization_epoch:
+            return None
+        if self.clock.jumped:
             return None
         cutoff = last.created_at - last.duration_s
         if self._epoch is not None:
@@ -453,6 +458,7 @@ class CoordinatorState:
     def _(self, ev: Tick) -> list[Instruction]:
         if ev.wall is not None:
             self.wall = ev.wall
+            self.clock.observe(ev.now, ev.wall)
         out = self._timeouts()
         if self.splits is not None and not self._over():
             out += self.splits.maybe_list(self.now)
@@ -1094,6 +1100,7 @@ class CoordinatorState:
     def validate(self) -> None:
         """Check the coordinator's invariants; raises InvariantError naming the first
         that does not hold (docs/design.md, Invariants)."""
+        self.clock.validate()
         self._check_pending()
         self._check_epoch()
         self._check_retained()

@@ -176,7 +176,11 @@ def test_the_final_sweep_spares_no_report_of_an_epoch_left_pending() -> None:
     feed(s, Started(0.0), AttemptStarted(0.0, 0, 1), hello(0.0, 0, 0))
     feed(s, Tick(1.0, 1001.0))
     s.handle(_ack(1.5, 1, ["o/a"]))  # type: ignore[arg-type]
-    feed(s, CheckpointWritten(2.0, 1), Tick(CFG.materialization_interval + 1.0, 1100.0))
+    feed(
+        s,
+        CheckpointWritten(2.0, 1),
+        Tick(CFG.materialization_interval + 1.0, 1001.0 + CFG.materialization_interval),
+    )
     epoch = s.next_epoch - 1
     ref = MaterializedRef("o/snap", 5, 10)  # beyond what the task acknowledged: waits
     feed(s, message(CFG.materialization_interval + 1.1, 0, 0, protocol.Report(0, 0, epoch, ref)))
@@ -190,3 +194,38 @@ def test_the_final_sweep_spares_no_report_of_an_epoch_left_pending() -> None:
             feed(s, CheckpointWritten(now + 0.1, cid), Tick(now + 0.2, 1100.0 + now))
     assert s.finished is not None
     assert s.sweep_scope() == (frozenset({"o/a"}), None)  # the epoch is never applied
+
+
+def test_a_wall_clock_stepped_forward_pauses_in_run_sweeps_until_the_end() -> None:
+    """The driver's wall clock jumps an hour ahead after checkpoint 2: the next
+    checkpoint's trigger (wall clock) would put the cutoff an hour ahead of the store's
+    clock, and files a task wrote after it, not acknowledged yet, would look old. No
+    in-run sweep is issued from the jump on; the final one (no clock) still is."""
+    s = CoordinatorState(CFG, validate=True)
+    sweeper = OrphanSweeper(SweepPolicy(interval=0.0, grace=30.0), wall=lambda: 1002.0)
+    feed(s, Started(0.0), AttemptStarted(0.0, 0, 1), hello(0.0, 0, 0), Tick(1.0, 1001.0))
+    s.handle(_ack(1.5, 1, ["o/a"]))  # type: ignore[arg-type]
+    feed(s, CheckpointWritten(2.0, 1))
+    assert sweeper.next(s, 2.0) is not None  # before the jump: sweeps as usual
+    feed(s, Tick(3.0, 1003.0 + 3600.0))  # stepped forward: triggers checkpoint 2
+    s.handle(_ack(3.5, 2, ["o/a"]))  # type: ignore[arg-type]
+    feed(s, CheckpointWritten(4.0, 2))
+    assert s.clock.jumped and s.clock.moved_s == 3600.0
+    assert s.sweep_scope() is None and sweeper.next(s, 4.0) is None
+    feed(s, StopRequested(5.0))
+    s.handle(_ack(5.5, 3, ["o/a"]))  # type: ignore[arg-type]
+    feed(s, CheckpointWritten(6.0, 3))
+    final = sweeper.next(s, 6.0, final_only=True)
+    assert final is not None and final.final and final.cutoff is None
+
+
+def test_a_clock_that_moves_by_less_than_the_jump_threshold_is_no_jump() -> None:
+    from dstltree.coordinator.wallclock import JUMP_S, WallClock
+
+    c = WallClock()
+    c.observe(0.0, 1000.0)
+    c.observe(100.0, 1100.0 + JUMP_S / 2)  # slewed
+    assert not c.jumped and c.moved_s == JUMP_S / 2
+    c.observe(200.0, 1200.0 - JUMP_S - 1)  # stepped back
+    assert c.jumped and c.moved_s == -(JUMP_S + 1)
+    c.validate()
