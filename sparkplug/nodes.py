@@ -11,8 +11,11 @@
   node per executor, started from a barrier stage that fills every task slot (so every
   executor runs at least one of its tasks; the first task on each executor starts the
   node), arranged as a k-ary tree over the executors in address order, each node with a
-  second parent in another subtree unless the topology says ``second_parents: false``. A stage that
-  does not reach every registered executor fails with NodeLaunchError. Nodes exit with
+  second parent in another subtree unless the topology says ``second_parents: false``.
+  The stage counts the executors from the scheduler's registry it runs on (its tasks'
+  addresses), not from a count taken before: an executor registering while the stage
+  starts is no error, and a task on an executor the stage did not reach uses a node of
+  its host or a neighbour's (dstltree.sparkplug.task.find_nodes). Nodes exit with
   their executor JVM, come back by themselves when they die otherwise (each runs under
   a respawner, dstltree.aggregator.respawn, which gives up on a node that dies at every
   start), and are stopped by a second barrier stage
@@ -24,6 +27,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -41,6 +45,8 @@ from dstltree.security.keys import ClusterKeys, key_files, write_key_files
 from dstltree.security.settings import SecuritySettings, cluster_keys_for_nodes
 from dstltree.sparkplug.spark_session import executor_host, executor_jvm
 from dstltree.topology.config import TopologyConfig, load_topology
+
+log = logging.getLogger(__name__)
 
 
 class NodeLaunchError(RuntimeError):
@@ -111,12 +117,14 @@ def executor_nodes(
     storage_options: dict[str, Any],
     curve: bool = True,
 ) -> NodePlacement:
-    """Start one node per executor from a barrier stage filling every task slot; raises
-    NodeLaunchError (after stopping what it started) unless each of the ``executors``
-    registered executors got one. ``curve``: as for :func:`local_nodes`; keys not named
-    by the topology are generated here, and the node secret and writer public key are
-    shipped to the executors in the stage's closure (see docs/deploy.md: Spark's RPC
-    encryption keeps them secret on the wire)."""
+    """Start one node per executor from a barrier stage filling every task slot the
+    scheduler offers (``sc.defaultParallelism``): the executors are those the stage's
+    tasks ran on. ``executors``, the count the caller saw registered, is only compared
+    (a warning when the stage reached fewer: executors still registering). Raises
+    NodeLaunchError when the stage started no node. ``curve``: as for
+    :func:`local_nodes`; keys not named by the topology are generated here, and the node
+    secret and writer public key are shipped to the executors in the stage's closure
+    (see docs/deploy.md: Spark's RPC encryption keeps them secret on the wire)."""
     settings = topo.security or SecuritySettings()
     keys = None
     if curve and settings.curve:
@@ -135,7 +143,7 @@ def executor_nodes(
     doc["security"] = {"curve": files is not None}
     if settings.metrics_host is not None:
         doc["security"]["metrics_host"] = settings.metrics_host
-    slots = max(executors, int(sc.defaultParallelism))
+    slots = max(1, int(sc.defaultParallelism))  # what the scheduler offers, all at once
     run = sc.applicationId
     rows = (
         sc.parallelize(range(slots), slots)
@@ -147,12 +155,16 @@ def executor_nodes(
     for executor, address, _depth in rows:
         placement.node_for_executor[executor] = address
     placement.stop_executor_nodes = lambda: _stop_on_executors(sc, slots, run)
-    if len(rows) != executors:
+    if not rows:
         placement.stop()
-        raise NodeLaunchError(
-            f"the node launcher reached {len(rows)} of {executors} executors "
-            f"({sorted(placement.node_for_executor)}): give every executor a task slot "
-            "or start nodes by host (docs/deploy.md)"
+        raise NodeLaunchError("the node launcher's stage started no node")
+    if len(rows) < executors:
+        log.warning(
+            "the node launcher reached %d of %d executors (%s); tasks on the others use "
+            "a node of their host or a neighbour's",
+            len(rows),
+            executors,
+            sorted(placement.node_for_executor),
         )
     return placement
 

@@ -200,8 +200,9 @@ def find_nodes(cfg: TaskConfig, task: int, executor: str | None) -> tuple[str, .
     placement), which the writer uses while its own node is lost. ``DSTL_NODE`` in the
     environment (``spark.executorEnv.DSTL_NODE``, comma-separated for several) wins,
     else the topology's node of the executor's host, else the local-mode or launcher
-    placement. () (with a warning): the changelog goes straight to the DFS, and the
-    coordinator counts the task."""
+    placement; an executor the launcher did not reach (it registered later) takes a node
+    of its host, else one of the others'. () (with a warning): the changelog goes
+    straight to the DFS, and the coordinator counts the task."""
     env = os.environ.get("DSTL_NODE", "").strip()
     if env:
         return tuple(e.strip() for e in env.split(",") if e.strip())
@@ -213,11 +214,23 @@ def find_nodes(cfg: TaskConfig, task: int, executor: str | None) -> tuple[str, .
     ):
         if key in placement:
             return _with_neighbour(placement, key)
+    if cfg.node_for_executor:  # an executor the launcher's stage did not reach
+        return _late_executor(cfg.node_for_executor, host, task)
     if cfg.node_for_host or cfg.node_for_executor or cfg.node_for_task:
         log.warning(
             "task %d on %s: no aggregator node for this host; writing to the DFS", task, host
         )
     return ()
+
+
+def _late_executor(placement: dict[str, str], host: str, task: int) -> tuple[str, ...]:
+    """The nodes of an executor that registered after the launcher's stage: a node of an
+    executor on its host if there is one, else the node of executor ``task mod n`` in
+    sorted order, then that node's neighbour."""
+    keys = sorted(placement)
+    same_host = [k for k in keys if k.rsplit(":", 1)[0] == host]
+    key = same_host[task % len(same_host)] if same_host else keys[task % len(keys)]
+    return _with_neighbour(placement, key)
 
 
 def _with_neighbour(placement: dict[Any, str], key: Any) -> tuple[str, ...]:

@@ -40,3 +40,15 @@ def test_no_node_means_the_dfs(monkeypatch, placement) -> None:  # type: ignore[
     monkeypatch.delenv("DSTL_NODE", raising=False)
     monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.1")
     assert find_nodes(_cfg(**placement), 0, "10.0.0.1:1") == ()
+
+
+def test_an_executor_the_launcher_did_not_reach_uses_its_host_s_node(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """It registered after the launcher's stage: no node of its own, no DFS writes."""
+    monkeypatch.delenv("DSTL_NODE", raising=False)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.2")
+    placement = {"10.0.0.1:7": "tcp://n0:1", "10.0.0.2:7": "tcp://n1:1"}
+    cfg = _cfg(node_for_executor=placement)
+    assert find_nodes(cfg, 5, "10.0.0.2:9") == ("tcp://n1:1", "tcp://n0:1")
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.3")  # a host without a node
+    assert find_nodes(cfg, 0, "10.0.0.3:9") == ("tcp://n0:1", "tcp://n1:1")
+    assert find_nodes(cfg, 1, "10.0.0.3:9") == ("tcp://n1:1", "tcp://n0:1")
