@@ -76,10 +76,12 @@ def s3_storage_options(
     }
 
 
-def start_local_s3(bucket: str = LOCAL_S3_BUCKET) -> LocalS3:
+def start_local_s3(bucket: str = LOCAL_S3_BUCKET, atomic: bool = False) -> LocalS3:
     """Start moto's S3 server on a free loopback port and create ``bucket``. Sets dummy
     AWS credentials (no instance metadata, no credential files, no proxy for loopback)
-    in this process's environment, inherited by the processes it starts."""
+    in this process's environment, inherited by the processes it starts. ``atomic``:
+    mutating requests serialized, so a conditional create is atomic
+    (:mod:`dstltree.storage.atomic_moto`; moto's own is not)."""
     import logging
 
     import boto3
@@ -91,7 +93,12 @@ def start_local_s3(bucket: str = LOCAL_S3_BUCKET) -> LocalS3:
         os.environ.pop(var, None)
     no_proxy = ",".join(p for p in (os.environ.get("NO_PROXY"), "127.0.0.1,localhost") if p)
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = no_proxy
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    if atomic:
+        from dstltree.storage.atomic_moto import AtomicMotoServer
+
+        server: ThreadedMotoServer = AtomicMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    else:
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"

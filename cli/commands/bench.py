@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
     from dstltree.cli.commands._backpressure import backpressure
     from dstltree.cli.commands._chaos import chaos
     from dstltree.cli.commands._commit_floor import commit_floor
+    from dstltree.cli.commands._fencing_race import fencing_race
     from dstltree.cli.commands._hotpath import hotpath
     from dstltree.cli.commands._materialization import materialization
     from dstltree.cli.commands._soak import soak
@@ -51,6 +52,7 @@ def register(app: typer.Typer) -> None:
     group.command("structured-streaming")(structured_streaming)
     group.command("backpressure")(backpressure)
     group.command("soak")(soak)
+    group.command("fencing-race")(fencing_race)
     app.add_typer(group, name="bench")
 
 
