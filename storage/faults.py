@@ -11,7 +11,11 @@
   chained), ``error500`` (S3 500 InternalError, OSError(EREMOTEIO)), ``timeout``
   (TimeoutError after ``timeout_s``) and ``reset`` (ConnectionResetError);
 - stalls: with probability ``stall`` a request hangs for ``stall_s`` seconds first,
-  then completes normally (what request hedging is for).
+  then completes normally (what request hedging is for);
+- ambiguous answers: with probability ``lost_reply`` a request *lands* (the write is
+  done, the conditional create made) and its reply is lost: the caller gets a
+  ConnectionResetError, as when a connection drops after the store acted, and its
+  retry finds the object there (Jepsen's "indeterminate" writes).
 
 All times are multiplied by ``scale`` (0 switches every wait off) so tests and
 benchmarks run fast. Decisions come from one ``random.Random(seed)``, drawn in request
@@ -28,7 +32,7 @@ fsspec in every process through the ``fsspec.specs`` entry point of this package
 
 The spec string (CLI flag ``--dfs-faults``)::
 
-    MODEL[,throttle=P][,error500=P][,timeout=P][,reset=P][,stall=P][,stall_s=S]
+    MODEL[,throttle=P][,error500=P][,timeout=P][,reset=P][,stall=P][,lost_reply=P][,stall_s=S]
          [,timeout_s=S][,scale=F][,seed=N][,ops=put+get+meta+delete]
 
 MODEL is a latency model name (``flip158-s3``, ``flip158-s3-hedged``, ``local``) or
@@ -64,7 +68,7 @@ __all__ = [
     "FaultyFileSystem",
 ]
 
-FAULT_KINDS = ("throttle", "error500", "timeout", "reset", "stall")
+FAULT_KINDS = ("throttle", "error500", "timeout", "reset", "stall", "lost_reply")
 OPS = ("put", "get", "meta", "delete")
 NO_MODEL = "none"
 
@@ -81,6 +85,7 @@ class FaultSpec:
     timeout: float = 0.0
     reset: float = 0.0
     stall: float = 0.0
+    lost_reply: float = 0.0
     stall_s: float = 5.0
     timeout_s: float = 2.0
     scale: float = 1.0
@@ -180,6 +185,14 @@ class _Decision:
     seq: int
     fault: str | None
     rng: random.Random
+
+
+def _landed(d: _Decision, path: str) -> None:
+    """Raise the lost reply of a request that landed, if ``d`` says so."""
+    if d.fault == "lost_reply":
+        raise ConnectionResetError(
+            errno.ECONNRESET, f"Connection reset by peer after the request landed {path}"
+        )
 
 
 def _client_error(code: str, status: int, message: str, operation: str) -> OSError:
@@ -332,7 +345,7 @@ class FaultyFileSystem(ChainedFileSystem):
         if d.fault == "stall":
             waited += self.spec.stall_s * scale
             self._wait(self.spec.stall_s * scale)
-        elif d.fault is not None:
+        elif d.fault is not None and d.fault != "lost_reply":  # that one lands first
             delay = (
                 self.spec.timeout_s * scale
                 if d.fault == "timeout"
@@ -382,11 +395,14 @@ class FaultyFileSystem(ChainedFileSystem):
             delay = self._latency(op, d, len(result) if isinstance(result, bytes) else 0)
             self._record(op, path, d, waited + delay)
             self._wait(delay)
+            _landed(d, path)
             return result
         delay = self._latency(op, d, size or 0)
         self._record(op, path, d, waited + delay)
         self._wait(delay)
-        return fn()
+        result = fn()
+        _landed(d, path)
+        return result
 
     # -- requests ------------------------------------------------------------------------
     def request(self, op: str, path: str, size: int, fn: Callable[[], Any]) -> Any:

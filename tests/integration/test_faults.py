@@ -116,7 +116,10 @@ def _run(spec: str) -> list[tuple[str, str | None, float]]:
 
 
 def test_same_seed_same_faults_and_latencies() -> None:
-    spec = "flip158-s3,throttle=0.1,error500=0.05,reset=0.05,timeout=0.05,stall=0.05,seed=42"
+    spec = (
+        "flip158-s3,throttle=0.1,error500=0.05,reset=0.05,timeout=0.05,stall=0.05,"
+        "lost_reply=0.05,seed=42"
+    )
     a, b = _run(spec), _run(spec)
     assert a == b
     assert {f for _, f, _ in a} == {None, *FAULT_KINDS}
@@ -292,3 +295,49 @@ def test_a_conditional_create_through_the_wrapper_is_one_request_of_its_model(
     assert len(waits) > before and min(waits[before:]) > 0  # the model's latency
     with pytest.raises(ObjectExistsError):
         store.put(store.join("checkpoints", "c"), b"y", exclusive=True)
+
+
+# -- ambiguous answers: the request landed, its reply was lost ---------------------------------
+def test_a_put_whose_reply_was_lost_lands_once_and_its_retry_succeeds() -> None:
+    store, _ = _store("none", retry=RetryPolicy(max_attempts=3, initial_backoff=0.0))
+    fs = store.fs
+    assert isinstance(fs, FaultyFileSystem)
+    fs.inject("put", "lost_reply")
+    url = store.join("o1")
+    store.put(url, b"payload")
+    assert store.read(url) == b"payload"
+    assert fs.counts["lost_reply"] == 1 and fs.counts["put"] == 2  # landed, then retried
+
+
+def test_without_a_retry_a_lost_reply_is_a_retryable_error_though_the_object_is_there() -> None:
+    store, _ = _store("none")
+    fs = store.fs
+    assert isinstance(fs, FaultyFileSystem)
+    fs.inject("put", "lost_reply")
+    url = store.join("o1")
+    with pytest.raises(RetryableStorageError, match="landed"):
+        store.put(url, b"payload")
+    assert store.read(url) == b"payload"
+
+
+def test_a_commit_record_whose_create_landed_with_its_reply_lost_commits_once() -> None:
+    """The conditional create of a commit record lands, its reply is lost: the retry
+    finds the record there, compares it with its own bytes and takes it as its write
+    (coordinator/store.py); the checkpoint is committed, the driver not fenced."""
+    from dstltree.coordinator.store import CheckpointStore
+    from dstltree.coordinator.testing import completed
+
+    store, _ = _store("none", retry=RetryPolicy(max_attempts=3, initial_backoff=0.0))
+    fs = store.fs
+    assert isinstance(fs, FaultyFileSystem)
+    cps = CheckpointStore(store, owner="d0")
+    cps.claim()
+    fs.inject("put", "lost_reply")
+    path = cps.add(completed(1, {0: ["a"]}))
+    assert fs.counts["lost_reply"] == 1
+    assert cps.fenced is None
+    cps.verify_owner()
+    assert store.exists(path)
+    assert CheckpointStore(store).load_latest() == completed(1, {0: ["a"]})
+    cps.add(completed(2, {0: ["b"]}))  # and goes on
+    assert CheckpointStore(store).latest_id() == 2
