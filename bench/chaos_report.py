@@ -6,9 +6,10 @@ from __future__ import annotations
 from dstltree.bench.chaos import ChaosResult
 from dstltree.bench.hotpath import markdown_table
 
-__all__ = ["HEADERS", "SECTION", "markdown_section", "table_rows"]
+__all__ = ["HEADERS", "NET_SECTION", "SECTION", "markdown_section", "table_rows"]
 
 SECTION = "Chaos"
+NET_SECTION = "Chaos: network faults"  # runs with partitions or one-way cuts
 HEADERS = (
     "case",
     "kills (root)",
@@ -95,10 +96,13 @@ brackets), deleted as the registry's sweep does, and counted again.
 """
 
 
-def markdown_section(results: list[ChaosResult], meta: dict[str, str], nproc: int) -> str:
-    """The ``## Chaos`` section of BENCHMARKS.md: command, commit, date, the table."""
+def markdown_section(
+    results: list[ChaosResult], meta: dict[str, str], nproc: int, section: str = SECTION
+) -> str:
+    """The ``## <section>`` section of BENCHMARKS.md (``Chaos``, or ``Chaos: network
+    faults`` for a run with them): command, commit, date, the table."""
     lines = [
-        f"## {SECTION}",
+        f"## {section}",
         "",
         f"`{meta['command']}` on commit {meta['commit']}, {meta['date']}, `nproc` = {nproc} "
         "(shared and noisy: compare the ratios of one run).",

@@ -53,7 +53,13 @@ def chaos(
     from rich.table import Table
 
     from dstltree.bench.chaos import ChaosSettings, parse_faults, run_chaos
-    from dstltree.bench.chaos_report import HEADERS, markdown_section, table_rows
+    from dstltree.bench.chaos_report import (
+        HEADERS,
+        NET_SECTION,
+        SECTION,
+        markdown_section,
+        table_rows,
+    )
     from dstltree.bench.hotpath import run_meta, write_markdown
 
     try:
@@ -88,7 +94,9 @@ def chaos(
         doc = {"meta": meta, "cases": [r.figures() for r in results]}
         json_file.write_text(json.dumps(doc, indent=2) + "\n")
     if markdown is not None:
-        write_markdown(markdown, markdown_section(results, meta, os.cpu_count() or 0), "Chaos")
+        section = NET_SECTION if settings.netns else SECTION
+        text = markdown_section(results, meta, os.cpu_count() or 0, section)
+        write_markdown(markdown, text, section)
         console.print(f"wrote the 'Chaos' section of {markdown}")
     if any(r.lost or r.duplicated or r.out_of_order or r.missing_objects for r in results):
         raise typer.Exit(1)
