@@ -27,9 +27,12 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from dstltree.bench.netns import NetHosts
 
 __all__ = [
     "DRIVER_HOST",
@@ -152,6 +155,8 @@ class StandaloneCluster:
     workdir: Path
     pids: dict[str, int] = field(default_factory=dict)
     _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+    # daemon name -> the command prefix it runs under (a host of its own: bench/netns.py)
+    _prefixes: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     def state(self, timeout: float = 5.0) -> dict[str, Any]:
         """The master's JSON state (``workers``, ``activeapps``, ``completedapps``...);
@@ -225,7 +230,12 @@ class StandaloneCluster:
     def _spawn(self, name: str, main: str, args: list[str], env: dict[str, str]) -> None:
         with (self.workdir / f"{name}.log").open("wb") as log:
             proc = subprocess.Popen(
-                [str(spark_home() / "bin" / "spark-class"), main, *args],
+                [
+                    *self._prefixes.get(name, ()),
+                    str(spark_home() / "bin" / "spark-class"),
+                    main,
+                    *args,
+                ],
                 env=env,
                 cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
@@ -255,13 +265,19 @@ def _accepts(host: str, port: int) -> bool:
     return True
 
 
-def _worker_args(cluster: StandaloneCluster, i: int, cores: int, memory: str) -> list[str]:
+NETNS_WORKER_PORTS = (7200, 7201)  # a worker's port and web UI port on a host of its own
+
+
+def _worker_args(
+    cluster: StandaloneCluster, i: int, cores: int, memory: str, own_stack: bool = False
+) -> list[str]:
     host = cluster.worker_hosts[i]
     work = cluster.workdir / f"work-{i}"
     work.mkdir(exist_ok=True)
+    port, webui = NETNS_WORKER_PORTS if own_stack else (free_port(host), free_port(host))
     return [
-        *("--host", host, "--port", str(free_port(host))),
-        *("--webui-port", str(free_port(host))),
+        *("--host", host, "--port", str(port)),
+        *("--webui-port", str(webui)),
         *("--cores", str(cores), "--memory", memory, "--work-dir", str(work)),
         cluster.master_url,
     ]
@@ -275,6 +291,7 @@ def start_cluster(
     python_path: Sequence[str] = (),
     timeout: float = 90.0,
     worker_env: Sequence[Mapping[str, str]] = (),
+    net: NetHosts | None = None,
 ) -> StandaloneCluster:
     """Start a master on ``127.0.0.1`` and ``workers`` workers (``cores`` cores and
     ``memory`` each, e.g. ``"1g"``: room for one default executor), each worker on its
@@ -282,28 +299,34 @@ def start_cluster(
     master's JSON, with ``cluster.json`` written. ``python_path`` goes first on the
     daemons' (and so the executors') ``PYTHONPATH``; ``worker_env[i]`` is added to
     worker i's environment (its executors inherit it: what a host sets in
-    ``spark-env.sh``). Raises RuntimeError with the logs
-    (after stopping what started) when a daemon exits or ``timeout`` seconds pass."""
+    ``spark-env.sh``). ``net``: worker i runs on host ``net.hosts[i]``, a network
+    namespace of its own (:class:`~dstltree.bench.netns.NetHosts`), the master on the
+    bridge's address (``net.gateway``, this process's host: the driver's). Raises
+    RuntimeError with the logs (after stopping what started) when a daemon exits or
+    ``timeout`` seconds pass."""
     (workdir / "conf").mkdir(parents=True, exist_ok=True)  # SPARK_CONF_DIR: no site conf
-    port, webui_port = free_port(DRIVER_HOST), free_port(DRIVER_HOST)
+    master_host = DRIVER_HOST if net is None else net.gateway
+    port, webui_port = free_port(master_host), free_port(master_host)
+    hosts = loopback_hosts(workers) if net is None else [net.address(h) for h in net.hosts]
     cluster = StandaloneCluster(
-        master_url=f"spark://{DRIVER_HOST}:{port}",
-        webui_url=f"http://{DRIVER_HOST}:{webui_port}",
-        worker_hosts=loopback_hosts(workers),
+        master_url=f"spark://{master_host}:{port}",
+        webui_url=f"http://{master_host}:{webui_port}",
+        worker_hosts=hosts[:workers],
         workdir=workdir,
     )
+    if net is not None:
+        cluster._prefixes = {f"worker-{i}": net.prefix(h) for i, h in enumerate(net.hosts)}
     conf = {"SPARK_CONF_DIR": str(workdir / "conf")}
     try:
-        master = ["--host", DRIVER_HOST, "--port", str(port), "--webui-port", str(webui_port)]
-        cluster._spawn("master", MASTER_CLASS, master, spark_env(DRIVER_HOST, (), **conf))
+        master = ["--host", master_host, "--port", str(port), "--webui-port", str(webui_port)]
+        cluster._spawn("master", MASTER_CLASS, master, spark_env(master_host, (), **conf))
         # a worker that finds no master tries again only 5 to 15 s later
-        cluster._wait(lambda: _accepts(DRIVER_HOST, port), timeout, "no master")
+        cluster._wait(lambda: _accepts(master_host, port), timeout, "no master")
         for i, host in enumerate(cluster.worker_hosts):
             env = spark_env(host, python_path, **conf)
             env.update(worker_env[i] if i < len(worker_env) else {})
-            cluster._spawn(
-                f"worker-{i}", WORKER_CLASS, _worker_args(cluster, i, cores, memory), env
-            )
+            args = _worker_args(cluster, i, cores, memory, own_stack=net is not None)
+            cluster._spawn(f"worker-{i}", WORKER_CLASS, args, env)
         cluster._wait(lambda: cluster.alive_workers() == workers, timeout, "workers not up")
         cluster.save()
     except BaseException:
