@@ -44,13 +44,12 @@ from typing import Any
 import yaml
 
 from dstltree.aggregator.launcher import LocalTree, start_tree
-from dstltree.bench import chaos_net
+from dstltree.bench import chaos_net, history
 from dstltree.bench.chaos_net import NET_FAULTS
 from dstltree.bench.netns import NetHosts
 from dstltree.client import ChangelogClient, ChangelogHandle, ObjectStore
 from dstltree.client.api import DEFAULT_PREEMPTIVE_BYTES
 from dstltree.client.node_uploader import NodeUploader
-from dstltree.client.reader import iter_changes
 from dstltree.coordinator.cleanup import list_data_info, scan_orphans
 from dstltree.topology.config import load_topology
 
@@ -525,24 +524,16 @@ def _stop(chaos: _Chaos, writers: list[_Writer], result: ChaosResult) -> list[_L
 
 
 def _check(store: ObjectStore, writers: list[_Writer], result: ChaosResult) -> None:
-    """Read every writer's acknowledged changes back through its last handle; then the
-    orphans: found, swept (deleted), counted again."""
-    referenced: set[str] = set()
-    for w in writers:
-        if w.handle is None:
-            result.lost += len(w.acked)
-            continue
-        paths = w.handle.object_paths()
-        referenced |= paths
-        result.missing_objects += sum(not store.exists(p) for p in paths)
-        got = [(kg, c) for _, kg, c in iter_changes(store, w.handle)]
-        result.changes_checked += len(w.acked)
-        result.lost += len(set(w.acked) - set(got))
-        result.duplicated += len(got) - len(set(got))
-        # order is per key group: each one's changes as appended
-        result.out_of_order += sum(
-            [c for g, c in got if g == kg] != [c for g, c in w.acked if g == kg] for kg in range(4)
-        )
+    """Read every writer's acknowledged changes back through its last handle
+    (:func:`dstltree.bench.history.check`); then the orphans: found, swept (deleted),
+    counted again."""
+    h = history.check(store, (history.WriterHistory(w.acked, w.handle) for w in writers))
+    result.changes_checked += h.checked
+    result.lost += h.lost
+    result.duplicated += h.duplicated
+    result.out_of_order += h.out_of_order
+    result.missing_objects += h.missing_objects
+    referenced = h.referenced
     found = scan_orphans(store, referenced).orphans
     sizes = {i.url: i.size for i in list_data_info(store)}
     result.reservations_found = sum(1 for u in found if sizes.get(u) == 0)
