@@ -119,6 +119,7 @@ class ChaosSettings:
     liveness_timeout: float = 0.15
     cut_min: float = 1.0  # seconds a network fault lasts (partitions, oneway)
     cut_max: float = 10.0
+    spare_root: bool = False  # faults on nodes below the root only
 
     @property
     def netns(self) -> bool:
@@ -262,6 +263,10 @@ class _Chaos(threading.Thread):
         finally:
             self.resume_all()
 
+    def _spared(self, node: str) -> bool:
+        """Whether ``node`` gets no fault (the root, with ``spare_root``)."""
+        return self.s.spare_root and node == self.tree.tree.root
+
     def _busy(self) -> set[str]:
         """Nodes under a stop or a network fault (not chosen for another)."""
         with self._lock:
@@ -273,7 +278,7 @@ class _Chaos(threading.Thread):
             self._net_fault(kind)
             return
         stopped = self._busy()
-        names = sorted(self.tree.nodes)
+        names = sorted(n for n in self.tree.nodes if not self._spared(n))
         if kind == "stops":
             names = [n for n in names if n not in stopped]
             if not names:
@@ -299,7 +304,8 @@ class _Chaos(threading.Thread):
         assert self.hosts is not None, "network faults need hosts of their own"
         parents = {n: list(self.tree.tree.parents(n)) for n in self.tree.tree.nodes}
         span = (self.s.cut_min, self.s.cut_max)
-        fault = chaos_net.choose(kind, self.rng, parents, self._busy(), span)
+        spared = {n for n in parents if self._spared(n)}
+        fault = chaos_net.choose(kind, self.rng, parents, self._busy() | spared, span)
         if fault is None:
             return
         watched = fault.parent if fault.parent is not None else fault.node

@@ -37,6 +37,9 @@ def chaos(
     workdir: Annotated[
         Path | None, typer.Option(help="Directory for the nodes and stores (default: TMPDIR).")
     ] = None,
+    spare_root: Annotated[
+        bool, typer.Option(help="Faults on the nodes below the root only.")
+    ] = False,
 ) -> None:
     """Nodes killed or stopped under writers.
 
@@ -66,7 +69,7 @@ def chaos(
         kinds = parse_faults(faults)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--faults") from None
-    settings = ChaosSettings(seconds=seconds, seed=seed, faults=kinds)
+    settings = ChaosSettings(seconds=seconds, seed=seed, faults=kinds, spare_root=spare_root)
     if settings.netns:
         from dstltree.bench.netns import unavailable
 
@@ -77,6 +80,7 @@ def chaos(
             )
     meta = run_meta(
         f"dstl bench chaos --seconds {seconds:g} --seed {seed} --faults {','.join(kinds)}"
+        + (" --spare-root" if spare_root else "")
     )
     console = Console(stderr=True)
     results = run_chaos(
@@ -94,7 +98,9 @@ def chaos(
         doc = {"meta": meta, "cases": [r.figures() for r in results]}
         json_file.write_text(json.dumps(doc, indent=2) + "\n")
     if markdown is not None:
-        section = NET_SECTION if settings.netns else SECTION
+        section = (NET_SECTION if settings.netns else SECTION) + (
+            ", root spared" if spare_root else ""
+        )
         text = markdown_section(results, meta, os.cpu_count() or 0, section)
         write_markdown(markdown, text, section)
         console.print(f"wrote the 'Chaos' section of {markdown}")
