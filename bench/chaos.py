@@ -120,6 +120,7 @@ class ChaosSettings:
     cut_min: float = 1.0  # seconds a network fault lasts (partitions, oneway)
     cut_max: float = 10.0
     spare_root: bool = False  # faults on nodes below the root only
+    overlap: bool = True  # False: a fault only while no other lasts (one at a time)
 
     @property
     def netns(self) -> bool:
@@ -255,7 +256,7 @@ class _Chaos(threading.Thread):
                     return
                 now = time.monotonic()
                 self._resume(now)
-                if now >= due:
+                if now >= due and (self.s.overlap or not self._busy()):
                     self._fault()
                     due = now + self.rng.uniform(self.s.kill_min, self.s.kill_max)
         except BaseException as e:  # noqa: BLE001 - reported by run_case

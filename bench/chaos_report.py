@@ -52,7 +52,7 @@ def table_rows(results: list[ChaosResult]) -> list[list[str]]:
                 f"{r.stops} ({r.root_stops})",
                 f"{r.partitions} ({r.root_partitions}) / {r.oneways}",
                 _detected(r),
-                f"{r.oneway_p50_s * 1e3:.0f}" if r.oneways else "-",
+                f"{r.oneway_p50_s * 1e3:.0f}" if r.oneway_p50_s > 0 else "-",
                 str(r.persists),
                 f"{r.p50_s * 1e3:.1f}",
                 f"{r.p99_s * 1e3:.1f}",

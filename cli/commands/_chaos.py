@@ -40,6 +40,10 @@ def chaos(
     spare_root: Annotated[
         bool, typer.Option(help="Faults on the nodes below the root only.")
     ] = False,
+    one_at_a_time: Annotated[
+        bool,
+        typer.Option(help="A fault only while no other lasts (default: they may overlap)."),
+    ] = False,
 ) -> None:
     """Nodes killed or stopped under writers.
 
@@ -69,7 +73,13 @@ def chaos(
         kinds = parse_faults(faults)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--faults") from None
-    settings = ChaosSettings(seconds=seconds, seed=seed, faults=kinds, spare_root=spare_root)
+    settings = ChaosSettings(
+        seconds=seconds,
+        seed=seed,
+        faults=kinds,
+        spare_root=spare_root,
+        overlap=not one_at_a_time,
+    )
     if settings.netns:
         from dstltree.bench.netns import unavailable
 
@@ -81,6 +91,7 @@ def chaos(
     meta = run_meta(
         f"dstl bench chaos --seconds {seconds:g} --seed {seed} --faults {','.join(kinds)}"
         + (" --spare-root" if spare_root else "")
+        + (" --one-at-a-time" if one_at_a_time else "")
     )
     console = Console(stderr=True)
     results = run_chaos(
@@ -98,8 +109,10 @@ def chaos(
         doc = {"meta": meta, "cases": [r.figures() for r in results]}
         json_file.write_text(json.dumps(doc, indent=2) + "\n")
     if markdown is not None:
-        section = (NET_SECTION if settings.netns else SECTION) + (
-            ", root spared" if spare_root else ""
+        section = (
+            (NET_SECTION if settings.netns else SECTION)
+            + (", root spared" if spare_root else "")
+            + (", one at a time" if one_at_a_time else "")
         )
         text = markdown_section(results, meta, os.cpu_count() or 0, section)
         write_markdown(markdown, text, section)
