@@ -46,18 +46,37 @@ def _ip(*args: str, check: bool = True) -> str:
     return r.stdout
 
 
+_PROBED: list[str | None] = []  # the answer of unavailable(), once per process
+
+
 def unavailable() -> str | None:
-    """Why this process cannot make network namespaces (None: it can)."""
+    """Why this process cannot make hosts of their own (None: it can): root, ``ip``, and
+    a namespace, a bridge and a veth pair made and removed once (checked once per
+    process)."""
+    if not _PROBED:
+        _PROBED.append(_probe())
+    return _PROBED[0]
+
+
+def _probe() -> str | None:
     if os.name != "posix" or not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "network namespaces need root"
     if shutil.which("ip") is None:
         return "no ip command (iproute2)"
-    probe = f"dstl{os.getpid()}-{secrets.token_hex(2)}-probe"
+    tag = secrets.token_hex(2)
+    ns, bridge, veth = f"dstl{os.getpid()}-{tag}-probe", f"db{tag}", f"dv{tag}p"
     try:
-        _ip("netns", "add", probe)
+        _ip("netns", "add", ns)
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}x")
+        _ip("link", "set", f"{veth}x", "netns", ns)
+        _ip("link", "set", veth, "master", bridge)
     except (NetnsError, OSError, subprocess.TimeoutExpired) as e:
-        return f"ip netns add failed: {e}"
-    _ip("netns", "del", probe, check=False)
+        return f"cannot make a namespace, bridge and veth pair: {e}"
+    finally:
+        _ip("netns", "del", ns, check=False)
+        _ip("link", "del", veth, check=False)
+        _ip("link", "del", bridge, check=False)
     return None
 
 
