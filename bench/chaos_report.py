@@ -96,11 +96,17 @@ brackets), deleted as the registry's sweep does, and counted again.
 """
 
 
+_SEE = """How each case is measured: as in the "{base}" section; the options of the
+command above narrow which nodes get faults and when.
+"""
+
+
 def markdown_section(
     results: list[ChaosResult], meta: dict[str, str], nproc: int, section: str = SECTION
 ) -> str:
     """The ``## <section>`` section of BENCHMARKS.md (``Chaos``, or ``Chaos: network
-    faults`` for a run with them): command, commit, date, the table."""
+    faults`` for a run with them, a variant's name after a comma): command, commit,
+    date, the table, and how each case is measured (a variant points to its base)."""
     lines = [
         f"## {section}",
         "",
@@ -109,4 +115,6 @@ def markdown_section(
         "",
         *markdown_table(HEADERS, table_rows(results)),
     ]
-    return "\n".join(lines) + "\n\n" + _HOW
+    base = section.split(",", 1)[0]
+    how = _HOW if base == section else _SEE.format(base=base)
+    return "\n".join(lines) + "\n\n" + how

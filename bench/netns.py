@@ -113,7 +113,6 @@ class NetHosts:
         self.bridge = f"db{self.tag}"
         self._net = _free_subnet()
         self._made: list[str] = []  # namespaces made, for close()
-        self._blocks: set[tuple[str, str]] = set()
         try:
             self._make()
         except BaseException:
@@ -156,12 +155,10 @@ class NetHosts:
         """Drop what ``host`` sends to ``to`` (a host name, or ``"gateway"``); ``to``
         still reaches ``host``: a one-way partition."""
         _ip("-n", self.namespace(host), "route", "add", "blackhole", self._target(to))
-        self._blocks.add((host, to))
 
     def unblock(self, host: str, to: str) -> None:
         """Undo :meth:`block`."""
         _ip("-n", self.namespace(host), "route", "del", "blackhole", self._target(to))
-        self._blocks.discard((host, to))
 
     def _target(self, to: str) -> str:
         return (self.gateway if to == "gateway" else self.address(to)) + "/32"
@@ -196,12 +193,11 @@ class NetHosts:
     def close(self) -> list[str]:
         """Remove every namespace (their veth pairs go with them) and the bridge, by
         name; returns what could not be removed (empty when all went)."""
-        left = []
         for ns in self._made:
             _ip("netns", "del", ns, check=False)
         _ip("link", "del", self.bridge, check=False)
         names = {line.split(" ", 1)[0] for line in _ip("netns", "list", check=False).splitlines()}
-        left += [ns for ns in self._made if ns in names]
+        left = [ns for ns in self._made if ns in names]
         if _ip("link", "show", self.bridge, check=False).strip():
             left.append(self.bridge)
         self._made = []

@@ -664,6 +664,8 @@ class NodeUploader:
                 for e in ack.items
                 if not (elsewhere and e.error is not None and e.error.startswith(REFUSAL))
             ]
+        if any(p is not None and e.error is None and e.path is not None for e, p in acked):
+            self._backoff.acked(now)  # the node answers again: once per reply
         for e, p in acked:
             if p is None:
                 continue
@@ -673,7 +675,6 @@ class NodeUploader:
                 continue
             ref = SegmentRef(p.item.meta, e.path, e.offset)
             self._counts["acked"] += 1
-            self._backoff.acked(now)  # the node answers again
             p.future.set_result(ref)
 
     def _expire(self, now: float) -> None:
